@@ -1,0 +1,134 @@
+//! Backend selection for kiln: parses a device name (`cpu`, `wgpu`, `wgpu:1`, `cuda`, `cuda:0`)
+//! and runs a job generic over burn's `Backend` on it, wrapped in `Autodiff<_>` when the job
+//! trains.
+//!
+//! Backends are cargo features: `cpu` (default), `wgpu`, `cuda`. A name whose feature was not
+//! compiled in is a clear error, not a silent fallback.
+
+use std::str::FromStr;
+
+use burn::tensor::backend::{AutodiffBackend, Backend};
+
+/// The CPU backend used for tests and the embedded default.
+#[cfg(feature = "cpu")]
+pub type Cpu = burn::backend::NdArray<f32>;
+/// The wgpu backend (Vulkan/Metal/DX12; Mesa lavapipe on machines without a GPU).
+#[cfg(feature = "wgpu")]
+pub type Wgpu = burn::backend::Wgpu<f32, i32>;
+/// The CUDA backend.
+#[cfg(feature = "cuda")]
+pub type Cuda = burn::backend::Cuda<f32, i32>;
+
+/// A device chosen by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSpec {
+    Cpu,
+    Wgpu(usize),
+    Cuda(usize),
+}
+
+/// Errors of backend selection.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("unknown backend {0:?}: expected cpu, wgpu[:N] or cuda[:N]")]
+    Unknown(String),
+    #[error("backend {0:?} is not compiled into this build (rebuild with `--features {1}`)")]
+    NotCompiled(String, &'static str),
+}
+
+impl FromStr for DeviceSpec {
+    type Err = BackendError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (name, index) = match s.split_once(':') {
+            Some((name, index)) => (name, Some(index.parse::<usize>().map_err(|_| BackendError::Unknown(s.into()))?)),
+            None => (s, None),
+        };
+        match (name, index) {
+            ("cpu", None) => Ok(Self::Cpu),
+            ("wgpu", i) => Ok(Self::Wgpu(i.unwrap_or(0))),
+            ("cuda", i) => Ok(Self::Cuda(i.unwrap_or(0))),
+            _ => Err(BackendError::Unknown(s.into())),
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Cpu => write!(f, "cpu"),
+            Self::Wgpu(i) => write!(f, "wgpu:{i}"),
+            Self::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// Work that runs on any backend (inference).
+pub trait Job {
+    type Output;
+    fn run<B: Backend>(self, device: B::Device) -> Self::Output;
+}
+
+/// Work that needs gradients (training).
+pub trait TrainJob {
+    type Output;
+    fn run<B: AutodiffBackend>(self, device: B::Device) -> Self::Output;
+}
+
+/// Runs `job` on the device named by `spec`.
+pub fn run<J: Job>(spec: DeviceSpec, job: J) -> Result<J::Output, BackendError> {
+    match spec {
+        #[cfg(feature = "cpu")]
+        DeviceSpec::Cpu => Ok(job.run::<Cpu>(Default::default())),
+        #[cfg(feature = "wgpu")]
+        DeviceSpec::Wgpu(i) => Ok(job.run::<Wgpu>(wgpu_device(i))),
+        #[cfg(feature = "cuda")]
+        DeviceSpec::Cuda(i) => Ok(job.run::<Cuda>(burn::backend::cuda::CudaDevice::new(i))),
+        #[allow(unreachable_patterns)]
+        other => Err(not_compiled(other)),
+    }
+}
+
+/// Runs `job` on the device named by `spec`, with autodiff.
+pub fn run_training<J: TrainJob>(spec: DeviceSpec, job: J) -> Result<J::Output, BackendError> {
+    use burn::backend::Autodiff;
+    match spec {
+        #[cfg(feature = "cpu")]
+        DeviceSpec::Cpu => Ok(job.run::<Autodiff<Cpu>>(Default::default())),
+        #[cfg(feature = "wgpu")]
+        DeviceSpec::Wgpu(i) => Ok(job.run::<Autodiff<Wgpu>>(wgpu_device(i))),
+        #[cfg(feature = "cuda")]
+        DeviceSpec::Cuda(i) => Ok(job.run::<Autodiff<Cuda>>(burn::backend::cuda::CudaDevice::new(i))),
+        #[allow(unreachable_patterns)]
+        other => Err(not_compiled(other)),
+    }
+}
+
+#[cfg(feature = "wgpu")]
+fn wgpu_device(index: usize) -> burn::backend::wgpu::WgpuDevice {
+    if index == 0 { burn::backend::wgpu::WgpuDevice::DefaultDevice } else { burn::backend::wgpu::WgpuDevice::DiscreteGpu(index) }
+}
+
+#[allow(dead_code)]
+fn not_compiled(spec: DeviceSpec) -> BackendError {
+    let feature = match spec {
+        DeviceSpec::Cpu => "cpu",
+        DeviceSpec::Wgpu(_) => "wgpu",
+        DeviceSpec::Cuda(_) => "cuda",
+    };
+    BackendError::NotCompiled(spec.to_string(), feature)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_device_names() {
+        assert_eq!("cpu".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cpu);
+        assert_eq!("wgpu".parse::<DeviceSpec>().unwrap(), DeviceSpec::Wgpu(0));
+        assert_eq!("cuda:1".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(1));
+        assert!("cuda:x".parse::<DeviceSpec>().is_err());
+        assert!("tpu".parse::<DeviceSpec>().is_err());
+    }
+}

@@ -1,0 +1,279 @@
+//! The batched generation engine: one prefill per prompt (left-padded batch), fanned out to `n`
+//! samples by copying cache rows, then token-by-token decoding with a KV cache. Finished rows
+//! are dropped from the batch once a quarter of it is done, so long tails do not pay for short
+//! ones.
+//!
+//! Reproducibility: every sample draws from its own ChaCha8 stream keyed by
+//! (seed, prompt index, sample index), so a sample does not depend on how prompts were batched.
+
+use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use super::sampler::Sampler;
+use super::stop::{FinishReason, StopCriteria, StopReason};
+use crate::error::{Error, Result};
+use crate::model::{HostBatch, Inputs, Qwen2};
+use crate::tokenizer::Tokenizer;
+
+/// How to sample a request.
+#[derive(Debug, Clone)]
+pub struct SamplingParams {
+    /// Samples per prompt.
+    pub n: usize,
+    pub sampler: Sampler,
+    pub max_new_tokens: usize,
+    pub stop: StopCriteria,
+    pub seed: u64,
+    /// Drop special tokens from the returned text (vLLM's default is true; the paper's
+    /// evaluation uses false because its tags are special tokens).
+    pub skip_special_tokens: bool,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            n: 1,
+            sampler: Sampler::default(),
+            max_new_tokens: 256,
+            stop: StopCriteria::default(),
+            seed: 0,
+            skip_special_tokens: false,
+        }
+    }
+}
+
+/// One generated sample.
+#[derive(Debug, Clone, Serialize)]
+pub struct Completion {
+    pub prompt_index: usize,
+    pub sample_index: usize,
+    /// Generated ids, including a final stop token or the tokens of a stop string.
+    pub token_ids: Vec<u32>,
+    /// Decoded text (empty without a tokenizer), stop token/string excluded.
+    pub text: String,
+    /// Per token: log-prob under the distribution sampled from (see [`Sampler`]).
+    pub logprobs: Vec<f32>,
+    /// Per token: log-prob under the model's unmodified distribution.
+    pub raw_logprobs: Vec<f32>,
+    pub finish_reason: FinishReason,
+    pub stop_reason: Option<StopReason>,
+}
+
+/// Progress of a generation call, reported after every decoding step.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Progress {
+    /// Tokens generated so far (all samples).
+    pub tokens: usize,
+    /// Samples finished so far.
+    pub finished: usize,
+    /// Samples in total (`prompts × n`).
+    pub total: usize,
+}
+
+/// Generates from a model; see the module docs.
+pub struct Engine<'a, B: Backend> {
+    model: &'a Qwen2<B>,
+    tokenizer: Option<&'a Tokenizer>,
+    pad_id: u32,
+    /// Largest number of sequences decoded together.
+    pub max_batch_size: usize,
+}
+
+/// Per-sample decoding state.
+struct Sequence {
+    prompt_index: usize,
+    sample_index: usize,
+    prompt_len: usize,
+    limit: usize,
+    rng: ChaCha8Rng,
+    tokens: Vec<u32>,
+    logprobs: Vec<f32>,
+    raw_logprobs: Vec<f32>,
+    finished: Option<(FinishReason, Option<StopReason>)>,
+}
+
+impl<'a, B: Backend> Engine<'a, B> {
+    /// An engine over `model`; `tokenizer` is needed for stop strings and returned text.
+    pub fn new(model: &'a Qwen2<B>, tokenizer: Option<&'a Tokenizer>) -> Self {
+        let pad_id = tokenizer.and_then(Tokenizer::pad_id).unwrap_or(0);
+        Self { model, tokenizer, pad_id, max_batch_size: 64 }
+    }
+
+    /// Samples `params.n` completions for every prompt; `result[i]` holds prompt `i`'s samples.
+    pub fn generate(
+        &self,
+        prompts: &[Vec<u32>],
+        params: &SamplingParams,
+        mut progress: impl FnMut(Progress),
+    ) -> Result<Vec<Vec<Completion>>> {
+        if params.n == 0 {
+            return Err(Error::InvalidInput("n must be at least 1".into()));
+        }
+        if !params.stop.strings.is_empty() && self.tokenizer.is_none() {
+            return Err(Error::InvalidInput("stop strings need a tokenizer".into()));
+        }
+        let context = self.model.rope.max_positions();
+        for (i, prompt) in prompts.iter().enumerate() {
+            if prompt.is_empty() {
+                return Err(Error::InvalidInput(format!("prompt {i} is empty")));
+            }
+            if prompt.len() >= context {
+                return Err(Error::InvalidInput(format!(
+                    "prompt {i} has {} tokens; the model's context is {context}",
+                    prompt.len()
+                )));
+            }
+            let vocab = self.model.config().vocab_size;
+            if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+                return Err(Error::InvalidInput(format!("prompt {i} has token id {bad} >= vocab_size {vocab}")));
+            }
+        }
+        // Similar lengths batch together with less padding; results go back by index.
+        let mut order: Vec<usize> = (0..prompts.len()).collect();
+        order.sort_by_key(|&i| prompts[i].len());
+        let per_batch = (self.max_batch_size / params.n).max(1);
+        let mut state = Progress { total: prompts.len() * params.n, ..Progress::default() };
+        let mut results: Vec<Vec<Completion>> = vec![Vec::new(); prompts.len()];
+        for chunk in order.chunks(per_batch) {
+            for (index, samples) in self.generate_batch(chunk, prompts, params, &mut state, &mut progress)? {
+                results[index] = samples;
+            }
+        }
+        Ok(results)
+    }
+
+    fn generate_batch(
+        &self,
+        indices: &[usize],
+        prompts: &[Vec<u32>],
+        params: &SamplingParams,
+        state: &mut Progress,
+        progress: &mut impl FnMut(Progress),
+    ) -> Result<Vec<(usize, Vec<Completion>)>> {
+        let model = self.model;
+        let device = model.embed_tokens.weight.device();
+        let vocab = model.config().vocab_size;
+        let context = model.rope.max_positions();
+        let n = params.n;
+
+        let rows: Vec<Vec<u32>> = indices.iter().map(|&i| prompts[i].clone()).collect();
+        let mut sequences: Vec<Sequence> = Vec::with_capacity(rows.len() * n);
+        for (&prompt_index, prompt) in indices.iter().zip(&rows) {
+            for sample_index in 0..n {
+                let mut rng = ChaCha8Rng::seed_from_u64(params.seed);
+                rng.set_stream((prompt_index * n + sample_index) as u64);
+                sequences.push(Sequence {
+                    prompt_index,
+                    sample_index,
+                    prompt_len: prompt.len(),
+                    limit: params.max_new_tokens.min(context - prompt.len()),
+                    rng,
+                    tokens: Vec::new(),
+                    logprobs: Vec::new(),
+                    raw_logprobs: Vec::new(),
+                    finished: (params.max_new_tokens == 0).then_some((FinishReason::Length, None)),
+                });
+            }
+        }
+
+        if params.max_new_tokens > 0 {
+            // Prefill once per prompt, then fan each prompt's cache rows out to its n samples.
+            let prefill = HostBatch::left_padded(&rows, self.pad_id)?.to_device::<B>(&device);
+            let mut cache = model.new_cache();
+            let hidden = model.forward_hidden(&prefill, Some(&mut cache));
+            let [batch, seq, _] = hidden.dims();
+            let mut logits = model.logits(hidden.narrow(1, seq - 1, 1)).reshape([batch, vocab]);
+            if n > 1 {
+                let fan_out: Vec<usize> = (0..batch).flat_map(|i| std::iter::repeat_n(i, n)).collect();
+                let fan_out = index_tensor::<B>(&fan_out, &device);
+                cache = cache.select_rows(fan_out.clone());
+                logits = logits.select(0, fan_out);
+            }
+            // slots[row] = index into `sequences` of the sequence in that batch row.
+            let mut slots: Vec<usize> = (0..sequences.len()).collect();
+            loop {
+                let host: Vec<f32> = logits.into_data().convert::<f32>().into_vec().expect("f32 logits");
+                let mut newly_finished = 0;
+                for (row, &s) in slots.iter().enumerate() {
+                    let seq = &mut sequences[s];
+                    if seq.finished.is_some() {
+                        continue;
+                    }
+                    let sampled = params.sampler.sample(&host[row * vocab..(row + 1) * vocab], &mut seq.rng);
+                    seq.tokens.push(sampled.token);
+                    seq.logprobs.push(sampled.logprob);
+                    seq.raw_logprobs.push(sampled.raw_logprob);
+                    state.tokens += 1;
+                    if let Some(reason) = params.stop.check(&seq.tokens, self.tokenizer, params.skip_special_tokens)? {
+                        seq.finished = Some((FinishReason::Stop, Some(reason)));
+                    } else if seq.tokens.len() >= seq.limit {
+                        seq.finished = Some((FinishReason::Length, None));
+                    }
+                    newly_finished += seq.finished.is_some() as usize;
+                }
+                state.finished += newly_finished;
+                progress(*state);
+
+                let active: Vec<usize> = (0..slots.len()).filter(|&r| sequences[slots[r]].finished.is_none()).collect();
+                if active.is_empty() {
+                    break;
+                }
+                if active.len() * 4 <= slots.len() * 3 {
+                    cache = cache.select_rows(index_tensor::<B>(&active, &device));
+                    slots = active.iter().map(|&r| slots[r]).collect();
+                }
+                let step = self.decode_inputs(&slots, &sequences, &device);
+                let hidden = model.forward_hidden(&step, Some(&mut cache));
+                logits = model.logits(hidden).reshape([slots.len(), vocab]);
+            }
+        }
+
+        let mut out: Vec<(usize, Vec<Completion>)> = indices.iter().map(|&i| (i, Vec::with_capacity(n))).collect();
+        for (k, seq) in sequences.into_iter().enumerate() {
+            let (finish_reason, stop_reason) = seq.finished.expect("every sequence finishes");
+            let text = match self.tokenizer {
+                Some(t) => params.stop.final_text(&seq.tokens, stop_reason.as_ref(), t, params.skip_special_tokens)?,
+                None => String::new(),
+            };
+            out[k / n].1.push(Completion {
+                prompt_index: seq.prompt_index,
+                sample_index: seq.sample_index,
+                token_ids: seq.tokens,
+                text,
+                logprobs: seq.logprobs,
+                raw_logprobs: seq.raw_logprobs,
+                finish_reason,
+                stop_reason,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The `[rows, 1]` step input: each live row feeds its last token at its next position;
+    /// finished rows feed padding that nothing attends to.
+    fn decode_inputs(&self, slots: &[usize], sequences: &[Sequence], device: &B::Device) -> Inputs<B> {
+        let mut ids = Vec::with_capacity(slots.len());
+        let mut positions = Vec::with_capacity(slots.len());
+        let mut valid = Vec::with_capacity(slots.len());
+        for &s in slots {
+            let seq = &sequences[s];
+            let live = seq.finished.is_none();
+            ids.push(if live { *seq.tokens.last().expect("sampled") as i64 } else { self.pad_id as i64 });
+            positions.push(if live { (seq.prompt_len + seq.tokens.len() - 1) as i64 } else { 0 });
+            valid.push(live);
+        }
+        let shape = [slots.len(), 1];
+        Inputs {
+            ids: Tensor::from_data(TensorData::new(ids, shape), device),
+            positions: Tensor::from_data(TensorData::new(positions, shape), device),
+            valid: Tensor::from_data(TensorData::new(valid, shape), device),
+        }
+    }
+}
+
+fn index_tensor<B: Backend>(indices: &[usize], device: &B::Device) -> Tensor<B, 1, Int> {
+    let data: Vec<i64> = indices.iter().map(|&i| i as i64).collect();
+    Tensor::from_data(TensorData::new(data, [indices.len()]), device)
+}

@@ -1,0 +1,12 @@
+//! kiln-core: the backend-generic library behind kiln.
+//!
+//! Everything here is generic over burn's [`Backend`](burn::tensor::backend::Backend): the Qwen2
+//! model and its Hugging Face checkpoints ([`model`]), the tokenizer ([`tokenizer`]) and the
+//! batched generation engine ([`generate`]).
+
+pub mod error;
+pub mod generate;
+pub mod model;
+pub mod tokenizer;
+
+pub use error::{Error, Result};

@@ -1,0 +1,259 @@
+//! The Qwen2 model config: a serde view of Hugging Face's `config.json`.
+//!
+//! Unknown keys are kept (in [`Qwen2Config::extra`]) and written back on save, so a directory
+//! loaded and saved by kiln still carries everything `transformers` put there.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+
+/// `config.json` of a `Qwen2ForCausalLM` (Qwen2, Qwen2.5, Qwen2.5-Coder, the paper's 100M model).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Qwen2Config {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    /// Defaults to `num_attention_heads` (no GQA), as in `transformers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_key_value_heads: Option<usize>,
+    /// Defaults to `hidden_size / num_attention_heads`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<usize>,
+    #[serde(default = "default_max_position_embeddings")]
+    pub max_position_embeddings: usize,
+    #[serde(default = "default_rms_norm_eps")]
+    pub rms_norm_eps: f64,
+    /// transformers < 5 writes `rope_theta` at the top level ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f64>,
+    /// ... transformers >= 5 writes `rope_parameters: {rope_theta, rope_type}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_parameters: Option<RopeParameters>,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    #[serde(default = "default_hidden_act")]
+    pub hidden_act: String,
+    #[serde(default)]
+    pub use_sliding_window: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bos_token_id: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eos_token_id: Option<TokenIds>,
+    #[serde(default = "default_initializer_range")]
+    pub initializer_range: f64,
+    /// Every other key of `config.json`, preserved verbatim.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// RoPE settings as transformers >= 5 writes them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RopeParameters {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_theta: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_type: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// One token id or several (HF allows both for `eos_token_id`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TokenIds {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+fn default_max_position_embeddings() -> usize {
+    32768
+}
+fn default_rms_norm_eps() -> f64 {
+    1e-6
+}
+fn default_hidden_act() -> String {
+    "silu".into()
+}
+fn default_initializer_range() -> f64 {
+    0.02
+}
+
+impl Qwen2Config {
+    /// Reads and validates `config.json` (a file, or a model directory containing one).
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let mut path = path.as_ref().to_path_buf();
+        if path.is_dir() {
+            path = path.join("config.json");
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let config: Self = serde_json::from_str(&text).map_err(|e| Error::json(&path, None, e))?;
+        config.validate().map_err(|message| Error::config(&path, message))?;
+        Ok(config)
+    }
+
+    /// Writes `config.json` into `dir`.
+    pub fn save(&self, dir: impl AsRef<Path>) -> Result<()> {
+        let path = dir.as_ref().join("config.json");
+        let text = serde_json::to_string_pretty(self).map_err(|e| Error::json(&path, None, e))?;
+        std::fs::write(&path, text + "\n").map_err(|e| Error::io(&path, e))
+    }
+
+    /// Checks that kiln can run this config; the message says what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_kv_heads()),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("`{name}` must be positive"));
+        }
+        if self.head_dim.is_none() && self.hidden_size % self.num_attention_heads != 0 {
+            return Err(format!(
+                "`hidden_size` {} is not divisible by `num_attention_heads` {} (set `head_dim`)",
+                self.hidden_size, self.num_attention_heads
+            ));
+        }
+        if self.head_dim() % 2 != 0 {
+            return Err(format!("head dimension {} must be even for RoPE", self.head_dim()));
+        }
+        if self.num_attention_heads % self.num_kv_heads() != 0 {
+            return Err(format!(
+                "`num_attention_heads` {} is not a multiple of `num_key_value_heads` {}",
+                self.num_attention_heads,
+                self.num_kv_heads()
+            ));
+        }
+        if self.hidden_act != "silu" {
+            return Err(format!("`hidden_act` {:?} is not supported (only \"silu\")", self.hidden_act));
+        }
+        if self.use_sliding_window {
+            return Err("`use_sliding_window: true` is not supported".into());
+        }
+        if let Some(kind) = self.rope_parameters.as_ref().and_then(|r| r.rope_type.as_deref()) {
+            if kind != "default" {
+                return Err(format!("`rope_type` {kind:?} is not supported (only \"default\")"));
+            }
+        }
+        match self.extra.get("rope_scaling") {
+            None | Some(Value::Null) => {}
+            Some(other) => return Err(format!("`rope_scaling` {other} is not supported")),
+        }
+        if !(self.rope_theta() > 0.0) {
+            return Err("`rope_theta` must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// Number of key/value heads (GQA groups).
+    pub fn num_kv_heads(&self) -> usize {
+        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    }
+
+    /// Width of one attention head.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    /// RoPE base θ, wherever the file put it (transformers' default 10 000 when absent).
+    pub fn rope_theta(&self) -> f64 {
+        self.rope_parameters
+            .as_ref()
+            .and_then(|r| r.rope_theta)
+            .or(self.rope_theta)
+            .unwrap_or(10_000.0)
+    }
+
+    /// End-of-sequence token ids named by the config.
+    pub fn eos_token_ids(&self) -> Vec<u32> {
+        match &self.eos_token_id {
+            None => Vec::new(),
+            Some(TokenIds::One(id)) => vec![*id],
+            Some(TokenIds::Many(ids)) => ids.clone(),
+        }
+    }
+
+    /// Number of parameters of the model this config describes.
+    pub fn num_parameters(&self) -> usize {
+        let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
+        let q = self.num_attention_heads * self.head_dim();
+        let kv = self.num_kv_heads() * self.head_dim();
+        let attention = h * q + q + 2 * (h * kv + kv) + q * h;
+        let layer = attention + 3 * h * i + 2 * h;
+        let head = if self.tie_word_embeddings { 0 } else { v * h };
+        v * h + self.num_hidden_layers * layer + h + head
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> std::result::Result<Qwen2Config, String> {
+        let c: Qwen2Config = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    #[test]
+    fn paper_config_reads_and_counts_parameters() {
+        let c = Qwen2Config::from_file(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/interplay/qwen2_100M/config.json"
+        ))
+        .unwrap();
+        assert_eq!((c.hidden_size, c.num_kv_heads(), c.head_dim()), (768, 2, 64));
+        assert_eq!(c.rope_theta(), 1e6);
+        assert!(c.tie_word_embeddings);
+        assert_eq!(c.eos_token_ids(), vec![3]);
+        // 103M by the spec's arithmetic.
+        assert_eq!(c.num_parameters() / 1_000_000, 103);
+        // Unknown keys survive a round trip.
+        let back: Value = serde_json::to_value(&c).unwrap();
+        assert_eq!(back["max_window_layers"], 24);
+        assert_eq!(back["torch_dtype"], "bfloat16");
+        assert!(back.get("head_dim").is_none());
+    }
+
+    #[test]
+    fn qwen25_coder_counts_1_54b_parameters() {
+        let c = parse(r#"{"vocab_size":151936,"hidden_size":1536,"intermediate_size":8960,
+            "num_hidden_layers":28,"num_attention_heads":12,"num_key_value_heads":2,
+            "tie_word_embeddings":true,"rope_theta":1000000.0}"#)
+        .unwrap();
+        assert_eq!(c.num_parameters(), 1_543_714_304);
+    }
+
+    #[test]
+    fn transformers5_rope_parameters_win() {
+        let c = parse(r#"{"vocab_size":10,"hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,
+            "num_attention_heads":2,"rope_parameters":{"rope_theta":1234.0,"rope_type":"default"}}"#)
+        .unwrap();
+        assert_eq!(c.rope_theta(), 1234.0);
+        assert_eq!(c.num_kv_heads(), 2);
+    }
+
+    #[test]
+    fn missing_and_unsupported_keys_are_clear_errors() {
+        let err = parse(r#"{"vocab_size":10,"intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2}"#)
+            .unwrap_err();
+        assert!(err.contains("missing field `hidden_size`"), "{err}");
+        let err = parse(r#"{"vocab_size":10,"hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,
+            "num_attention_heads":3,"num_key_value_heads":2, "head_dim": 4}"#)
+        .unwrap_err();
+        assert!(err.contains("not a multiple"), "{err}");
+        let err = parse(r#"{"vocab_size":10,"hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,
+            "num_attention_heads":2,"rope_scaling":{"type":"yarn","factor":4}}"#)
+        .unwrap_err();
+        assert!(err.contains("rope_scaling"), "{err}");
+    }
+}

@@ -1,0 +1,287 @@
+//! Hugging Face model directories: `config.json` + `model.safetensors` (or a sharded
+//! `model.safetensors.index.json`) + tokenizer files.
+//!
+//! Loading checks every tensor name, shape and dtype against the config before building
+//! anything, and reports all mismatches by tensor name. Saving writes into a temporary sibling
+//! directory and renames it into place, so a crash never leaves a half-written model behind.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::backend::Backend;
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors, View};
+use serde_json::Value;
+
+use super::config::Qwen2Config;
+use super::qwen2::Qwen2;
+use super::weights::{TensorSpec, WeightSource, expected_tensors};
+use crate::error::{Error, Result};
+
+const SINGLE_FILE: &str = "model.safetensors";
+const INDEX_FILE: &str = "model.safetensors.index.json";
+/// Tokenizer and generation files copied next to a saved model when present in the source.
+pub const COMPANION_FILES: &[&str] = &[
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "generation_config.json",
+    "chat_template.jinja",
+];
+
+/// Floating-point format of saved tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SaveDtype {
+    #[default]
+    F32,
+    BF16,
+    F16,
+}
+
+impl SaveDtype {
+    fn torch_name(self) -> &'static str {
+        match self {
+            SaveDtype::F32 => "float32",
+            SaveDtype::BF16 => "bfloat16",
+            SaveDtype::F16 => "float16",
+        }
+    }
+}
+
+impl std::str::FromStr for SaveDtype {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "f32" | "float32" => Ok(Self::F32),
+            "bf16" | "bfloat16" => Ok(Self::BF16),
+            "f16" | "float16" => Ok(Self::F16),
+            other => Err(Error::InvalidInput(format!("unknown dtype {other:?} (f32, bf16, f16)"))),
+        }
+    }
+}
+
+/// The safetensors files of one model directory, memory-mapped.
+pub struct SafetensorsDir {
+    dir: PathBuf,
+    files: Vec<(PathBuf, Mmap)>,
+    /// Tensor name → index into `files`.
+    index: HashMap<String, usize>,
+}
+
+impl SafetensorsDir {
+    /// Opens `dir/model.safetensors` or every shard listed in `dir/model.safetensors.index.json`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let index_path = dir.join(INDEX_FILE);
+        let file_names: Vec<String> = if dir.join(SINGLE_FILE).is_file() {
+            vec![SINGLE_FILE.to_string()]
+        } else if index_path.is_file() {
+            let text = std::fs::read_to_string(&index_path).map_err(|e| Error::io(&index_path, e))?;
+            let index: Value = serde_json::from_str(&text).map_err(|e| Error::json(&index_path, None, e))?;
+            let map = index
+                .get("weight_map")
+                .and_then(Value::as_object)
+                .ok_or_else(|| Error::checkpoint(&index_path, "no `weight_map` object"))?;
+            let mut shards: Vec<String> = map.values().filter_map(|v| v.as_str().map(String::from)).collect();
+            shards.sort();
+            shards.dedup();
+            shards
+        } else {
+            return Err(Error::checkpoint(dir, format!("neither {SINGLE_FILE} nor {INDEX_FILE} found")));
+        };
+
+        let mut files = Vec::new();
+        let mut index = HashMap::new();
+        for name in file_names {
+            let path = dir.join(&name);
+            let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
+            // SAFETY: the map is read-only and we do not modify checkpoint files while loading.
+            let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
+            let tensors = SafeTensors::deserialize(&mmap)
+                .map_err(|e| Error::checkpoint(&path, format!("not a valid safetensors file: {e}")))?;
+            for tensor_name in tensors.names() {
+                if let Some(previous) = index.insert(tensor_name.to_string(), files.len()) {
+                    let other = files.get(previous).map_or(&path, |(p, _): &(PathBuf, Mmap)| p);
+                    let message = format!("tensor {tensor_name} is also stored in {}", other.display());
+                    return Err(Error::checkpoint(&path, message));
+                }
+            }
+            files.push((path, mmap));
+        }
+        Ok(Self { dir: dir.to_path_buf(), files, index })
+    }
+
+    /// Checks names, shapes and dtypes against `expected`; lists every problem at once.
+    pub fn check(&self, expected: &[TensorSpec], tied: bool) -> Result<()> {
+        let mut problems = Vec::new();
+        for spec in expected {
+            match self.view(&spec.name) {
+                Err(_) => problems.push(format!("missing tensor {}", spec.name)),
+                Ok((_, view)) => {
+                    if view.shape() != spec.shape.as_slice() {
+                        problems.push(format!(
+                            "tensor {} has shape {:?}, the config expects {:?}",
+                            spec.name,
+                            view.shape(),
+                            spec.shape
+                        ));
+                    }
+                    if !matches!(view.dtype(), Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+                        problems.push(format!("tensor {} has unsupported dtype {:?}", spec.name, view.dtype()));
+                    }
+                }
+            }
+        }
+        let known: std::collections::HashSet<&str> = expected.iter().map(|s| s.name.as_str()).collect();
+        let mut unexpected: Vec<&String> = self
+            .index
+            .keys()
+            .filter(|n| !known.contains(n.as_str()))
+            // Tied checkpoints may still carry the (ignored) head; old ones carry RoPE buffers.
+            .filter(|n| !(tied && n.as_str() == "lm_head.weight") && !n.ends_with("rotary_emb.inv_freq"))
+            .collect();
+        unexpected.sort();
+        problems.extend(unexpected.into_iter().map(|n| format!("unexpected tensor {n}")));
+        if problems.is_empty() {
+            return Ok(());
+        }
+        let shown = problems.len().min(12);
+        let more = if problems.len() > shown { format!("; and {} more", problems.len() - shown) } else { String::new() };
+        let listed = problems[..shown].join("; ");
+        Err(Error::checkpoint(&self.dir, format!("checkpoint does not match config.json: {listed}{more}")))
+    }
+
+    fn view(&self, name: &str) -> Result<(&Path, safetensors::tensor::TensorView<'_>)> {
+        let &file = self.index.get(name).ok_or_else(|| Error::checkpoint(&self.dir, format!("missing tensor {name}")))?;
+        let (path, mmap) = &self.files[file];
+        let corrupt = |e: safetensors::SafeTensorError| Error::checkpoint(path, format!("tensor {name}: {e}"));
+        let view = SafeTensors::deserialize(mmap).and_then(|t| t.tensor(name)).map_err(corrupt)?;
+        Ok((path.as_path(), view))
+    }
+}
+
+impl WeightSource for SafetensorsDir {
+    fn tensor(&mut self, spec: &TensorSpec) -> Result<Vec<f32>> {
+        let (path, view) = self.view(&spec.name)?;
+        let bytes = view.data();
+        let values: Vec<f32> = match view.dtype() {
+            Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+            Dtype::BF16 => {
+                bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+            }
+            Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            other => return Err(Error::checkpoint(path, format!("tensor {} has unsupported dtype {other:?}", spec.name))),
+        };
+        if values.len() != spec.shape.iter().product::<usize>() {
+            return Err(Error::checkpoint(path, format!("tensor {} has the wrong number of elements", spec.name)));
+        }
+        Ok(values)
+    }
+}
+
+/// Loads a Qwen2 model from a Hugging Face directory onto `device`.
+pub fn load<B: Backend>(dir: impl AsRef<Path>, device: &B::Device) -> Result<Qwen2<B>> {
+    let dir = dir.as_ref();
+    let config = Qwen2Config::from_file(dir.join("config.json"))?;
+    let mut weights = SafetensorsDir::open(dir)?;
+    weights.check(&expected_tensors(&config), config.tie_word_embeddings)?;
+    Qwen2::from_source(&config, &mut weights, device)
+}
+
+/// A tensor ready for serialisation.
+struct OwnedView {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl View for &OwnedView {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+fn encode(values: &[f32], dtype: SaveDtype) -> (Dtype, Vec<u8>) {
+    match dtype {
+        SaveDtype::F32 => (Dtype::F32, values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        SaveDtype::BF16 => (Dtype::BF16, values.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect()),
+        SaveDtype::F16 => (Dtype::F16, values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect()),
+    }
+}
+
+/// Saves `model` as a Hugging Face directory at `dir`, which must not exist yet (or be empty).
+/// Tokenizer files ([`COMPANION_FILES`]) are copied from `companions` when given.
+pub fn save<B: Backend>(model: &Qwen2<B>, dir: impl AsRef<Path>, dtype: SaveDtype, companions: Option<&Path>) -> Result<()> {
+    let dir = dir.as_ref();
+    write_atomically(dir, |tmp| {
+        let mut config = model.config().clone();
+        let key = if config.extra.contains_key("dtype") { "dtype" } else { "torch_dtype" };
+        config.extra.insert(key.into(), Value::String(dtype.torch_name().into()));
+        config.save(tmp)?;
+
+        let tensors: BTreeMap<String, OwnedView> = model
+            .to_hf_tensors()
+            .into_iter()
+            .map(|(spec, values)| {
+                let (dtype, bytes) = encode(&values, dtype);
+                (spec.name, OwnedView { dtype, shape: spec.shape, bytes })
+            })
+            .collect();
+        let path = tmp.join(SINGLE_FILE);
+        let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+        safetensors::serialize_to_file(tensors.iter().map(|(k, v)| (k.as_str(), v)), Some(metadata), &path)
+            .map_err(|e| Error::checkpoint(&path, format!("could not write safetensors: {e}")))?;
+
+        if let Some(source) = companions {
+            for name in COMPANION_FILES {
+                let from = source.join(name);
+                if from.is_file() {
+                    std::fs::copy(&from, tmp.join(name)).map_err(|e| Error::io(&from, e))?;
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Runs `write` on a fresh temporary sibling of `dir`, then renames it to `dir`. `dir` must not
+/// exist or be an empty directory; on any error the temporary directory is removed and `dir`
+/// is untouched.
+pub fn write_atomically(dir: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    if dir.exists() {
+        let empty = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?.next().is_none();
+        if !empty {
+            return Err(Error::InvalidInput(format!("{} already exists and is not empty; not overwriting it", dir.display())));
+        }
+    }
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
+    let tmp = parent.join(format!(".{name}.partial-{}", std::process::id()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    let result = write(&tmp).and_then(|()| {
+        if dir.exists() {
+            std::fs::remove_dir(dir).map_err(|e| Error::io(dir, e))?;
+        }
+        std::fs::rename(&tmp, dir).map_err(|e| Error::io(dir, e))
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    result
+}

@@ -1,0 +1,37 @@
+//! Per-token log-probabilities of given sequences (teacher scoring, RL old/ref log-probs, NLL).
+
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{DType, Int, Tensor, backend::Backend};
+
+use super::inputs::HostBatch;
+use super::qwen2::Qwen2;
+use crate::error::Result;
+
+/// `log p(targets[b, t])` under `logits[b, t, :]`, computed in f32: `[B, T, V]` → `[B, T]`.
+pub fn token_logprobs<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 2> {
+    log_softmax(logits.cast(DType::F32), 2).gather(2, targets.unsqueeze_dim(2)).squeeze_dim(2)
+}
+
+/// For each sequence, `[None, log p(ids[1] | ids[..1]), …, log p(ids[n-1] | ids[..n-1])]`.
+/// The LM head runs over `chunk` positions at a time, so `[B, T, V]` logits never exist at once.
+pub fn sequence_logprobs<B: Backend>(model: &Qwen2<B>, sequences: &[Vec<u32>], chunk: usize) -> Result<Vec<Vec<Option<f32>>>> {
+    let device = model.embed_tokens.weight.device();
+    let batch = HostBatch::right_padded(sequences, 0)?;
+    let hidden = model.forward_hidden(&batch.to_device::<B>(&device), None);
+    let (rows, seq) = (batch.batch, batch.seq);
+    // Targets: the next token at every position (the last position's target is unused).
+    let next: Vec<u32> = batch.ids.chunks(seq).flat_map(|r| r[1..].iter().copied().chain([0])).collect();
+    let targets = HostBatch { batch: rows, seq, ids: next, valid: batch.valid.clone() }.to_device::<B>(&device).ids;
+    let mut columns = Vec::new();
+    for start in (0..seq).step_by(chunk.max(1)) {
+        let len = chunk.max(1).min(seq - start);
+        let logits = model.logits(hidden.clone().narrow(1, start, len));
+        columns.push(token_logprobs(logits, targets.clone().narrow(1, start, len)));
+    }
+    let values: Vec<f32> = Tensor::cat(columns, 1).into_data().convert::<f32>().into_vec().expect("f32");
+    Ok(sequences
+        .iter()
+        .enumerate()
+        .map(|(r, ids)| std::iter::once(None).chain((1..ids.len()).map(|t| Some(values[r * seq + t - 1]))).collect())
+        .collect())
+}

@@ -1,0 +1,15 @@
+//! The Qwen2 model family: config, blocks, KV cache, and Hugging Face checkpoints.
+
+pub mod config;
+pub mod hf;
+pub mod inputs;
+pub mod kv_cache;
+pub mod logprobs;
+pub mod qwen2;
+pub mod rope;
+pub mod weights;
+
+pub use config::Qwen2Config;
+pub use inputs::{HostBatch, Inputs};
+pub use kv_cache::KvCache;
+pub use qwen2::Qwen2;

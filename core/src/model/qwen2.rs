@@ -1,0 +1,206 @@
+//! The Qwen2 causal language model (`Qwen2ForCausalLM`), read top to bottom:
+//! embedding → N × [RMSNorm → GQA attention (q/k/v bias, RoPE) → residual →
+//! RMSNorm → SwiGLU MLP → residual] → RMSNorm → LM head (tied to the embedding or not).
+//!
+//! Shapes: `B` batch, `T` new tokens, `S` all key positions (cache + new), `D` hidden size,
+//! `H` query heads, `K` key/value heads, `G = H / K` query heads per KV head, `d` head size.
+
+use burn::module::{Module, Param};
+use burn::nn::{Embedding, Linear};
+use burn::tensor::activation::silu;
+use burn::tensor::module::{attention, linear};
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Bool, DType, Int, Tensor, backend::Backend};
+
+use super::config::Qwen2Config;
+use super::inputs::Inputs;
+use super::kv_cache::{KvCache, LayerCache};
+use super::rope::{RopeTables, RotaryEmbedding};
+
+/// RMSNorm as `transformers` computes it: normalise in f32, cast back, then scale.
+#[derive(Module, Debug)]
+pub struct RmsNorm<B: Backend> {
+    pub weight: Param<Tensor<B, 1>>,
+    pub eps: f64,
+}
+
+impl<B: Backend> RmsNorm<B> {
+    pub fn forward<const N: usize>(&self, x: Tensor<B, N>) -> Tensor<B, N> {
+        let dtype = x.dtype();
+        let x = x.cast(DType::F32);
+        let inv_rms = (x.clone().square().mean_dim(N - 1) + self.eps).sqrt().recip();
+        (x * inv_rms).cast(dtype) * self.weight.val().unsqueeze()
+    }
+}
+
+/// SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`, no biases.
+#[derive(Module, Debug)]
+pub struct Mlp<B: Backend> {
+    pub gate_proj: Linear<B>,
+    pub up_proj: Linear<B>,
+    pub down_proj: Linear<B>,
+}
+
+impl<B: Backend> Mlp<B> {
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let gate = silu(self.gate_proj.forward(x.clone()));
+        self.down_proj.forward(gate * self.up_proj.forward(x))
+    }
+}
+
+/// Grouped-query self-attention with biased q/k/v projections and an unbiased output projection.
+#[derive(Module, Debug)]
+pub struct Attention<B: Backend> {
+    pub q_proj: Linear<B>,
+    pub k_proj: Linear<B>,
+    pub v_proj: Linear<B>,
+    pub o_proj: Linear<B>,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl<B: Backend> Attention<B> {
+    /// `x` `[B, T, D]`; `mask` `[B, K, G·T, S]` from [`attention_mask`].
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        rope: &RopeTables<B>,
+        mask: Tensor<B, 4, Bool>,
+        cache: Option<&mut LayerCache<B>>,
+    ) -> Tensor<B, 3> {
+        let [batch, seq, _] = x.dims();
+        let (heads, kv_heads, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let split = |y: Tensor<B, 3>, n: usize| y.reshape([batch, seq, n, d]).swap_dims(1, 2);
+
+        let q = rope.apply(split(self.q_proj.forward(x.clone()), heads)); // [B, H, T, d]
+        let k = rope.apply(split(self.k_proj.forward(x.clone()), kv_heads)); // [B, K, T, d]
+        let v = split(self.v_proj.forward(x), kv_heads); // [B, K, T, d]
+        let (k, v) = match cache {
+            Some(cache) => cache.append(k, v), // [B, K, S, d]
+            None => (k, v),
+        };
+
+        // Fold the G query heads of each KV group into the query axis instead of repeating
+        // K and V G times: query head h = k·G + g reads KV head k, as `repeat_kv` does.
+        let q = q.reshape([batch, kv_heads, (heads / kv_heads) * seq, d]);
+        let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: false };
+        let out = attention(q, k, v, Some(mask), None, options); // [B, K, G·T, d]
+        let out = out.reshape([batch, heads, seq, d]).swap_dims(1, 2).reshape([batch, seq, heads * d]);
+        self.o_proj.forward(out)
+    }
+}
+
+/// The attention mask `[B, K, G·T, S]` (true = masked) for `T` new queries over `S` keys, whose
+/// last `T` are the new tokens: a query may not see later keys, nor padded keys other than itself
+/// (a padded query attends to itself only, so no softmax row is empty).
+pub fn attention_mask<B: Backend>(
+    key_valid: Tensor<B, 2, Bool>,
+    queries: usize,
+    kv_heads: usize,
+    group: usize,
+) -> Tensor<B, 4, Bool> {
+    let device = key_valid.device();
+    let [batch, keys] = key_valid.dims();
+    let offset = (keys - queries) as i64;
+    let shape = [batch, queries, keys];
+    let rows = Tensor::<B, 1, Int>::arange(offset..offset + queries as i64, &device)
+        .reshape([1, queries, 1])
+        .expand(shape);
+    let cols = Tensor::<B, 1, Int>::arange(0..keys as i64, &device).reshape([1, 1, keys]).expand(shape);
+    let future = cols.clone().greater(rows.clone());
+    let not_self = cols.not_equal(rows);
+    let padded = key_valid.bool_not().reshape([batch, 1, keys]).expand(shape);
+    let mask = future.bool_or(padded.bool_and(not_self)); // [B, T, S]
+    mask.reshape([batch, 1, 1, queries, keys])
+        .expand([batch, kv_heads, group, queries, keys])
+        .reshape([batch, kv_heads, group * queries, keys])
+}
+
+/// One pre-norm decoder block.
+#[derive(Module, Debug)]
+pub struct DecoderLayer<B: Backend> {
+    pub input_layernorm: RmsNorm<B>,
+    pub self_attn: Attention<B>,
+    pub post_attention_layernorm: RmsNorm<B>,
+    pub mlp: Mlp<B>,
+}
+
+impl<B: Backend> DecoderLayer<B> {
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        rope: &RopeTables<B>,
+        mask: Tensor<B, 4, Bool>,
+        cache: Option<&mut LayerCache<B>>,
+    ) -> Tensor<B, 3> {
+        let h = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x), rope, mask, cache);
+        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
+    }
+}
+
+/// `Qwen2ForCausalLM`.
+#[derive(Module, Debug)]
+pub struct Qwen2<B: Backend> {
+    pub embed_tokens: Embedding<B>,
+    pub layers: Vec<DecoderLayer<B>>,
+    pub norm: RmsNorm<B>,
+    /// `None` when `tie_word_embeddings`: the head is the transposed embedding.
+    pub lm_head: Option<Linear<B>>,
+    pub rope: RotaryEmbedding<B>,
+    #[module(skip)]
+    pub config: Qwen2Config,
+}
+
+impl<B: Backend> Qwen2<B> {
+    /// Final hidden states `[B, T, D]` (after the last norm) for `inputs`. With a cache, the
+    /// inputs continue the cached sequences and are appended to the cache.
+    pub fn forward_hidden(&self, inputs: &Inputs<B>, mut cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
+        let queries = inputs.ids.dims()[1];
+        let key_valid = match cache.as_deref_mut() {
+            Some(cache) => {
+                let all = match cache.key_valid.take() {
+                    Some(old) => Tensor::cat(vec![old, inputs.valid.clone()], 1),
+                    None => inputs.valid.clone(),
+                };
+                cache.key_valid = Some(all.clone());
+                all
+            }
+            None => inputs.valid.clone(),
+        };
+        let kv_heads = self.config.num_kv_heads();
+        let group = self.config.num_attention_heads / kv_heads;
+        let mask = attention_mask(key_valid, queries, kv_heads, group);
+        let rope = self.rope.tables(inputs.positions.clone());
+
+        let mut x = self.embed_tokens.forward(inputs.ids.clone());
+        for (i, layer) in self.layers.iter().enumerate() {
+            let layer_cache = cache.as_deref_mut().map(|c| &mut c.layers[i]);
+            x = layer.forward(x, &rope, mask.clone(), layer_cache);
+        }
+        self.norm.forward(x)
+    }
+
+    /// Logits `[B, T, V]` from hidden states `[B, T, D]`.
+    pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        match &self.lm_head {
+            Some(head) => head.forward(hidden),
+            None => linear(hidden, self.embed_tokens.weight.val().transpose(), None),
+        }
+    }
+
+    /// Logits `[B, T, V]` for every position of `inputs` (no cache).
+    pub fn forward(&self, inputs: &Inputs<B>) -> Tensor<B, 3> {
+        self.logits(self.forward_hidden(inputs, None))
+    }
+
+    /// An empty KV cache sized for this model.
+    pub fn new_cache(&self) -> KvCache<B> {
+        KvCache::new(self.layers.len())
+    }
+
+    /// The model's config.
+    pub fn config(&self) -> &Qwen2Config {
+        &self.config
+    }
+}

@@ -1,0 +1,182 @@
+//! `kiln generate`: batched sampling from a Hugging Face model directory.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use burn::tensor::backend::Backend;
+use clap::Args;
+use kiln::backends::{DeviceSpec, Job};
+use kiln::generate::{Engine, Sampler, SamplingParams, StopCriteria, model_eos_ids};
+use kiln::model::hf;
+use kiln::tokenizer::Tokenizer;
+use serde::Deserialize;
+
+use super::progress;
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// Hugging Face model directory (config.json, safetensors, tokenizer.json).
+    #[arg(long)]
+    model: PathBuf,
+    /// One prompt as text.
+    #[arg(long, group = "input")]
+    prompt: Option<String>,
+    /// One prompt as token ids, e.g. 4,283,230.
+    #[arg(long, group = "input")]
+    prompt_ids: Option<String>,
+    /// JSONL file, one `{"prompt": text}` or `{"prompt_ids": [ids]}` per line.
+    #[arg(long, group = "input")]
+    prompts: Option<PathBuf>,
+    /// Device: cpu, wgpu[:N], cuda[:N].
+    #[arg(long, default_value = "cpu", value_parser = super::parse_backend)]
+    backend: DeviceSpec,
+    /// Samples per prompt.
+    #[arg(long, default_value_t = 1)]
+    n: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f32,
+    /// Nucleus sampling mass (1 disables).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Keep only the k most likely tokens (0 disables).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 256)]
+    max_new_tokens: usize,
+    /// Stop string (repeatable); excluded from the returned text.
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Extra stop token ids, e.g. 9,3.
+    #[arg(long)]
+    stop_token_ids: Option<String>,
+    /// Sampling seed (default: from the clock).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Do not stop at the model's EOS tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Drop special tokens from the returned text.
+    #[arg(long)]
+    skip_special_tokens: bool,
+    /// Sequences decoded together.
+    #[arg(long, default_value_t = 64)]
+    batch_size: usize,
+    /// Print one JSON object per sample.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One line of a `--prompts` file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PromptLine {
+    prompt: Option<String>,
+    prompt_ids: Option<Vec<u32>>,
+}
+
+enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+fn read_prompts(path: &Path) -> Result<Vec<Prompt>> {
+    let file = std::fs::File::open(path).with_context(|| format!("{}", path.display()))?;
+    let mut prompts = Vec::new();
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.with_context(|| format!("{}", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = || format!("{} line {}", path.display(), i + 1);
+        let parsed: PromptLine = serde_json::from_str(&line).with_context(at)?;
+        prompts.push(match parsed {
+            PromptLine { prompt: Some(text), prompt_ids: None } => Prompt::Text(text),
+            PromptLine { prompt: None, prompt_ids: Some(ids) } => Prompt::Ids(ids),
+            _ => bail!("{}: expected exactly one of \"prompt\" or \"prompt_ids\"", at()),
+        });
+    }
+    if prompts.is_empty() {
+        bail!("{}: no prompts", path.display());
+    }
+    Ok(prompts)
+}
+
+pub fn run(args: GenerateArgs) -> Result<()> {
+    let backend = args.backend;
+    kiln::backends::run(backend, GenerateJob(args))?
+}
+
+struct GenerateJob(GenerateArgs);
+
+impl Job for GenerateJob {
+    type Output = Result<()>;
+
+    fn run<B: Backend>(self, device: B::Device) -> Result<()> {
+        let args = self.0;
+        let prompts = match (&args.prompt, &args.prompt_ids, &args.prompts) {
+            (Some(text), None, None) => vec![Prompt::Text(text.clone())],
+            (None, Some(ids), None) => vec![Prompt::Ids(super::parse_ids(ids)?)],
+            (None, None, Some(path)) => read_prompts(path)?,
+            _ => bail!("give one of --prompt, --prompt-ids or --prompts"),
+        };
+        let tokenizer = Tokenizer::from_file(&args.model).ok();
+        let needs_tokenizer = !args.stop.is_empty() || prompts.iter().any(|p| matches!(p, Prompt::Text(_)));
+        if needs_tokenizer && tokenizer.is_none() {
+            // Surface the real reason the tokenizer could not be loaded.
+            Tokenizer::from_file(&args.model)?;
+        }
+        let prompt_ids: Vec<Vec<u32>> = prompts
+            .into_iter()
+            .map(|p| match p {
+                Prompt::Text(text) => tokenizer.as_ref().expect("checked above").encode(&text),
+                Prompt::Ids(ids) => Ok(ids),
+            })
+            .collect::<Result<_, _>>()?;
+
+        let model = hf::load::<B>(&args.model, &device)?;
+        let mut stop = StopCriteria { token_ids: Vec::new(), strings: args.stop.clone() };
+        if !args.ignore_eos {
+            stop.token_ids = model_eos_ids(&args.model, model.config(), tokenizer.as_ref())?;
+        }
+        if let Some(ids) = &args.stop_token_ids {
+            stop.token_ids.extend(super::parse_ids(ids)?);
+        }
+        let seed = args.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+        });
+        let params = SamplingParams {
+            n: args.n,
+            sampler: Sampler { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p },
+            max_new_tokens: args.max_new_tokens,
+            stop,
+            seed,
+            skip_special_tokens: args.skip_special_tokens,
+        };
+        let mut engine = Engine::new(&model, tokenizer.as_ref());
+        engine.max_batch_size = args.batch_size.max(1);
+
+        let bar = progress::bar((prompt_ids.len() * args.n) as u64, "samples");
+        let results = engine.generate(&prompt_ids, &params, |p| {
+            bar.set_position(p.finished as u64);
+            bar.set_message(format!("{} tokens", p.tokens));
+        })?;
+        bar.finish_and_clear();
+
+        let mut out = std::io::stdout().lock();
+        for (prompt_index, samples) in results.iter().enumerate() {
+            for sample in samples {
+                if args.json {
+                    writeln!(out, "{}", serde_json::to_string(sample)?)?;
+                } else {
+                    if results.len() > 1 || args.n > 1 {
+                        writeln!(out, "--- prompt {prompt_index} sample {} ({:?})", sample.sample_index, sample.finish_reason)?;
+                    }
+                    writeln!(out, "{}", sample.text)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,65 @@
+//! `kiln logprobs`: per-position next-token log-probs of a given sequence.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use burn::tensor::backend::Backend;
+use clap::Args;
+use kiln::backends::{DeviceSpec, Job};
+use kiln::model::hf;
+use kiln::model::logprobs::sequence_logprobs;
+use kiln::tokenizer::Tokenizer;
+
+#[derive(Debug, Args)]
+pub struct LogprobsArgs {
+    /// Hugging Face model directory.
+    #[arg(long)]
+    model: PathBuf,
+    /// The sequence as text (encoded without special tokens added).
+    #[arg(long, group = "input")]
+    text: Option<String>,
+    /// The sequence as token ids, e.g. 4,283,230.
+    #[arg(long, group = "input")]
+    ids: Option<String>,
+    /// Device: cpu, wgpu[:N], cuda[:N].
+    #[arg(long, default_value = "cpu", value_parser = super::parse_backend)]
+    backend: DeviceSpec,
+    /// Print `{"ids": [...], "logprobs": [null, ...]}`.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: LogprobsArgs) -> Result<()> {
+    let backend = args.backend;
+    kiln::backends::run(backend, LogprobsJob(args))?
+}
+
+struct LogprobsJob(LogprobsArgs);
+
+impl Job for LogprobsJob {
+    type Output = Result<()>;
+
+    fn run<B: Backend>(self, device: B::Device) -> Result<()> {
+        let args = self.0;
+        let ids = match (&args.text, &args.ids) {
+            (Some(text), None) => Tokenizer::from_file(&args.model)?.encode(text)?,
+            (None, Some(ids)) => super::parse_ids(ids)?,
+            _ => bail!("give one of --text or --ids"),
+        };
+        let model = hf::load::<B>(&args.model, &device)?;
+        let logprobs = sequence_logprobs(&model, std::slice::from_ref(&ids), 512)?.remove(0);
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            writeln!(out, "{}", serde_json::json!({ "ids": ids, "logprobs": logprobs }))?;
+        } else {
+            for (id, lp) in ids.iter().zip(&logprobs) {
+                match lp {
+                    Some(lp) => writeln!(out, "{id}\t{lp:.6}")?,
+                    None => writeln!(out, "{id}\t-")?,
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,49 @@
+//! Subcommands of the `kiln` binary, one module each.
+
+mod generate;
+mod init;
+mod logprobs;
+mod progress;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// kiln: Qwen2-family inference and training on burn.
+#[derive(Debug, Parser)]
+#[command(name = "kiln", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Sample completions from a model (batched, KV-cached).
+    Generate(generate::GenerateArgs),
+    /// Per-position next-token log-probs of given sequences (teacher scoring).
+    Logprobs(logprobs::LogprobsArgs),
+    /// Write a randomly initialised Hugging Face model directory from a config.json.
+    Init(init::InitArgs),
+}
+
+impl Cli {
+    pub fn run(self) -> Result<()> {
+        match self.command {
+            Command::Generate(args) => generate::run(args),
+            Command::Logprobs(args) => logprobs::run(args),
+            Command::Init(args) => init::run(args),
+        }
+    }
+}
+
+/// Parses `1,2,3` into token ids.
+fn parse_ids(text: &str) -> Result<Vec<u32>> {
+    text.split(',')
+        .map(|s| s.trim().parse::<u32>().map_err(|_| anyhow::anyhow!("not a token id list: {text:?} (expected e.g. 1,2,3)")))
+        .collect()
+}
+
+/// Parses a device name for `--backend`.
+fn parse_backend(text: &str) -> Result<kiln::backends::DeviceSpec> {
+    Ok(text.parse()?)
+}

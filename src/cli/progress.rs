@@ -1,0 +1,11 @@
+//! Progress bars on stderr (hidden automatically when stderr is not a terminal).
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// A bar counting `total` items of `unit`, showing throughput.
+pub fn bar(total: u64, unit: &str) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    let template = format!("{{elapsed_precise}} [{{bar:30}}] {{pos}}/{{len}} {unit} ({{per_sec}}) {{msg}}");
+    bar.set_style(ProgressStyle::with_template(&template).expect("valid template").progress_chars("=> "));
+    bar
+}
