@@ -1,0 +1,53 @@
+//! Shared helpers of the integration tests: fixture paths and reference data written by
+//! `tests/fixtures/make_hf_fixtures.py` (Python `transformers`).
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// `tests/fixtures/<rel>`.
+pub fn fixture(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(rel)
+}
+
+/// The reference models written by transformers.
+pub const HF_MODELS: [&str; 3] = ["tied_gqa2", "untied_mha", "gqa3_headdim_bf16_sharded"];
+
+/// `expected.json` of one reference model.
+#[derive(Debug, Deserialize)]
+pub struct Expected {
+    pub sequences: Vec<Vec<u32>>,
+    pub pad_id: u32,
+    pub greedy: Vec<Vec<u32>>,
+}
+
+/// A reference model: its directory, expected.json and expected.safetensors tensors.
+pub struct Reference {
+    pub dir: PathBuf,
+    pub expected: Expected,
+    tensors: Vec<u8>,
+}
+
+impl Reference {
+    pub fn load(name: &str) -> Self {
+        let dir = fixture(&format!("hf/{name}"));
+        let expected = serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+        let tensors = std::fs::read(dir.join("expected.safetensors")).unwrap();
+        Self { dir, expected, tensors }
+    }
+
+    /// An f32 tensor of expected.safetensors as (shape, values).
+    pub fn tensor(&self, name: &str) -> (Vec<usize>, Vec<f32>) {
+        let st = safetensors::SafeTensors::deserialize(&self.tensors).unwrap();
+        let view = st.tensor(name).unwrap();
+        let values = view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        (view.shape().to_vec(), values)
+    }
+}
+
+/// Largest absolute difference of two equally long slices.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
