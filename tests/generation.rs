@@ -1,0 +1,118 @@
+//! Generation engine behaviour on a small random model with the paper's tokenizer: stop
+//! strings (vLLM semantics), stop tokens / EOS, length limits, `n` samples and seeds.
+
+mod common;
+
+use common::fixture;
+use kiln::backends::Cpu;
+use kiln::generate::{Completion, Engine, FinishReason, Sampler, SamplingParams, StopCriteria, StopReason};
+use kiln::model::{Qwen2, Qwen2Config};
+use kiln::tokenizer::Tokenizer;
+
+fn setup() -> (Qwen2<Cpu>, Tokenizer) {
+    let config: Qwen2Config = serde_json::from_str(
+        r#"{"vocab_size": 2200, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": true,
+            "max_position_embeddings": 128, "rope_theta": 10000.0, "initializer_range": 0.5}"#,
+    )
+    .unwrap();
+    let model = Qwen2::random(&config, 42, &Default::default()).unwrap();
+    let tokenizer = Tokenizer::from_file(fixture("interplay/qwen2_100M")).unwrap();
+    (model, tokenizer)
+}
+
+fn prompt(tokenizer: &Tokenizer) -> Vec<u32> {
+    tokenizer.encode("<question> The number of adult owl in Jefferson Circus equals 2. </question> <solution>").unwrap()
+}
+
+fn run(model: &Qwen2<Cpu>, tokenizer: &Tokenizer, prompts: &[Vec<u32>], params: &SamplingParams) -> Vec<Vec<Completion>> {
+    Engine::new(model, Some(tokenizer)).generate(prompts, params, |_| {}).unwrap()
+}
+
+fn greedy(max_new_tokens: usize, stop: StopCriteria) -> SamplingParams {
+    SamplingParams { sampler: Sampler::greedy(), max_new_tokens, stop, ..Default::default() }
+}
+
+#[test]
+fn stop_strings_cut_the_text_like_vllm() {
+    let (model, tokenizer) = setup();
+    let prompts = [prompt(&tokenizer)];
+    let free = run(&model, &tokenizer, &prompts, &greedy(40, StopCriteria::default())).remove(0).remove(0);
+    assert_eq!((free.token_ids.len(), free.finish_reason), (40, FinishReason::Length));
+    let full_text = tokenizer.decode(&free.token_ids, false).unwrap();
+    assert_eq!(free.text, full_text);
+
+    let stop = tokenizer.decode(&free.token_ids[10..12], false).unwrap();
+    let cut = full_text.find(&stop).unwrap();
+    // The first prefix of tokens whose text contains the stop string.
+    let k = (1..=40).find(|&k| tokenizer.decode(&free.token_ids[..k], false).unwrap().contains(&stop)).unwrap();
+
+    let stopped = run(&model, &tokenizer, &prompts, &greedy(40, StopCriteria { token_ids: vec![], strings: vec![stop.clone()] }))
+        .remove(0)
+        .remove(0);
+    assert_eq!(stopped.text, full_text[..cut]);
+    assert_eq!(stopped.token_ids, free.token_ids[..k]);
+    assert_eq!(stopped.finish_reason, FinishReason::Stop);
+    assert_eq!(stopped.stop_reason, Some(StopReason::String(stop)));
+    assert_eq!(stopped.logprobs.len(), k);
+}
+
+#[test]
+fn stop_tokens_end_the_sequence_and_leave_the_text() {
+    let (model, tokenizer) = setup();
+    let prompts = [prompt(&tokenizer)];
+    let free = run(&model, &tokenizer, &prompts, &greedy(40, StopCriteria::default())).remove(0).remove(0);
+    let eos = free.token_ids[7];
+    let first = free.token_ids.iter().position(|&t| t == eos).unwrap();
+
+    let out = run(&model, &tokenizer, &prompts, &greedy(40, StopCriteria { token_ids: vec![eos], strings: vec![] }))
+        .remove(0)
+        .remove(0);
+    assert_eq!(out.token_ids, free.token_ids[..=first], "the stop token is kept in the ids");
+    assert_eq!(out.text, tokenizer.decode(&free.token_ids[..first], false).unwrap(), "but not in the text");
+    assert_eq!((out.finish_reason, out.stop_reason), (FinishReason::Stop, Some(StopReason::Token(eos))));
+}
+
+#[test]
+fn length_limits_and_empty_generations() {
+    let (model, tokenizer) = setup();
+    let prompts = [prompt(&tokenizer)];
+    let none = run(&model, &tokenizer, &prompts, &greedy(0, StopCriteria::default())).remove(0).remove(0);
+    assert!(none.token_ids.is_empty() && none.text.is_empty());
+    assert_eq!(none.finish_reason, FinishReason::Length);
+
+    // The context (128 positions) caps generation.
+    let near_full: Vec<u32> = prompts[0].iter().cycle().take(120).copied().collect();
+    let capped = run(&model, &tokenizer, &[near_full], &greedy(50, StopCriteria::default())).remove(0).remove(0);
+    assert_eq!((capped.token_ids.len(), capped.finish_reason), (8, FinishReason::Length));
+
+    let too_long: Vec<u32> = prompts[0].iter().cycle().take(128).copied().collect();
+    let err = Engine::new(&model, Some(&tokenizer)).generate(&[too_long], &greedy(5, StopCriteria::default()), |_| {});
+    assert!(err.unwrap_err().to_string().contains("has 128 tokens; the model's context is 128"));
+}
+
+#[test]
+fn n_samples_are_seeded_and_reproducible() {
+    let (model, tokenizer) = setup();
+    let prompts = [prompt(&tokenizer), tokenizer.encode("<question> How many").unwrap()];
+    let params = |seed| SamplingParams {
+        n: 4,
+        sampler: Sampler { temperature: 1.0, top_k: 50, top_p: 0.95 },
+        max_new_tokens: 12,
+        seed,
+        ..Default::default()
+    };
+    let a = run(&model, &tokenizer, &prompts, &params(1));
+    let b = run(&model, &tokenizer, &prompts, &params(1));
+    let c = run(&model, &tokenizer, &prompts, &params(2));
+    let ids = |r: &Vec<Vec<Completion>>| -> Vec<Vec<u32>> { r.iter().flatten().map(|s| s.token_ids.clone()).collect() };
+    assert_eq!(a.len(), 2);
+    assert!(a.iter().all(|s| s.len() == 4));
+    assert_eq!(ids(&a), ids(&b), "same seed, same samples");
+    assert_ne!(ids(&a), ids(&c), "another seed, other samples");
+    let first = &a[0];
+    assert!(first.iter().any(|s| s.token_ids != first[0].token_ids), "samples of one prompt differ");
+    for sample in a.iter().flatten() {
+        assert!(sample.logprobs.iter().zip(&sample.raw_logprobs).all(|(lp, raw)| *lp <= 0.0 && *raw <= 0.0));
+    }
+}
