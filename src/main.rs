@@ -3,9 +3,20 @@
 mod cli;
 
 use clap::Parser;
+use clap::error::ErrorKind;
 
 fn main() {
-    let cli = cli::Cli::parse();
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) if matches!(err.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => err.exit(),
+        Err(err) if err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => err.exit(),
+        Err(err) => {
+            // Usage errors too are one line (clap's first line already starts with "error:").
+            let rendered = err.render().to_string();
+            eprintln!("{}", rendered.lines().next().unwrap_or("error: invalid arguments"));
+            std::process::exit(2);
+        }
+    };
     if let Err(err) = cli.run() {
         // One clear line: the error and its causes, joined.
         let causes: Vec<String> = err.chain().map(ToString::to_string).collect();

@@ -1,0 +1,135 @@
+//! The `kiln` binary end to end: generate / logprobs / init, JSON output, and one-line errors.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::{Reference, fixture};
+use serde_json::Value;
+
+fn kiln(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().unwrap()
+}
+
+fn stdout_json_lines(out: &Output) -> Vec<Value> {
+    assert!(out.status.success(), "kiln failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout.clone()).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn one_line_error(out: &Output) -> String {
+    assert!(!out.status.success(), "expected failure");
+    let stderr = String::from_utf8(out.stderr.clone()).unwrap();
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line, got: {stderr}");
+    assert!(lines[0].starts_with("error: "), "{stderr}");
+    lines[0].to_string()
+}
+
+fn ids_arg(ids: &[u32]) -> String {
+    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+#[test]
+fn generate_greedy_json_matches_transformers() {
+    let reference = Reference::load("untied_mha");
+    let model = reference.dir.to_str().unwrap();
+    let prompt = ids_arg(&reference.expected.sequences[1]);
+    let out = kiln(&["generate", "--model", model, "--prompt-ids", &prompt, "--temperature", "0", "--max-new-tokens", "32", "--json"]);
+    let lines = stdout_json_lines(&out);
+    assert_eq!(lines.len(), 1);
+    let ids: Vec<u32> = serde_json::from_value(lines[0]["token_ids"].clone()).unwrap();
+    assert_eq!(ids, reference.expected.greedy[1]);
+    assert_eq!(lines[0]["logprobs"].as_array().unwrap().len(), 32);
+    assert_eq!(lines[0]["finish_reason"], "length");
+
+    // The same prompts from a JSONL file come back in file order, batched.
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("prompts.jsonl");
+    let jsonl: String =
+        reference.expected.sequences.iter().map(|s| format!("{{\"prompt_ids\": {s:?}}}\n")).collect();
+    std::fs::write(&file, jsonl).unwrap();
+    let out = kiln(&["generate", "--model", model, "--prompts", file.to_str().unwrap(), "--temperature", "0", "--max-new-tokens", "32", "--json"]);
+    let lines = stdout_json_lines(&out);
+    for (i, line) in lines.iter().enumerate() {
+        let ids: Vec<u32> = serde_json::from_value(line["token_ids"].clone()).unwrap();
+        assert_eq!(ids, reference.expected.greedy[i], "prompt {i}");
+    }
+}
+
+#[test]
+fn logprobs_match_transformers() {
+    let reference = Reference::load("tied_gqa2");
+    let seq = &reference.expected.sequences[0];
+    let out = kiln(&["logprobs", "--model", reference.dir.to_str().unwrap(), "--ids", &ids_arg(seq), "--json"]);
+    let line = stdout_json_lines(&out).remove(0);
+    assert_eq!(line["ids"], serde_json::json!(seq));
+    let logprobs = line["logprobs"].as_array().unwrap();
+    assert_eq!(logprobs.len(), seq.len());
+    assert!(logprobs[0].is_null());
+    let (shape, logits) = reference.tensor("single.0.logits");
+    let vocab = shape[1];
+    for t in 1..seq.len() {
+        let row = &logits[(t - 1) * vocab..t * vocab];
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = max + row.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
+        let expected = row[seq[t] as usize] as f64 - lse;
+        let ours = logprobs[t].as_f64().unwrap();
+        assert!((ours - expected).abs() < 1e-4, "position {t}: {ours} vs {expected}");
+    }
+}
+
+fn write_tiny_config(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("tiny.json");
+    std::fs::write(
+        &path,
+        r#"{"vocab_size": 2200, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": true,
+            "max_position_embeddings": 256, "rope_theta": 1000000.0, "eos_token_id": 3}"#,
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn init_then_generate_text_with_stop_string() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = write_tiny_config(tmp.path());
+    let model = tmp.path().join("model");
+    let tokenizer = fixture("interplay/qwen2_100M");
+    let out = kiln(&["init", "--config", config.to_str().unwrap(), "--out", model.to_str().unwrap(), "--seed", "3", "--tokenizer-from", tokenizer.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(model.join("tokenizer.json").is_file());
+
+    let m = model.to_str().unwrap();
+    let out = kiln(&["generate", "--model", m, "--prompt", "<question> How many adult owl", "--n", "3", "--temperature", "1.0", "--top-k", "20", "--max-new-tokens", "16", "--stop", " 1", "--seed", "9", "--json"]);
+    let lines = stdout_json_lines(&out);
+    assert_eq!(lines.len(), 3);
+    for line in &lines {
+        assert!(!line["text"].as_str().unwrap().contains(" 1"), "stop string excluded: {line}");
+    }
+
+    // init refuses to overwrite what exists.
+    let again = kiln(&["init", "--config", config.to_str().unwrap(), "--out", m]);
+    assert!(one_line_error(&again).contains("already exists"));
+}
+
+#[test]
+fn bad_input_is_one_clear_line() {
+    let reference = Reference::load("tied_gqa2");
+    let model = reference.dir.to_str().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("prompts.jsonl");
+    std::fs::write(&file, "{\"prompt_ids\": [1, 2]}\n{\"prompt_ids\": [1, \n").unwrap();
+    let err = one_line_error(&kiln(&["generate", "--model", model, "--prompts", file.to_str().unwrap()]));
+    assert!(err.contains("prompts.jsonl line 2"), "{err}");
+
+    let err = one_line_error(&kiln(&["generate", "--model", "/no/such/model", "--prompt-ids", "1,2"]));
+    assert!(err.contains("/no/such/model"), "{err}");
+
+    let err = one_line_error(&kiln(&["logprobs", "--model", model, "--ids", "1,x"]));
+    assert!(err.contains("not a token id list"), "{err}");
+
+    let err = one_line_error(&kiln(&["generate", "--model", model, "--prompt-ids", "1,2", "--backend", "tpu"]));
+    assert!(err.contains("unknown backend"), "{err}");
+}
