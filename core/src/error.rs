@@ -34,6 +34,15 @@ pub enum Error {
     /// The tokenizer file could not be loaded or used.
     #[error("{}: {message}", path.display())]
     Tokenizer { path: PathBuf, message: String },
+    /// A data record is well-formed JSON but not what is expected (missing field, wrong type,
+    /// inconsistent with another file).
+    #[error("{}{}: {message}", path.display(), line.map(|l| format!(" line {l}")).unwrap_or_default())]
+    Data {
+        path: PathBuf,
+        /// 1-based line number for JSONL files.
+        line: Option<usize>,
+        message: String,
+    },
     /// Input that is wrong regardless of any file (bad shapes, empty prompts, bad parameters).
     #[error("{0}")]
     InvalidInput(String),
@@ -53,6 +62,11 @@ impl Error {
     /// A checkpoint error in `path`.
     pub fn checkpoint(path: impl AsRef<Path>, message: impl Into<String>) -> Self {
         Self::Checkpoint { path: path.as_ref().to_path_buf(), message: message.into() }
+    }
+
+    /// A data error in `path`, at 1-based JSONL `line` if given.
+    pub fn data(path: impl AsRef<Path>, line: Option<usize>, message: impl Into<String>) -> Self {
+        Self::Data { path: path.as_ref().to_path_buf(), line, message: message.into() }
     }
 
     /// A config error in `path`.

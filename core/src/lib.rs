@@ -7,6 +7,7 @@
 pub mod error;
 pub mod generate;
 pub mod model;
+pub mod tasks;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -1,0 +1,33 @@
+//! The Interplay reasoning task (spec `interplay.md`): GSM-Infinite "realistic" problems whose
+//! difficulty is the number of operations `op`, ported from the reference repository
+//! Interplay-LM-Reasoning at `c6676bc`.
+//!
+//! - [`generator`] and [`dataset`]: the forward and equation-mode generators, seeded and
+//!   deterministic, and the split writer with SHA-256 deduplication (§2).
+//! - [`text`]: `compose_text`, prompt and completion (§2.5).
+//! - [`answer`], [`passk`], [`answer_metrics`]: answer extraction, exact match and the unbiased
+//!   pass@k of `eval_checkpoints.py` (§8.1).
+//! - [`graph`], [`gold`], [`scoring`], [`graph_passk`]: the solution parser, gold graphs, strict
+//!   scoring and the ordered pass@k of `results.json` (§8.2–8.5).
+//! - [`rewards`]: the RL rewards (§6.4).
+//!
+//! Output files are written byte-for-byte like the reference's ([`pyjson`]).
+
+pub mod answer;
+pub mod answer_metrics;
+mod exact;
+pub mod files;
+pub mod gold;
+#[cfg(test)]
+mod golden_tests;
+pub mod graph;
+pub mod graph_passk;
+pub mod passk;
+pub mod pyjson;
+pub mod pystr;
+pub mod rewards;
+pub mod row;
+pub mod scoring;
+pub mod text;
+
+pub use row::Row;
