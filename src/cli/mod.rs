@@ -1,5 +1,7 @@
 //! Subcommands of the `kiln` binary, one module each.
 
+mod data;
+mod eval;
 mod generate;
 mod init;
 mod logprobs;
@@ -24,6 +26,10 @@ enum Command {
     Logprobs(logprobs::LogprobsArgs),
     /// Write a randomly initialised Hugging Face model directory from a config.json.
     Init(init::InitArgs),
+    /// Generate task data.
+    Data(data::DataArgs),
+    /// Score generations: answers, strict dependency graphs, gold graphs.
+    Eval(eval::EvalArgs),
 }
 
 impl Cli {
@@ -32,6 +38,8 @@ impl Cli {
             Command::Generate(args) => generate::run(args),
             Command::Logprobs(args) => logprobs::run(args),
             Command::Init(args) => init::run(args),
+            Command::Data(args) => data::run(args),
+            Command::Eval(args) => eval::run(args),
         }
     }
 }

@@ -15,8 +15,12 @@
 
 pub mod answer;
 pub mod answer_metrics;
+pub mod dataset;
 mod exact;
 pub mod files;
+pub mod generator;
+#[cfg(test)]
+mod generator_tests;
 pub mod gold;
 #[cfg(test)]
 mod golden_tests;

@@ -34,6 +34,8 @@ pub struct ScoreOptions {
     pub solution_key: String,
     /// Numeric tolerance for value and answer comparisons.
     pub tolerance: f64,
+    /// Rescore files whose results already exist (the reference skips them).
+    pub overwrite: bool,
 }
 
 impl Default for ScoreOptions {
@@ -41,6 +43,7 @@ impl Default for ScoreOptions {
         Self {
             solution_key: "gen_solution_answer".into(),
             tolerance: 1e-6,
+            overwrite: false,
         }
     }
 }
@@ -174,7 +177,8 @@ struct Block {
 }
 
 /// `score_file`: scores every record of `generations` against `gold`, writing one line per
-/// scored sample to `results_path`. The results file appears only if the whole input scores.
+/// scored sample to `results_path`. The results file appears only if the whole input scores;
+/// an existing one is kept and the file reported as skipped, unless `options.overwrite`.
 pub fn score_file(
     generations: &Path,
     results_path: &Path,
@@ -193,7 +197,7 @@ pub fn score_file(
         template_stats: TemplateStats::default(),
         results_path: py_path(results_path),
     };
-    if results_path.exists() {
+    if results_path.exists() && !options.overwrite {
         report.skipped = true;
         return Ok((report, HashSet::new()));
     }
@@ -409,14 +413,23 @@ pub fn results_path_for(generated: &Path, input: &Path, results_dir: &Path) -> P
     results_dir.join(relative.with_file_name(name))
 }
 
+/// The outcome of [`score`].
+#[derive(Debug, Clone)]
+pub struct ScoreSummary {
+    /// The report line appended to `<name>_score_report.jsonl`.
+    pub report: Json,
+    /// The aggregate counters: `files`, the [`COUNTERS`] and `skipped`.
+    pub aggregate: Counters,
+}
+
 /// Scores every generations file under `input` and appends one report line to
-/// `<results_dir>/<input name>_score_report.jsonl` (the reference's command). Returns the report.
+/// `<results_dir>/<input name>_score_report.jsonl` (the reference's command).
 pub fn score(
     gold_dir: &Path,
     input: &Path,
     results_dir: &Path,
     options: &ScoreOptions,
-) -> Result<Json> {
+) -> Result<ScoreSummary> {
     let gold = GoldIndex::load(gold_dir)?;
     let files = generation_files(input)?;
     let mut per_file = Vec::new();
@@ -454,9 +467,11 @@ pub fn score(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let report_path = results_dir.join(format!("{name}_score_report.jsonl"));
-    let Counters(mut fields) = aggregate;
-    let mut fields: Vec<(String, Json)> =
-        fields.drain(..).map(|(k, v)| (k, Json::Int(v))).collect();
+    let mut fields: Vec<(String, Json)> = aggregate
+        .0
+        .iter()
+        .map(|(k, v)| (k.clone(), Json::Int(*v)))
+        .collect();
     fields.push((
         "unused_gold_entries".into(),
         Json::Int((gold.total as i64 - used_all.len() as i64).max(0)),
@@ -479,5 +494,8 @@ pub fn score(
     contents.push_str(&payload.dumps(Style::COMPACT));
     contents.push('\n');
     super::files::write_atomic(&report_path, &contents)?;
-    Ok(payload)
+    Ok(ScoreSummary {
+        report: payload,
+        aggregate,
+    })
 }
