@@ -5,14 +5,17 @@
 //!
 //! [`draw_problem`] is one attempt of the reference with `oplist = [op]`: it consumes the same
 //! random draws as the Python code and fails where the Python code raises, so with the same
-//! streams it produces the same problems (up to one documented source of nondeterminism in the
-//! reference, see [`structure::Structure::adjacent`]). Callers retry failed attempts.
+//! streams it produces the same problems. The one exception is the reference's own
+//! nondeterminism: it iterates a Python `set` of structure nodes, whose order follows memory
+//! addresses, where kiln uses insertion order (with which Python gives byte-identical rows).
+//! Callers retry failed attempts.
 
 mod linear;
 mod necessary;
 mod params;
 pub mod rng;
 mod sentences;
+mod skip;
 mod solution;
 mod structure;
 mod unnecessary;
@@ -213,15 +216,17 @@ pub fn draw_problem(
         Mode::Forward => None,
         Mode::Reverse => Some(unknown_of(&params, &topo)?),
     };
+    // The op is fixed by now; the reference only checks it after writing the texts.
+    let ops = num_op(&params, &topo);
+    if ops != op as usize {
+        skip::skip_texts(rngs, &params, &graph, &topo, mode, unknown)?;
+        return Err(Rejection::WrongOp(ops));
+    }
     let mut sentences =
         sentences::problem_sentences(rngs, &mut params, &graph, NUMBER_RANGE, unknown)?;
     let asked = unknown.unwrap_or(*topo.last().expect("non-empty order"));
     let question = sentences::question(&params[asked].name);
     let solution = solution::solution_text(rngs, &mut params, &topo, mode, unknown)?;
-    let ops = num_op(&params, &topo);
-    if ops != op as usize {
-        return Err(Rejection::WrongOp(ops));
-    }
     sentences.extend(solution.known_value_sentence);
     if out_of_range(&params, &topo)? {
         return Err(Rejection::OutOfRange);
