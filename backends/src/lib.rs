@@ -11,7 +11,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 
 /// The CPU backend used for tests and the embedded default.
 #[cfg(feature = "cpu")]
-pub type Cpu = burn::backend::NdArray<f32>;
+pub type Cpu = burn::backend::Flex;
 /// The wgpu backend (Vulkan/Metal/DX12; Mesa lavapipe on machines without a GPU).
 #[cfg(feature = "wgpu")]
 pub type Wgpu = burn::backend::Wgpu<f32, i32>;

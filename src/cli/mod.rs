@@ -1,5 +1,6 @@
 //! Subcommands of the `kiln` binary, one module each.
 
+mod bench;
 mod data;
 mod eval;
 mod generate;
@@ -26,6 +27,8 @@ enum Command {
     Logprobs(logprobs::LogprobsArgs),
     /// Write a randomly initialised Hugging Face model directory from a config.json.
     Init(init::InitArgs),
+    /// Measure prefill and decode throughput.
+    Bench(bench::BenchArgs),
     /// Generate task data.
     Data(data::DataArgs),
     /// Score generations: answers, strict dependency graphs, gold graphs.
@@ -38,6 +41,7 @@ impl Cli {
             Command::Generate(args) => generate::run(args),
             Command::Logprobs(args) => logprobs::run(args),
             Command::Init(args) => init::run(args),
+            Command::Bench(args) => bench::run(args),
             Command::Data(args) => data::run(args),
             Command::Eval(args) => eval::run(args),
         }

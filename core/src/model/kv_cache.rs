@@ -4,7 +4,7 @@
 //! the GQA expansion, so memory is `kv_heads`-wide, not `heads`-wide). The cache also keeps which
 //! cached key positions are real tokens (left padding and finished rows are not).
 
-use burn::tensor::{Bool, Int, Tensor, backend::Backend};
+use burn::tensor::{Int, Tensor, backend::Backend};
 
 /// Cached keys and values of one decoder layer.
 #[derive(Debug, Clone)]
@@ -28,8 +28,8 @@ impl<B: Backend> LayerCache<B> {
 #[derive(Debug, Clone)]
 pub struct KvCache<B: Backend> {
     pub(crate) layers: Vec<LayerCache<B>>,
-    /// `[batch, cached_len]`: true where the cached position is a real token.
-    pub(crate) key_valid: Option<Tensor<B, 2, Bool>>,
+    /// `[batch, cached_len]`: 1 where the cached position is a real token, 0 for padding.
+    pub(crate) key_valid: Option<Tensor<B, 2, Int>>,
 }
 
 impl<B: Backend> KvCache<B> {

@@ -17,6 +17,16 @@ use super::inputs::Inputs;
 use super::kv_cache::{KvCache, LayerCache};
 use super::rope::{RopeTables, RotaryEmbedding};
 
+/// `linear` over the last axis of `[B, T, in]`, run as one `[B·T, in] × [in, out]` matrix
+/// product: backends multiply batched operands one batch at a time, which for decoding (T = 1)
+/// would repack the whole weight matrix for every sequence.
+fn project<B: Backend>(layer: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    let [batch, seq, _] = x.dims();
+    let y = layer.forward(x.flatten::<2>(0, 1));
+    let out = y.dims()[1];
+    y.reshape([batch, seq, out])
+}
+
 /// RMSNorm as `transformers` computes it: normalise in f32, cast back, then scale.
 #[derive(Module, Debug)]
 pub struct RmsNorm<B: Backend> {
@@ -43,8 +53,8 @@ pub struct Mlp<B: Backend> {
 
 impl<B: Backend> Mlp<B> {
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let gate = silu(self.gate_proj.forward(x.clone()));
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+        let gate = silu(project(&self.gate_proj, x.clone()));
+        project(&self.down_proj, gate * project(&self.up_proj, x))
     }
 }
 
@@ -73,9 +83,9 @@ impl<B: Backend> Attention<B> {
         let (heads, kv_heads, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let split = |y: Tensor<B, 3>, n: usize| y.reshape([batch, seq, n, d]).swap_dims(1, 2);
 
-        let q = rope.apply(split(self.q_proj.forward(x.clone()), heads)); // [B, H, T, d]
-        let k = rope.apply(split(self.k_proj.forward(x.clone()), kv_heads)); // [B, K, T, d]
-        let v = split(self.v_proj.forward(x), kv_heads); // [B, K, T, d]
+        let q = rope.apply(split(project(&self.q_proj, x.clone()), heads)); // [B, H, T, d]
+        let k = rope.apply(split(project(&self.k_proj, x.clone()), kv_heads)); // [B, K, T, d]
+        let v = split(project(&self.v_proj, x), kv_heads); // [B, K, T, d]
         let (k, v) = match cache {
             Some(cache) => cache.append(k, v), // [B, K, S, d]
             None => (k, v),
@@ -87,15 +97,15 @@ impl<B: Backend> Attention<B> {
         let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: false };
         let out = attention(q, k, v, Some(mask), None, options); // [B, K, G·T, d]
         let out = out.reshape([batch, heads, seq, d]).swap_dims(1, 2).reshape([batch, seq, heads * d]);
-        self.o_proj.forward(out)
+        project(&self.o_proj, out)
     }
 }
 
 /// The attention mask `[B, K, G·T, S]` (true = masked) for `T` new queries over `S` keys, whose
-/// last `T` are the new tokens: a query may not see later keys, nor padded keys other than itself
+/// last `T` are the new tokens (`key_valid` `[B, S]` is 1 for real tokens, 0 for padding): a query may not see later keys, nor padded keys other than itself
 /// (a padded query attends to itself only, so no softmax row is empty).
 pub fn attention_mask<B: Backend>(
-    key_valid: Tensor<B, 2, Bool>,
+    key_valid: Tensor<B, 2, Int>,
     queries: usize,
     kv_heads: usize,
     group: usize,
@@ -110,7 +120,7 @@ pub fn attention_mask<B: Backend>(
     let cols = Tensor::<B, 1, Int>::arange(0..keys as i64, &device).reshape([1, 1, keys]).expand(shape);
     let future = cols.clone().greater(rows.clone());
     let not_self = cols.not_equal(rows);
-    let padded = key_valid.bool_not().reshape([batch, 1, keys]).expand(shape);
+    let padded = key_valid.equal_elem(0).reshape([batch, 1, keys]).expand(shape);
     let mask = future.bool_or(padded.bool_and(not_self)); // [B, T, S]
     mask.reshape([batch, 1, 1, queries, keys])
         .expand([batch, kv_heads, group, queries, keys])
@@ -157,16 +167,17 @@ impl<B: Backend> Qwen2<B> {
     /// inputs continue the cached sequences and are appended to the cache.
     pub fn forward_hidden(&self, inputs: &Inputs<B>, mut cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
         let queries = inputs.ids.dims()[1];
+        let valid = inputs.valid.clone().int();
         let key_valid = match cache.as_deref_mut() {
             Some(cache) => {
                 let all = match cache.key_valid.take() {
-                    Some(old) => Tensor::cat(vec![old, inputs.valid.clone()], 1),
-                    None => inputs.valid.clone(),
+                    Some(old) => Tensor::cat(vec![old, valid], 1),
+                    None => valid,
                 };
                 cache.key_valid = Some(all.clone());
                 all
             }
-            None => inputs.valid.clone(),
+            None => valid,
         };
         let kv_heads = self.config.num_kv_heads();
         let group = self.config.num_attention_heads / kv_heads;
@@ -184,8 +195,13 @@ impl<B: Backend> Qwen2<B> {
     /// Logits `[B, T, V]` from hidden states `[B, T, D]`.
     pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         match &self.lm_head {
-            Some(head) => head.forward(hidden),
-            None => linear(hidden, self.embed_tokens.weight.val().transpose(), None),
+            Some(head) => project(head, hidden),
+            None => {
+                let [batch, seq, _] = hidden.dims();
+                let logits = linear(hidden.flatten::<2>(0, 1), self.embed_tokens.weight.val().transpose(), None);
+                let vocab = logits.dims()[1];
+                logits.reshape([batch, seq, vocab])
+            }
         }
     }
 
