@@ -47,7 +47,8 @@ struct ScoreArgs {
     /// Tolerance for value and answer comparisons.
     #[arg(long, default_value_t = 1e-6)]
     tolerance: f64,
-    /// Rescore and rewrite existing results (by default they are kept, as the reference does).
+    /// Rescore files whose graph results exist and rewrite `results.json` (by default both are
+    /// kept, as the reference keeps them).
     #[arg(long)]
     overwrite: bool,
 }

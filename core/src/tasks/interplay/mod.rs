@@ -31,6 +31,7 @@ pub mod pyjson;
 pub mod pystr;
 pub mod rewards;
 pub mod row;
+pub mod score_report;
 pub mod scoring;
 pub mod text;
 

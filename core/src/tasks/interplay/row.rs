@@ -40,11 +40,6 @@ impl Row {
         ])
         .dumps(Style::COMPACT_UTF8)
     }
-
-    /// The gold answer as the evaluation reads it: `solution.split("Answer: ")[-1].strip().rstrip(".")`.
-    pub fn gold_answer(&self) -> String {
-        gold_answer(&self.solution)
-    }
 }
 
 /// `solution.split("Answer: ")[-1].strip().rstrip(".")` (`eval_checkpoints.py`).

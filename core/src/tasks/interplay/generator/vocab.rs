@@ -38,11 +38,6 @@ impl Template {
         }
     }
 
-    /// The template called `name`.
-    pub fn from_name(name: &str) -> Option<Template> {
-        Template::ALL.into_iter().find(|t| t.name() == name)
-    }
-
     /// The two layers: categories (layer 0) and items (layer 1).
     pub fn layers(self) -> [Layer; 2] {
         match self {
