@@ -30,7 +30,7 @@ pub fn jsonl_records(path: &Path) -> Result<impl Iterator<Item = Result<Record>>
             let line_no = i + 1;
             let text = match line {
                 Ok(text) => text,
-                Err(e) => return Some(Err(Error::io(&path, e))),
+                Err(e) => return Some(Err(Error::data(&path, Some(line_no), e.to_string()))),
             };
             if text.trim().is_empty() {
                 return None;
@@ -231,6 +231,11 @@ mod tests {
         assert!(e.contains("x.jsonl line 3"), "{e}");
         let e = results[2].as_ref().unwrap_err().to_string();
         assert!(e.contains("x.jsonl line 4"), "{e}");
+
+        let binary = dir.path().join("b.jsonl");
+        std::fs::write(&binary, b"{\"a\": 1}\n\xff\n").unwrap();
+        let e = read_jsonl(&binary).unwrap_err().to_string();
+        assert!(e.contains("b.jsonl line 2"), "{e}");
 
         let out = dir.path().join("out/y.txt");
         let mut file = AtomicFile::create(&out).unwrap();
