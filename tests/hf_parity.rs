@@ -73,7 +73,10 @@ mod cpu {
 
     #[test]
     fn greedy_matches_transformers_and_cache_matches_recompute() {
-        super::greedy_matches::<Cpu>(&Default::default(), 1e-5);
+        // Decoding may take the CPU fast path (dot products) while the full recompute uses GEMM:
+        // the summation orders differ, by up to ~1e-5 on these large-logit fixtures. Cache bugs
+        // (wrong positions, masks or rows) show up as errors of 1e-2 and more.
+        super::greedy_matches::<Cpu>(&Default::default(), 2e-5);
     }
 }
 
@@ -81,13 +84,15 @@ mod cpu {
 mod wgpu {
     use kiln::backends::Wgpu;
 
+    use super::common::wgpu_device;
+
     #[test]
     fn logits_match_transformers() {
-        super::logits_match::<Wgpu>(&Default::default(), 1e-3);
+        super::logits_match::<Wgpu>(&wgpu_device(), 1e-3);
     }
 
     #[test]
     fn greedy_matches_transformers_and_cache_matches_recompute() {
-        super::greedy_matches::<Wgpu>(&Default::default(), 1e-3);
+        super::greedy_matches::<Wgpu>(&wgpu_device(), 1e-3);
     }
 }

@@ -51,3 +51,18 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
+
+/// The default wgpu device, after checking that an adapter exists: without one, the wgpu tests
+/// fail with instructions rather than passing silently.
+#[cfg(feature = "wgpu")]
+pub fn wgpu_device() -> burn::backend::wgpu::WgpuDevice {
+    use burn::tensor::Tensor;
+    let device = burn::backend::wgpu::WgpuDevice::DefaultDevice;
+    let probe = std::panic::catch_unwind(|| Tensor::<kiln::backends::Wgpu, 1>::zeros([1], &device).into_data());
+    assert!(
+        probe.is_ok(),
+        "no wgpu adapter: install Mesa's lavapipe (apt-get install mesa-vulkan-drivers) \
+         or run the tests without `--features wgpu`"
+    );
+    device
+}

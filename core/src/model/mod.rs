@@ -1,6 +1,7 @@
 //! The Qwen2 model family: config, blocks, KV cache, and Hugging Face checkpoints.
 
 pub mod config;
+pub mod cpu_decode;
 pub mod hf;
 pub mod inputs;
 pub mod kv_cache;

@@ -13,16 +13,24 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Int, Tensor, backend::Backend};
 
 use super::config::Qwen2Config;
+use super::cpu_decode;
 use super::inputs::Inputs;
 use super::kv_cache::{KvCache, LayerCache};
 use super::rope::{RopeTables, RotaryEmbedding};
 
 /// `linear` over the last axis of `[B, T, in]`, run as one `[B·T, in] × [in, out]` matrix
-/// product: backends multiply batched operands one batch at a time, which for decoding (T = 1)
-/// would repack the whole weight matrix for every sequence.
+/// product (backends multiply batched operands one batch at a time, which for decoding would
+/// repack the whole weight for every sequence), or by the CPU decoding fast path.
 fn project<B: Backend>(layer: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
     let [batch, seq, _] = x.dims();
-    let y = layer.forward(x.flatten::<2>(0, 1));
+    let x = x.flatten::<2>(0, 1);
+    let y = match cpu_decode::matmul(&x, &layer.weight.val()) {
+        Some(y) => match &layer.bias {
+            Some(bias) => y + bias.val().unsqueeze(),
+            None => y,
+        },
+        None => layer.forward(x),
+    };
     let out = y.dims()[1];
     y.reshape([batch, seq, out])
 }
@@ -198,7 +206,8 @@ impl<B: Backend> Qwen2<B> {
             Some(head) => project(head, hidden),
             None => {
                 let [batch, seq, _] = hidden.dims();
-                let logits = linear(hidden.flatten::<2>(0, 1), self.embed_tokens.weight.val().transpose(), None);
+                let (hidden, head) = (hidden.flatten::<2>(0, 1), self.embed_tokens.weight.val().transpose());
+                let logits = cpu_decode::matmul(&hidden, &head).unwrap_or_else(|| linear(hidden, head, None));
                 let vocab = logits.dims()[1];
                 logits.reshape([batch, seq, vocab])
             }

@@ -12,6 +12,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 
 use super::config::Qwen2Config;
+use super::cpu_decode;
 use super::qwen2::{Attention, DecoderLayer, Mlp, Qwen2, RmsNorm};
 use super::rope::RotaryEmbedding;
 use crate::error::{Error, Result};
@@ -188,21 +189,25 @@ fn norm<B: Backend>((spec, data): (TensorSpec, Vec<f32>), config: &Qwen2Config, 
     RmsNorm { weight: Param::from_tensor(tensor(data, &spec.shape, device)), eps: config.rms_norm_eps }
 }
 
-/// A burn `Linear` from an HF `[out, in]` weight (transposed here to burn's `[in, out]`).
+/// A burn `Linear` from an HF `[out, in]` weight, as burn's `[in, out]` (a transposed view where
+/// the CPU decoding fast path wants HF's layout).
 fn linear<B: Backend>(
     (spec, data): (TensorSpec, Vec<f32>),
     bias: Option<(TensorSpec, Vec<f32>)>,
     device: &B::Device,
 ) -> Linear<B> {
     let (out_dim, in_dim) = (spec.shape[0], spec.shape[1]);
-    let mut transposed = vec![0.0f32; data.len()];
-    for (o, row) in data.chunks_exact(in_dim).enumerate() {
-        for (i, &w) in row.iter().enumerate() {
-            transposed[i * out_dim + o] = w;
+    let weight = cpu_decode::linear_weight::<B>(&data, out_dim, in_dim, device).unwrap_or_else(|| {
+        let mut transposed = vec![0.0f32; data.len()];
+        for (o, row) in data.chunks_exact(in_dim).enumerate() {
+            for (i, &w) in row.iter().enumerate() {
+                transposed[i * out_dim + o] = w;
+            }
         }
-    }
+        tensor(transposed, &[in_dim, out_dim], device)
+    });
     Linear {
-        weight: Param::from_tensor(tensor(transposed, &[in_dim, out_dim], device)),
+        weight: Param::from_tensor(weight),
         bias: bias.map(|(spec, data)| Param::from_tensor(tensor(data, &spec.shape, device))),
     }
 }
