@@ -8,6 +8,7 @@ pub mod error;
 pub mod generate;
 pub mod model;
 pub mod tasks;
+pub mod train;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

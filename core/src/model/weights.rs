@@ -4,7 +4,9 @@
 //! …). burn's `Linear` stores `[in, out]`, so linear weights are transposed on the way in and out.
 //! Random initialisation is just another [`WeightSource`], so it follows the same path.
 
-use burn::module::Param;
+use std::collections::HashMap;
+
+use burn::module::{Param, ParamId};
 use burn::nn::{Embedding, Linear};
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 use rand::SeedableRng;
@@ -154,27 +156,54 @@ impl<B: Backend> Qwen2<B> {
 
     /// Every parameter as `(spec, f32 data in HF layout)`, in [`expected_tensors`] order.
     pub fn to_hf_tensors(&self) -> Vec<(TensorSpec, Vec<f32>)> {
-        let mut values: Vec<Vec<f32>> = Vec::new();
-        values.push(host(self.embed_tokens.weight.val()));
-        for layer in &self.layers {
-            let attn = &layer.self_attn;
-            values.push(host(layer.input_layernorm.weight.val()));
-            for proj in [&attn.q_proj, &attn.k_proj, &attn.v_proj] {
-                values.push(host(proj.weight.val().transpose()));
-                values.push(host(proj.bias.as_ref().expect("q/k/v have biases").val()));
-            }
-            values.push(host(attn.o_proj.weight.val().transpose()));
-            values.push(host(layer.post_attention_layernorm.weight.val()));
-            for proj in [&layer.mlp.gate_proj, &layer.mlp.up_proj, &layer.mlp.down_proj] {
-                values.push(host(proj.weight.val().transpose()));
-            }
-        }
-        values.push(host(self.norm.weight.val()));
-        if let Some(head) = &self.lm_head {
-            values.push(host(head.weight.val().transpose()));
-        }
+        let values = self.params().into_iter().map(|param| match param {
+            ParamRef::Linear(p) => host(p.val().transpose()),
+            ParamRef::Matrix(p) => host(p.val()),
+            ParamRef::Vector(p) => host(p.val()),
+        });
         expected_tensors(&self.config).into_iter().zip(values).collect()
     }
+
+    /// The HF name of every parameter, by burn parameter id.
+    pub fn param_names(&self) -> HashMap<ParamId, String> {
+        let ids = self.params().into_iter().map(|param| match param {
+            ParamRef::Linear(p) | ParamRef::Matrix(p) => p.id,
+            ParamRef::Vector(p) => p.id,
+        });
+        ids.zip(expected_tensors(&self.config)).map(|(id, spec)| (id, spec.name)).collect()
+    }
+
+    /// Every parameter, in [`expected_tensors`] order.
+    fn params(&self) -> Vec<ParamRef<'_, B>> {
+        let mut out = vec![ParamRef::Matrix(&self.embed_tokens.weight)];
+        for layer in &self.layers {
+            let attn = &layer.self_attn;
+            out.push(ParamRef::Vector(&layer.input_layernorm.weight));
+            for proj in [&attn.q_proj, &attn.k_proj, &attn.v_proj] {
+                out.push(ParamRef::Linear(&proj.weight));
+                out.push(ParamRef::Vector(proj.bias.as_ref().expect("q/k/v have biases")));
+            }
+            out.push(ParamRef::Linear(&attn.o_proj.weight));
+            out.push(ParamRef::Vector(&layer.post_attention_layernorm.weight));
+            for proj in [&layer.mlp.gate_proj, &layer.mlp.up_proj, &layer.mlp.down_proj] {
+                out.push(ParamRef::Linear(&proj.weight));
+            }
+        }
+        out.push(ParamRef::Vector(&self.norm.weight));
+        if let Some(head) = &self.lm_head {
+            out.push(ParamRef::Linear(&head.weight));
+        }
+        out
+    }
+}
+
+/// A parameter of the model, with how it maps to HF layout.
+enum ParamRef<'a, B: Backend> {
+    /// burn `[in, out]`, HF `[out, in]`.
+    Linear(&'a Param<Tensor<B, 2>>),
+    /// Same layout in both (the embedding).
+    Matrix(&'a Param<Tensor<B, 2>>),
+    Vector(&'a Param<Tensor<B, 1>>),
 }
 
 fn host<B: Backend, const N: usize>(t: Tensor<B, N>) -> Vec<f32> {
