@@ -4,6 +4,7 @@
 //! model and its Hugging Face checkpoints ([`model`]), the tokenizer ([`tokenizer`]) and the
 //! batched generation engine ([`generate`]).
 
+pub mod data;
 pub mod error;
 pub mod generate;
 pub mod model;

@@ -67,6 +67,62 @@ impl Tokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// Token ids of `text` with each token's byte span in `text` (no special tokens added).
+    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
+        let encoding = self.inner.encode(text, false).map_err(|e| self.error(e))?;
+        Ok((encoding.get_ids().to_vec(), encoding.get_offsets().to_vec()))
+    }
+
+    /// Trains a byte-level BPE tokenizer (GPT-2 pre-tokenization, as Qwen's) of about
+    /// `vocab_size` entries on `texts`, with `special` tokens first (ids 0, 1, …).
+    pub fn train_byte_level_bpe<I: Iterator<Item = String> + Send>(texts: I, vocab_size: usize, special: &[&str]) -> Result<Self> {
+        use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+        use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
+        use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+        use tokenizers::{AddedToken, TokenizerBuilder};
+        let error = |e: tokenizers::Error| Error::Tokenizer { path: "<trained>".into(), message: e.to_string() };
+        let mut trainer = BpeTrainerBuilder::new()
+            .vocab_size(vocab_size)
+            .min_frequency(2)
+            .show_progress(false)
+            .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+            .special_tokens(special.iter().map(|s| AddedToken::from(s.to_string(), true)).collect())
+            .build();
+        let mut inner: tokenizers::TokenizerImpl<BPE, tokenizers::NormalizerWrapper, ByteLevel, tokenizers::PostProcessorWrapper, ByteLevelDecoder> =
+            TokenizerBuilder::new()
+                .with_model(BPE::default())
+                .with_pre_tokenizer(Some(ByteLevel::new(false, true, true)))
+                .with_decoder(Some(ByteLevelDecoder::default()))
+                .build()
+                .map_err(error)?;
+        inner.train(&mut trainer, texts).map_err(error)?;
+        inner.add_special_tokens(special.iter().map(|s| AddedToken::from(s.to_string(), true)).collect::<Vec<_>>()).map_err(error)?;
+        let json = inner.to_string(false).map_err(error)?;
+        let inner: tokenizers::Tokenizer = json.parse().map_err(error)?;
+        Ok(Self { inner, path: "<trained>".into(), eos_token: None, pad_token: None })
+    }
+
+    /// Writes `tokenizer.json` (and the special-token names, if any) into `dir`.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let path = dir.join("tokenizer.json");
+        self.inner.save(&path, false).map_err(|e| Error::Tokenizer { path: path.clone(), message: e.to_string() })?;
+        let special = serde_json::json!({ "eos_token": self.eos_token, "pad_token": self.pad_token });
+        let special_path = dir.join("special_tokens_map.json");
+        std::fs::write(&special_path, serde_json::to_string_pretty(&special).expect("json")).map_err(|e| Error::io(&special_path, e))
+    }
+
+    /// Names the end-of-sequence and padding tokens (which must be in the vocabulary).
+    pub fn with_special_tokens(mut self, eos: &str, pad: &str) -> Result<Self> {
+        for token in [eos, pad] {
+            if self.token_id(token).is_none() {
+                return Err(self.error(format!("{token:?} is not in the vocabulary")));
+            }
+        }
+        self.eos_token = Some(eos.into());
+        self.pad_token = Some(pad.into());
+        Ok(self)
+    }
+
     /// Text of `ids`; with `skip_special_tokens`, special tokens are dropped as in `transformers`.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         self.inner.decode(ids, skip_special_tokens).map_err(|e| self.error(e))

@@ -1,0 +1,163 @@
+//! Supervised fine-tuning rows rendered in ChatML (Qwen2.5's chat template), with
+//! completion-only targets.
+//!
+//! A turn renders as `<|im_start|>{role}\n{content}<|im_end|>\n`; without a system turn, Qwen's
+//! default system prompt is inserted, as the Qwen2.5 template does. Targets are the assistant
+//! contents plus their `<|im_end|>` (not the newline after it); everything else (system, user,
+//! the `<|im_start|>assistant\n` headers) is context only. The whole text is tokenized at once
+//! and targets are chosen by character offsets, so the ids equal `tokenizer(apply_chat_template(...))`.
+
+use serde::Deserialize;
+
+use super::sample::Sample;
+use crate::error::{Error, Result};
+use crate::tokenizer::Tokenizer;
+
+/// Qwen2.5's default system prompt.
+pub const QWEN_DEFAULT_SYSTEM: &str = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+
+/// One chat turn.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+/// An SFT row: `{"messages": [...]}` or `{"prompt": ..., "completion": ...}` where prompt and
+/// completion are strings (a user turn / an assistant turn) or lists of messages.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum SftRow {
+    Messages { messages: Vec<Message> },
+    PromptCompletion { prompt: Turns, completion: Turns },
+}
+
+/// A string (one turn of the implied role) or explicit messages.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum Turns {
+    Text(String),
+    Messages(Vec<Message>),
+}
+
+impl SftRow {
+    /// The conversation as messages.
+    pub fn messages(&self) -> Vec<Message> {
+        let turns = |t: &Turns, role: &str| match t {
+            Turns::Text(content) => vec![Message { role: role.into(), content: content.clone() }],
+            Turns::Messages(m) => m.clone(),
+        };
+        match self {
+            SftRow::Messages { messages } => messages.clone(),
+            SftRow::PromptCompletion { prompt, completion } => {
+                [turns(prompt, "user"), turns(completion, "assistant")].concat()
+            }
+        }
+    }
+}
+
+/// A rendered, tokenized row and what truncation removed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RenderedRow {
+    pub sample: Sample,
+    /// Tokens beyond `max_length` were dropped.
+    pub truncated: bool,
+    /// The last assistant turn's final fenced code block (```…```) did not survive truncation.
+    pub final_code_lost: bool,
+    /// The last target token (the final `<|im_end|>`) did not survive truncation.
+    pub final_answer_lost: bool,
+}
+
+/// Renders `messages` as ChatML (inserting `default_system` when there is no system turn),
+/// tokenizes it and marks the assistant targets; keeps the first `max_length` tokens if given.
+pub fn render(messages: &[Message], tokenizer: &Tokenizer, default_system: Option<&str>, max_length: Option<usize>) -> Result<RenderedRow> {
+    if !messages.iter().any(|m| m.role == "assistant") {
+        return Err(Error::InvalidInput("an SFT row needs at least one assistant turn".into()));
+    }
+    let mut text = String::new();
+    let mut spans: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut final_code_end = None;
+    let system = (messages.first().map(|m| m.role.as_str()) != Some("system"))
+        .then_some(default_system)
+        .flatten()
+        .map(|content| Message { role: "system".into(), content: content.into() });
+    for message in system.iter().chain(messages) {
+        text.push_str("<|im_start|>");
+        text.push_str(&message.role);
+        text.push('\n');
+        let start = text.len();
+        text.push_str(&message.content);
+        text.push_str("<|im_end|>");
+        if message.role == "assistant" {
+            spans.push(start..text.len());
+            final_code_end = message.content.rfind("```").map(|i| start + i + 3);
+        }
+        text.push('\n');
+    }
+    let (ids, offsets) = tokenizer.encode_with_offsets(&text)?;
+    let targets: Vec<bool> = offsets.iter().map(|&(s, _)| spans.iter().any(|span| span.contains(&s))).collect();
+    let last_target = targets.iter().rposition(|&t| t);
+    let keep = max_length.unwrap_or(ids.len()).min(ids.len());
+    let kept_bytes = if keep == 0 { 0 } else { offsets[keep - 1].1 };
+    let row = RenderedRow {
+        truncated: keep < ids.len(),
+        final_code_lost: final_code_end.is_some_and(|end| end > kept_bytes),
+        final_answer_lost: last_target.is_some_and(|i| i >= keep),
+        sample: Sample { ids: ids[..keep].to_vec(), targets: targets[..keep].to_vec() },
+    };
+    Ok(row)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chatml_tokenizer() -> Tokenizer {
+        let corpus = (0..200).map(|i| format!("def f{i}(x):\n    return x * {i}\nuser asks; assistant answers {i}"));
+        Tokenizer::train_byte_level_bpe(corpus, 400, &["<|endoftext|>", "<|im_start|>", "<|im_end|>"]).unwrap()
+    }
+
+    fn target_text(t: &Tokenizer, row: &RenderedRow) -> String {
+        let ids: Vec<u32> = row.sample.ids.iter().zip(&row.sample.targets).filter(|(_, m)| **m).map(|(i, _)| *i).collect();
+        t.decode(&ids, false).unwrap()
+    }
+
+    #[test]
+    fn targets_are_assistant_content_and_im_end() {
+        let t = chatml_tokenizer();
+        let messages = vec![
+            Message { role: "user".into(), content: "Write f.".into() },
+            Message { role: "assistant".into(), content: "```python\ndef f(x):\n    return x\n```".into() },
+        ];
+        let row = render(&messages, &t, Some(QWEN_DEFAULT_SYSTEM), None).unwrap();
+        let text = t.decode(&row.sample.ids, false).unwrap();
+        assert!(text.starts_with(&format!("<|im_start|>system\n{QWEN_DEFAULT_SYSTEM}<|im_end|>\n<|im_start|>user\nWrite f.<|im_end|>\n<|im_start|>assistant\n")));
+        assert_eq!(target_text(&t, &row), "```python\ndef f(x):\n    return x\n```<|im_end|>");
+        assert!(!row.truncated && !row.final_code_lost && !row.final_answer_lost);
+        assert_eq!(row.sample.ids, t.encode(&text).unwrap(), "one tokenization of the whole text");
+
+        // Cut inside the code block: the final code and the final answer are lost.
+        let cut = row.sample.ids.len() - 4;
+        let short = render(&messages, &t, Some(QWEN_DEFAULT_SYSTEM), Some(cut)).unwrap();
+        assert_eq!(short.sample.ids.len(), cut);
+        assert!(short.truncated && short.final_code_lost && short.final_answer_lost);
+    }
+
+    #[test]
+    fn an_explicit_system_turn_replaces_the_default_and_every_assistant_turn_is_a_target() {
+        let t = chatml_tokenizer();
+        let m = |role: &str, content: &str| Message { role: role.into(), content: content.into() };
+        let messages = vec![m("system", "Be terse."), m("user", "a"), m("assistant", "b"), m("user", "c"), m("assistant", "d")];
+        let row = render(&messages, &t, Some(QWEN_DEFAULT_SYSTEM), None).unwrap();
+        assert!(t.decode(&row.sample.ids, false).unwrap().starts_with("<|im_start|>system\nBe terse.<|im_end|>"));
+        assert_eq!(target_text(&t, &row), "b<|im_end|>d<|im_end|>");
+        assert!(render(&messages[..2], &t, None, None).is_err(), "no assistant turn");
+    }
+
+    #[test]
+    fn rows_parse_both_shapes() {
+        let a: SftRow = serde_json::from_str(r#"{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}"#).unwrap();
+        let b: SftRow = serde_json::from_str(r#"{"prompt": "hi", "completion": "yo"}"#).unwrap();
+        assert_eq!(a.messages(), b.messages());
+    }
+}

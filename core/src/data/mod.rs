@@ -1,0 +1,8 @@
+//! Training data: samples and batches, pre-training packing and mixtures, SFT chat rows.
+
+pub mod chat;
+pub mod mixture;
+pub mod packing;
+pub mod sample;
+
+pub use sample::{Sample, TrainBatch, collate};
