@@ -166,20 +166,24 @@ impl SafetensorsDir {
 impl WeightSource for SafetensorsDir {
     fn tensor(&mut self, spec: &TensorSpec) -> Result<Vec<f32>> {
         let (path, view) = self.view(&spec.name)?;
-        let bytes = view.data();
-        let values: Vec<f32> = match view.dtype() {
-            Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-            Dtype::BF16 => {
-                bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
-            }
-            Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-            other => return Err(Error::checkpoint(path, format!("tensor {} has unsupported dtype {other:?}", spec.name))),
-        };
+        let values = decode(&view)
+            .ok_or_else(|| Error::checkpoint(path, format!("tensor {} has unsupported dtype {:?}", spec.name, view.dtype())))?;
         if values.len() != spec.shape.iter().product::<usize>() {
             return Err(Error::checkpoint(path, format!("tensor {} has the wrong number of elements", spec.name)));
         }
         Ok(values)
     }
+}
+
+/// f32 values of an F32, BF16 or F16 tensor.
+fn decode(view: &safetensors::tensor::TensorView<'_>) -> Option<Vec<f32>> {
+    let bytes = view.data();
+    Some(match view.dtype() {
+        Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+        Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        _ => return None,
+    })
 }
 
 /// Loads a Qwen2 model from a Hugging Face directory onto `device`.
@@ -224,36 +228,68 @@ fn encode(values: &[f32], dtype: SaveDtype) -> (Dtype, Vec<u8>) {
 /// Saves `model` as a Hugging Face directory at `dir`, which must not exist yet (or be empty).
 /// Tokenizer files ([`COMPANION_FILES`]) are copied from `companions` when given.
 pub fn save<B: Backend>(model: &Qwen2<B>, dir: impl AsRef<Path>, dtype: SaveDtype, companions: Option<&Path>) -> Result<()> {
-    let dir = dir.as_ref();
-    write_atomically(dir, |tmp| {
-        let mut config = model.config().clone();
-        let key = if config.extra.contains_key("dtype") { "dtype" } else { "torch_dtype" };
-        config.extra.insert(key.into(), Value::String(dtype.torch_name().into()));
-        config.save(tmp)?;
+    write_atomically(dir.as_ref(), |tmp| write_model_files(model, tmp, dtype, companions))
+}
 
-        let tensors: BTreeMap<String, OwnedView> = model
-            .to_hf_tensors()
-            .into_iter()
-            .map(|(spec, values)| {
-                let (dtype, bytes) = encode(&values, dtype);
-                (spec.name, OwnedView { dtype, shape: spec.shape, bytes })
-            })
-            .collect();
-        let path = tmp.join(SINGLE_FILE);
-        let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
-        safetensors::serialize_to_file(tensors.iter().map(|(k, v)| (k.as_str(), v)), Some(metadata), &path)
-            .map_err(|e| Error::checkpoint(&path, format!("could not write safetensors: {e}")))?;
+/// Writes `config.json`, `model.safetensors` and the companion files of `model` into the
+/// existing directory `dir` (no atomicity: see [`save`]).
+pub fn write_model_files<B: Backend>(model: &Qwen2<B>, dir: &Path, dtype: SaveDtype, companions: Option<&Path>) -> Result<()> {
+    let mut config = model.config().clone();
+    let key = if config.extra.contains_key("dtype") { "dtype" } else { "torch_dtype" };
+    config.extra.insert(key.into(), Value::String(dtype.torch_name().into()));
+    config.save(dir)?;
 
-        if let Some(source) = companions {
-            for name in COMPANION_FILES {
-                let from = source.join(name);
-                if from.is_file() {
-                    std::fs::copy(&from, tmp.join(name)).map_err(|e| Error::io(&from, e))?;
-                }
+    let tensors: BTreeMap<String, OwnedView> = model
+        .to_hf_tensors()
+        .into_iter()
+        .map(|(spec, values)| {
+            let (dtype, bytes) = encode(&values, dtype);
+            (spec.name, OwnedView { dtype, shape: spec.shape, bytes })
+        })
+        .collect();
+    write_safetensors(&dir.join(SINGLE_FILE), &tensors)?;
+
+    if let Some(source) = companions {
+        for name in COMPANION_FILES {
+            let from = source.join(name);
+            if from.is_file() {
+                std::fs::copy(&from, dir.join(name)).map_err(|e| Error::io(&from, e))?;
             }
         }
-        Ok(())
-    })
+    }
+    Ok(())
+}
+
+/// Writes named f32 tensors (row-major, with shapes) as a safetensors file.
+pub fn write_f32_safetensors(path: &Path, tensors: impl IntoIterator<Item = (String, Vec<usize>, Vec<f32>)>) -> Result<()> {
+    let tensors: BTreeMap<String, OwnedView> = tensors
+        .into_iter()
+        .map(|(name, shape, values)| {
+            let (dtype, bytes) = encode(&values, SaveDtype::F32);
+            (name, OwnedView { dtype, shape, bytes })
+        })
+        .collect();
+    write_safetensors(path, &tensors)
+}
+
+/// Reads every tensor of a safetensors file as f32 `(shape, values)`.
+pub fn read_f32_safetensors(path: &Path) -> Result<BTreeMap<String, (Vec<usize>, Vec<f32>)>> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let tensors = SafeTensors::deserialize(&bytes).map_err(|e| Error::checkpoint(path, format!("not a valid safetensors file: {e}")))?;
+    tensors
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let values = decode(&view).ok_or_else(|| Error::checkpoint(path, format!("tensor {name} has unsupported dtype {:?}", view.dtype())))?;
+            Ok((name, (view.shape().to_vec(), values)))
+        })
+        .collect()
+}
+
+fn write_safetensors(path: &Path, tensors: &BTreeMap<String, OwnedView>) -> Result<()> {
+    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    safetensors::serialize_to_file(tensors.iter().map(|(k, v)| (k.as_str(), v)), Some(metadata), path)
+        .map_err(|e| Error::checkpoint(path, format!("could not write safetensors: {e}")))
 }
 
 /// Runs `write` on a fresh temporary sibling of `dir`, then renames it to `dir`. `dir` must not

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, backend::AutodiffBackend, backend::Backend};
+use burn::tensor::ElementConversion;
 use serde::{Deserialize, Serialize};
 
 #[cfg(doc)]
@@ -69,7 +70,7 @@ impl<B: Backend> AdamW<B> {
     {
         let mut norm = SquaredNorm::<B> { grads: &grads, total: None };
         model.visit(&mut norm);
-        let grad_norm = norm.total.map_or(0.0, |t| t.into_scalar().to_f64_lossy()).sqrt();
+        let grad_norm = norm.total.map_or(0.0, |t| t.into_scalar().elem::<f64>()).sqrt();
         let clip = match self.config.max_grad_norm {
             // torch.nn.utils.clip_grad_norm_: coefficient clamped at 1, always applied.
             Some(max) if max > 0.0 => Some((max / (grad_norm + 1e-6)).min(1.0)),
@@ -81,14 +82,6 @@ impl<B: Backend> AdamW<B> {
     }
 }
 
-trait ToF64 {
-    fn to_f64_lossy(self) -> f64;
-}
-impl<E: burn::tensor::ElementConversion> ToF64 for E {
-    fn to_f64_lossy(self) -> f64 {
-        self.elem::<f64>()
-    }
-}
 
 /// Σ ‖g‖² over all gradients of a model.
 struct SquaredNorm<'a, B: Backend> {

@@ -1,0 +1,120 @@
+//! Training checkpoints: a Hugging Face model directory (loadable by `transformers`) plus what a
+//! resumed run needs: `optimizer.safetensors` (AdamW moments, f32, exact) and
+//! `trainer_state.json` (step, optimizer step count, data cursor, run config).
+//!
+//! A checkpoint is written into a temporary sibling directory and renamed into place, so a
+//! crash mid-write leaves the previous checkpoints intact and never a half-written one.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{Tensor, TensorData, backend::Backend};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::adamw::{AdamW, AdamWConfig, Moments};
+use crate::error::{Error, Result};
+use crate::model::Qwen2;
+use crate::model::hf::{self, SaveDtype};
+
+const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+const STATE_FILE: &str = "trainer_state.json";
+
+/// Everything of a run's progress besides weights and moments.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    /// Optimizer updates completed.
+    pub step: u64,
+    /// Total updates the run was planned for.
+    pub total_steps: u64,
+    pub optimizer: AdamWConfig,
+    /// Updates the optimizer has taken (bias correction).
+    pub optimizer_step: u64,
+    /// The objective's data cursor and random state (opaque to the loop).
+    pub data: Value,
+    /// The run's configuration, for the record.
+    pub config: Value,
+}
+
+/// `dir/checkpoint-<step>`.
+pub fn checkpoint_dir(dir: &Path, step: u64) -> PathBuf {
+    dir.join(format!("checkpoint-{step}"))
+}
+
+/// Writes a checkpoint of `model` and `optimizer` at `path` (atomically; `path` must not exist).
+pub fn save<B: Backend, OB: Backend>(
+    path: &Path,
+    model: &Qwen2<B>,
+    optimizer: &AdamW<OB>,
+    state: &TrainerState,
+    companions: Option<&Path>,
+) -> Result<()> {
+    hf::write_atomically(path, |tmp| {
+        hf::write_model_files(model, tmp, SaveDtype::F32, companions)?;
+        let mut moments: Vec<(&String, &Moments<OB>)> = optimizer.moments.iter().collect();
+        moments.sort_by_key(|(name, _)| name.as_str());
+        let tensors = moments.into_iter().flat_map(|(name, m)| {
+            [("exp_avg", &m.exp_avg), ("exp_avg_sq", &m.exp_avg_sq)].map(|(kind, t)| {
+                let values = t.clone().into_data().convert::<f32>().into_vec::<f32>().expect("f32");
+                (format!("{name}.{kind}"), vec![values.len()], values)
+            })
+        });
+        hf::write_f32_safetensors(&tmp.join(OPTIMIZER_FILE), tensors)?;
+        let path = tmp.join(STATE_FILE);
+        let text = serde_json::to_string_pretty(state).map_err(|e| Error::json(&path, None, e))?;
+        std::fs::write(&path, text + "\n").map_err(|e| Error::io(&path, e))
+    })
+}
+
+/// The checkpoint of `dir` with the highest step that has a trainer state, if any.
+pub fn latest(dir: &Path) -> Result<Option<(u64, PathBuf)>> {
+    if !dir.is_dir() {
+        return Ok(None);
+    }
+    let mut best = None;
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let path = entry.map_err(|e| Error::io(dir, e))?.path();
+        let step = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("checkpoint-"))
+            .and_then(|s| s.parse::<u64>().ok());
+        if let Some(step) = step.filter(|_| path.join(STATE_FILE).is_file()) {
+            if best.as_ref().is_none_or(|(b, _)| step > *b) {
+                best = Some((step, path));
+            }
+        }
+    }
+    Ok(best)
+}
+
+/// Reads the trainer state and optimizer of a checkpoint (the model loads with
+/// [`hf::load`]).
+pub fn load_state<B: Backend>(path: &Path, device: &B::Device) -> Result<(TrainerState, AdamW<B>)> {
+    let state_path = path.join(STATE_FILE);
+    let text = std::fs::read_to_string(&state_path).map_err(|e| Error::io(&state_path, e))?;
+    let state: TrainerState = serde_json::from_str(&text).map_err(|e| Error::json(&state_path, None, e))?;
+    let tensors = hf::read_f32_safetensors(&path.join(OPTIMIZER_FILE))?;
+    let mut halves: HashMap<String, (Option<Tensor<B, 1>>, Option<Tensor<B, 1>>)> = HashMap::new();
+    for (key, (shape, values)) in tensors {
+        let tensor = Tensor::from_data(TensorData::new(values, shape), device);
+        let (name, kind) = key.rsplit_once('.').ok_or_else(|| Error::checkpoint(path, format!("bad optimizer tensor name {key}")))?;
+        let entry = halves.entry(name.to_string()).or_default();
+        match kind {
+            "exp_avg" => entry.0 = Some(tensor),
+            "exp_avg_sq" => entry.1 = Some(tensor),
+            _ => return Err(Error::checkpoint(path, format!("bad optimizer tensor name {key}"))),
+        }
+    }
+    let mut optimizer = AdamW::new(state.optimizer);
+    optimizer.step = state.optimizer_step;
+    for (name, pair) in halves {
+        match pair {
+            (Some(exp_avg), Some(exp_avg_sq)) => {
+                optimizer.moments.insert(name, Moments { exp_avg, exp_avg_sq });
+            }
+            _ => return Err(Error::checkpoint(path, format!("optimizer state of {name} is incomplete"))),
+        }
+    }
+    Ok((state, optimizer))
+}

@@ -1,0 +1,164 @@
+//! What the training loop optimises. The loop asks an [`Objective`] for the micro-batches of each
+//! optimizer update and for each micro-batch's loss; it never knows whether it runs
+//! pre-training, SFT, GRPO or distillation.
+
+use burn::tensor::{Tensor, backend::AutodiffBackend};
+use burn::tensor::ElementConversion;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+use serde_json::{Map, Value, json};
+
+use crate::data::{Sample, TrainBatch, collate};
+use crate::error::{Error, Result};
+use crate::model::Qwen2;
+use crate::model::logprobs::token_logprobs;
+
+/// A loss for the training loop.
+pub trait Objective<B: AutodiffBackend> {
+    /// A micro-batch, ready for [`Objective::loss`].
+    type Micro;
+
+    /// The micro-batches of optimizer update `step` (an RL objective rolls out here, with the
+    /// current `model`).
+    fn micro_batches(&mut self, model: &Qwen2<B>, step: u64) -> Result<Vec<Self::Micro>>;
+
+    /// The loss of one micro-batch, scaled so that the gradients of a step's micro-batches
+    /// simply add up to the step's gradient, with metrics to average over the step.
+    fn loss(&mut self, model: &Qwen2<B>, micro: &Self::Micro) -> Result<(Tensor<B, 1>, Map<String, Value>)>;
+
+    /// The data cursor and random state to put in a checkpoint.
+    fn state(&self) -> Value;
+
+    /// Continues from a checkpoint's [`Objective::state`].
+    fn restore(&mut self, state: &Value) -> Result<()>;
+}
+
+/// Next-token cross-entropy on the targets of [`Sample`]s (pre-training and SFT).
+///
+/// Samples are visited in an order shuffled per epoch (seeded). A step takes `micro_batch ×
+/// accumulation` samples; its loss is the sum of target-token losses over the whole step divided
+/// by the step's number of target tokens (HF Trainer's `num_items_in_batch` weighting).
+pub struct NextTokenLoss {
+    samples: Vec<Sample>,
+    micro_batch: usize,
+    accumulation: usize,
+    pad_id: u32,
+    seed: u64,
+    /// Samples consumed since the start.
+    cursor: u64,
+    order: Vec<usize>,
+    epoch: u64,
+}
+
+impl NextTokenLoss {
+    pub fn new(samples: Vec<Sample>, micro_batch: usize, accumulation: usize, pad_id: u32, seed: u64) -> Result<Self> {
+        if samples.is_empty() || micro_batch == 0 || accumulation == 0 {
+            return Err(Error::InvalidInput("training needs samples and a positive batch size".into()));
+        }
+        let mut objective = Self { samples, micro_batch, accumulation, pad_id, seed, cursor: 0, order: Vec::new(), epoch: 0 };
+        objective.shuffle(0);
+        Ok(objective)
+    }
+
+    /// Samples per optimizer update.
+    pub fn samples_per_step(&self) -> usize {
+        self.micro_batch * self.accumulation
+    }
+
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    /// Whether there are no samples (never true for a constructed objective).
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    fn shuffle(&mut self, epoch: u64) {
+        self.epoch = epoch;
+        self.order = (0..self.samples.len()).collect();
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        rng.set_stream(epoch);
+        self.order.shuffle(&mut rng);
+    }
+
+    fn next_sample(&mut self) -> &Sample {
+        let n = self.samples.len() as u64;
+        let epoch = self.cursor / n;
+        if epoch != self.epoch {
+            self.shuffle(epoch);
+        }
+        let index = self.order[(self.cursor % n) as usize];
+        self.cursor += 1;
+        &self.samples[index]
+    }
+}
+
+/// One micro-batch of [`NextTokenLoss`], with the step's total target count.
+pub struct NextTokenMicro<B: AutodiffBackend> {
+    pub batch: TrainBatch<B>,
+    pub step_targets: usize,
+}
+
+impl<B: AutodiffBackend> Objective<B> for NextTokenLoss {
+    type Micro = NextTokenMicro<B>;
+
+    fn micro_batches(&mut self, model: &Qwen2<B>, _step: u64) -> Result<Vec<Self::Micro>> {
+        let device = model.embed_tokens.weight.device();
+        let mut groups = Vec::with_capacity(self.accumulation);
+        for _ in 0..self.accumulation {
+            let group: Vec<Sample> = (0..self.micro_batch).map(|_| self.next_sample().clone()).collect();
+            groups.push(group);
+        }
+        let step_targets: usize = groups.iter().flatten().map(Sample::num_targets).sum();
+        groups
+            .iter()
+            .map(|g| Ok(NextTokenMicro { batch: collate(g, self.pad_id, &device)?, step_targets: step_targets.max(1) }))
+            .collect()
+    }
+
+    fn loss(&mut self, model: &Qwen2<B>, micro: &Self::Micro) -> Result<(Tensor<B, 1>, Map<String, Value>)> {
+        let batch = &micro.batch;
+        let logprobs = token_logprobs(model.forward(&batch.inputs), batch.labels.clone());
+        let nll = -(logprobs * batch.label_mask.clone().float()).sum();
+        let loss = nll / micro.step_targets as f64;
+        let mut metrics = Map::new();
+        metrics.insert("tokens".into(), json!(batch.num_tokens));
+        metrics.insert("targets".into(), json!(batch.num_targets));
+        Ok((loss, metrics))
+    }
+
+    fn state(&self) -> Value {
+        json!({ "cursor": self.cursor, "seed": self.seed, "samples": self.samples.len() })
+    }
+
+    fn restore(&mut self, state: &Value) -> Result<()> {
+        let cursor = state["cursor"].as_u64().ok_or_else(|| Error::InvalidInput("checkpoint has no data cursor".into()))?;
+        if state["samples"].as_u64() != Some(self.samples.len() as u64) || state["seed"].as_u64() != Some(self.seed) {
+            return Err(Error::InvalidInput(format!(
+                "the checkpoint was trained on other data (samples {}, seed {}); resume with the same data and seed",
+                state["samples"], state["seed"]
+            )));
+        }
+        self.cursor = cursor;
+        self.shuffle(cursor / self.samples.len() as u64);
+        Ok(())
+    }
+}
+
+/// Mean next-token loss of `samples` under `model` (no gradients), in batches of `batch`.
+pub fn evaluate_loss<B: burn::tensor::backend::Backend>(model: &Qwen2<B>, samples: &[Sample], batch: usize, pad_id: u32) -> Result<f64> {
+    let device = model.embed_tokens.weight.device();
+    let (mut nll, mut count) = (0.0f64, 0usize);
+    for chunk in samples.chunks(batch.max(1)) {
+        let batch = collate::<B>(chunk, pad_id, &device)?;
+        let logprobs = token_logprobs(model.forward(&batch.inputs), batch.labels.clone());
+        let sum: f64 = (logprobs * batch.label_mask.clone().float()).sum().into_scalar().elem::<f64>();
+        nll -= sum;
+        count += batch.num_targets;
+    }
+    Ok(nll / count.max(1) as f64)
+}
+

@@ -1,0 +1,228 @@
+//! The training loop: for each optimizer update, ask the objective for micro-batches, backward
+//! each loss (gradients accumulate), clip, step AdamW at the scheduled rate, log, evaluate and
+//! checkpoint. Resuming from a checkpoint continues bit-identically on the CPU backend.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use burn::module::AutodiffModule;
+use burn::optim::GradientsAccumulator;
+use burn::tensor::ElementConversion;
+use burn::tensor::backend::AutodiffBackend;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use super::adamw::{AdamW, AdamWConfig};
+use super::checkpoint::{self, TrainerState};
+use super::metrics::{MetricsLog, rss_mib};
+use super::objective::Objective;
+use super::schedule::Schedule;
+use crate::error::{Error, Result};
+use crate::model::{Qwen2, hf};
+
+/// When to write checkpoints.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct SavePolicy {
+    /// Every n steps (`>= 1`) or every fraction of the run (`< 1`, HF's `save_steps: 0.2`,
+    /// i.e. every `ceil(0.2 · total)` steps).
+    pub every: Option<f64>,
+    /// Extra steps to save at.
+    #[serde(default)]
+    pub milestones: Vec<u64>,
+}
+
+impl SavePolicy {
+    /// Whether step `step` (1-based count of updates done) of `total` is saved.
+    pub fn saves(&self, step: u64, total: u64) -> bool {
+        let interval = match self.every {
+            Some(e) if e >= 1.0 => Some(e as u64),
+            Some(e) if e > 0.0 => Some(((total as f64) * e).ceil() as u64),
+            _ => None,
+        };
+        step == total || interval.is_some_and(|i| i > 0 && step % i == 0) || self.milestones.contains(&step)
+    }
+}
+
+/// Settings of the loop itself (the objective owns its data).
+#[derive(Debug, Clone)]
+pub struct LoopConfig {
+    pub total_steps: u64,
+    pub schedule: Schedule,
+    pub optimizer: AdamWConfig,
+    /// Checkpoints go to `out_dir/checkpoint-<step>`, metrics to `out_dir/metrics.jsonl`.
+    pub out_dir: PathBuf,
+    pub save: SavePolicy,
+    /// Evaluate every n steps (and before the first and after the last).
+    pub eval_every: Option<u64>,
+    /// Stop cleanly (and save) once this much wall-clock time has passed.
+    pub time_budget: Option<Duration>,
+    /// Tokenizer files copied into every checkpoint.
+    pub companions: Option<PathBuf>,
+    /// The run's configuration, recorded in every checkpoint.
+    pub run_config: Value,
+}
+
+/// One line of the metrics log.
+pub type Record = Map<String, Value>;
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSummary {
+    pub steps: u64,
+    /// The time budget ran out before `total_steps`.
+    pub stopped_early: bool,
+    pub checkpoints: Vec<PathBuf>,
+    pub elapsed: Duration,
+}
+
+/// Where a run starts: fresh, or from its latest checkpoint.
+pub struct Start<B: AutodiffBackend> {
+    pub model: Qwen2<B>,
+    pub optimizer: AdamW<B::InnerBackend>,
+    pub step: u64,
+}
+
+impl<B: AutodiffBackend> Start<B> {
+    /// The latest checkpoint of `out_dir` if `resume` and there is one (restoring `objective`'s
+    /// data cursor), else `fresh()`. A fresh start refuses an `out_dir` that already holds
+    /// checkpoints, so nothing is overwritten by accident.
+    pub fn new<O: Objective<B>>(
+        config: &LoopConfig,
+        resume: bool,
+        objective: &mut O,
+        device: &B::Device,
+        fresh: impl FnOnce() -> Result<Qwen2<B>>,
+    ) -> Result<Self> {
+        match checkpoint::latest(&config.out_dir)? {
+            Some((step, path)) if resume => {
+                let model = hf::load::<B>(&path, device)?;
+                let (state, optimizer) = checkpoint::load_state(&path, device)?;
+                objective.restore(&state.data)?;
+                debug_assert_eq!(step, state.step);
+                Ok(Self { model, optimizer, step: state.step })
+            }
+            Some((_, path)) => Err(Error::InvalidInput(format!(
+                "{} already holds checkpoints (latest {}); pass --resume to continue it or choose another output directory",
+                config.out_dir.display(),
+                path.display()
+            ))),
+            None => Ok(Self { model: fresh()?, optimizer: AdamW::new(config.optimizer), step: 0 }),
+        }
+    }
+}
+
+/// Runs the loop from `start` to `config.total_steps` (or the time budget). `evaluate` is given
+/// the inference copy of the model and returns metrics to log; `on_record` sees every record.
+pub fn train<B, O>(
+    start: Start<B>,
+    objective: &mut O,
+    config: &LoopConfig,
+    mut evaluate: impl FnMut(&Qwen2<B::InnerBackend>) -> Result<Record>,
+    mut on_record: impl FnMut(&Record),
+) -> Result<(Qwen2<B>, RunSummary)>
+where
+    B: AutodiffBackend,
+    O: Objective<B>,
+{
+    let Start { mut model, mut optimizer, mut step } = start;
+    let began = Instant::now();
+    let resumed = step > 0;
+    let mut log = MetricsLog::open(&config.out_dir.join("metrics.jsonl"), resumed.then_some(step))?;
+    let mut summary = RunSummary { steps: step, stopped_early: false, checkpoints: Vec::new(), elapsed: Duration::ZERO };
+    let mut emit = |log: &mut MetricsLog, record: Record| -> Result<()> {
+        log.write(&record)?;
+        on_record(&record);
+        Ok(())
+    };
+    let eval_due = |s: u64| config.eval_every.is_some_and(|e| e > 0 && s % e == 0);
+    if !resumed && config.eval_every.is_some() {
+        let mut record = evaluate(&model.valid())?;
+        record.insert("step".into(), json!(0));
+        emit(&mut log, record)?;
+    }
+
+    while step < config.total_steps {
+        let step_began = Instant::now();
+        let micros = objective.micro_batches(&model, step)?;
+        let names = model.param_names();
+        let mut accumulator = GradientsAccumulator::new();
+        let mut loss_sum = 0.0;
+        let mut extras = Record::new();
+        for micro in &micros {
+            let (loss, metrics) = objective.loss(&model, micro)?;
+            loss_sum += loss.clone().into_scalar().elem::<f64>();
+            let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
+            accumulator.accumulate(&model, grads);
+            add_metrics(&mut extras, metrics);
+        }
+        let lr = config.schedule.lr(step);
+        let (next, grad_norm) = optimizer.update(model, &names, accumulator.grads(), lr);
+        model = next;
+        step += 1;
+
+        let seconds = step_began.elapsed().as_secs_f64();
+        let mut record = Record::new();
+        record.insert("step".into(), json!(step));
+        record.insert("loss".into(), json!(loss_sum));
+        record.insert("lr".into(), json!(lr));
+        record.insert("grad_norm".into(), json!(grad_norm));
+        if let Some(tokens) = extras.get("tokens").and_then(Value::as_f64) {
+            record.insert("tokens_per_s".into(), json!(tokens / seconds));
+        }
+        record.insert("step_s".into(), json!(seconds));
+        record.insert("elapsed_s".into(), json!(began.elapsed().as_secs_f64()));
+        if let Some(rss) = rss_mib() {
+            record.insert("rss_mib".into(), json!(rss));
+        }
+        record.extend(extras);
+        if eval_due(step) || step == config.total_steps {
+            if config.eval_every.is_some() {
+                record.extend(evaluate(&model.valid())?);
+            }
+        }
+        emit(&mut log, record)?;
+
+        let out_of_time = config.time_budget.is_some_and(|budget| began.elapsed() >= budget) && step < config.total_steps;
+        if config.save.saves(step, config.total_steps) || out_of_time {
+            let state = TrainerState {
+                step,
+                total_steps: config.total_steps,
+                optimizer: optimizer.config,
+                optimizer_step: optimizer.step,
+                data: objective.state(),
+                config: config.run_config.clone(),
+            };
+            let path = checkpoint::checkpoint_dir(&config.out_dir, step);
+            checkpoint::save(&path, &model, &optimizer, &state, config.companions.as_deref())?;
+            summary.checkpoints.push(path);
+        }
+        if out_of_time {
+            summary.stopped_early = true;
+            break;
+        }
+    }
+    summary.steps = step;
+    summary.elapsed = began.elapsed();
+    Ok((model, summary))
+}
+
+/// Adds the numbers of `metrics` into `into` (micro-batch metrics add up over a step).
+fn add_metrics(into: &mut Record, metrics: Record) {
+    for (key, value) in metrics {
+        let sum = match (into.get(&key).and_then(Value::as_f64), value.as_f64()) {
+            (Some(a), Some(b)) => json!(a + b),
+            _ => value,
+        };
+        into.insert(key, sum);
+    }
+}
+
+/// Reads a `metrics.jsonl` written by [`train`].
+pub fn read_metrics(path: &Path) -> Result<Vec<Record>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| serde_json::from_str(l).map_err(|e| Error::json(path, Some(i + 1), e)))
+        .collect()
+}

@@ -1,0 +1,107 @@
+//! The training loop on a tiny model: it learns, checkpoints are HF directories with optimizer
+//! state, and a resumed run continues bit-identically to an uninterrupted one on the CPU backend.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use burn::backend::Autodiff;
+use common::fixture;
+use kiln::backends::Cpu;
+use kiln::data::Sample;
+use kiln::data::packing::pack_ffd;
+use kiln::model::{Qwen2, Qwen2Config, hf};
+use kiln::train::trainer::{RunSummary, read_metrics};
+use kiln::train::{AdamWConfig, Decay, LoopConfig, NextTokenLoss, SavePolicy, Schedule, Start, train};
+use serde_json::Value;
+
+type B = Autodiff<Cpu>;
+
+fn config() -> Qwen2Config {
+    serde_json::from_str(
+        r#"{"vocab_size": 2200, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": true,
+            "max_position_embeddings": 128, "rope_theta": 1000000.0, "eos_token_id": 3}"#,
+    )
+    .unwrap()
+}
+
+/// Packed 64-token blocks of the reference texts (token ids from text.jsonl).
+fn samples(rows: usize) -> Vec<Sample> {
+    let text = std::fs::read_to_string(fixture("interplay/text.jsonl")).unwrap();
+    let ids: Vec<Vec<u32>> = text
+        .lines()
+        .take(rows)
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect())
+        .collect();
+    pack_ffd(ids, 64, 1000).into_iter().map(Sample::all_targets).collect()
+}
+
+fn loop_config(out: &Path, steps: u64, budget: Option<Duration>) -> LoopConfig {
+    LoopConfig {
+        total_steps: steps,
+        schedule: Schedule { base_lr: 3e-3, warmup_steps: 1, total_steps: steps, decay: Decay::Cosine },
+        optimizer: AdamWConfig { weight_decay: 0.1, ..Default::default() },
+        out_dir: out.to_path_buf(),
+        save: SavePolicy { every: Some(0.5), milestones: vec![] },
+        eval_every: None,
+        time_budget: budget,
+        companions: Some(fixture("interplay/qwen2_100M")),
+        run_config: serde_json::json!({"test": true}),
+    }
+}
+
+fn run(out: &Path, steps: u64, budget: Option<Duration>, resume: bool) -> (Qwen2<B>, RunSummary) {
+    let config = loop_config(out, steps, budget);
+    let mut objective = NextTokenLoss::new(samples(40), 2, 2, 1, 7).unwrap();
+    let device = Default::default();
+    let start = Start::new(&config, resume, &mut objective, &device, || Ok(Qwen2::random(&self::config(), 11, &device)?)).unwrap();
+    train(start, &mut objective, &config, |_| Ok(Default::default()), |_| {}).unwrap()
+}
+
+fn losses(out: &Path) -> Vec<f64> {
+    read_metrics(&out.join("metrics.jsonl")).unwrap().iter().filter_map(|r| r["loss"].as_f64()).collect()
+}
+
+#[test]
+fn loss_falls_and_checkpoints_are_hf_directories() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("pretrain");
+    let (_, summary) = run(&out, 30, None, false);
+    assert_eq!(summary.steps, 30);
+    let losses = losses(&out);
+    assert_eq!(losses.len(), 30);
+    let (first, last) = (losses[..3].iter().sum::<f64>() / 3.0, losses[27..].iter().sum::<f64>() / 3.0);
+    assert!(last < first - 1.0, "loss should fall clearly: {first:.3} → {last:.3}");
+    // save_steps 0.5 → checkpoints at 50% and 100%.
+    let names: Vec<_> = summary.checkpoints.iter().map(|p| p.file_name().unwrap().to_string_lossy().to_string()).collect();
+    assert_eq!(names, ["checkpoint-15", "checkpoint-30"]);
+    for file in ["config.json", "model.safetensors", "tokenizer.json", "optimizer.safetensors", "trainer_state.json"] {
+        assert!(out.join("checkpoint-30").join(file).is_file(), "{file}");
+    }
+    hf::load::<Cpu>(out.join("checkpoint-30"), &Default::default()).expect("a checkpoint loads as an HF model");
+    // A fresh run never overwrites existing checkpoints.
+    let config = loop_config(&out, 30, None);
+    let mut objective = NextTokenLoss::new(samples(40), 2, 2, 1, 7).unwrap();
+    let err = Start::<B>::new(&config, false, &mut objective, &Default::default(), || unreachable!()).err().unwrap();
+    assert!(err.to_string().contains("already holds checkpoints"), "{err}");
+}
+
+#[test]
+fn resumed_run_is_bit_identical_to_an_uninterrupted_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (whole, interrupted) = (tmp.path().join("whole"), tmp.path().join("interrupted"));
+    let (model_a, _) = run(&whole, 8, None, false);
+
+    // A zero time budget stops (and saves) after the first update; resuming finishes the run.
+    let (_, first) = run(&interrupted, 8, Some(Duration::ZERO), false);
+    assert!(first.stopped_early);
+    assert_eq!(first.steps, 1);
+    let (model_b, second) = run(&interrupted, 8, None, true);
+    assert_eq!(second.steps, 8);
+
+    assert_eq!(losses(&whole), losses(&interrupted), "per-step losses");
+    let (a, b) = (model_a.to_hf_tensors(), model_b.to_hf_tensors());
+    assert!(a.iter().zip(&b).all(|((sa, va), (sb, vb))| sa == sb && va == vb), "final weights differ");
+}
