@@ -2,10 +2,11 @@
 //!
 //! Everything here is generic over burn's [`Backend`](burn::tensor::backend::Backend): the Qwen2
 //! model and its Hugging Face checkpoints ([`model`]), the tokenizer ([`tokenizer`]) and the
-//! batched generation engine ([`generate`]).
+//! batched generation engine ([`generate`]), and checkpoint evaluation ([`eval`]).
 
 pub mod data;
 pub mod error;
+pub mod eval;
 pub mod generate;
 pub mod model;
 pub mod tasks;

@@ -1,16 +1,23 @@
-//! `kiln eval score|answers|gold`: the reference's evaluation scripts on JSONL files.
+//! `kiln eval interplay|score|answers|gold`: evaluating checkpoints, and the reference's
+//! evaluation scripts on JSONL files.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Result, bail};
+use burn::tensor::backend::Backend;
 use clap::{Args, Subcommand};
+use kiln::backends::{DeviceSpec, Job};
+use kiln::eval::{EvalData, EvalEvent, EvalSettings, ModelEntry, evaluate, named_models, release_models};
+use kiln::generate::Sampler;
 use kiln::tasks::interplay::answer_metrics::{answer_metrics, read_samples};
 use kiln::tasks::interplay::files::write_atomic;
 use kiln::tasks::interplay::gold::build_gold_dir;
 use kiln::tasks::interplay::graph_passk::{DEFAULT_PASS_AT, aggregate};
 use kiln::tasks::interplay::pyjson::Style;
 use kiln::tasks::interplay::scoring::{ScoreOptions, score};
+
+use super::progress;
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
@@ -20,6 +27,9 @@ pub struct EvalArgs {
 
 #[derive(Debug, Subcommand)]
 enum EvalCommand {
+    /// Evaluate checkpoints on the Interplay task: sample, score answers and reasoning graphs,
+    /// and write the reference's metrics, results and summary files (eval_checkpoints.py).
+    Interplay(InterplayArgs),
     /// Strict graph scoring of generations against gold graphs, then graph pass@k
     /// (score_dependency_graphs.py + aggregate_graph_pass_results.py).
     Score(ScoreArgs),
@@ -28,6 +38,62 @@ enum EvalCommand {
     Answers(AnswersArgs),
     /// Gold dependency graphs of task rows (build_gold_dependency_graphs.py).
     Gold(GoldArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("checkpoints").required(true))]
+struct InterplayArgs {
+    /// Hugging Face model directories to evaluate.
+    #[arg(long, num_args = 1.., group = "checkpoints")]
+    models: Vec<PathBuf>,
+    /// A release root: evaluates pretrain/**, rl/** and opd_refkl/** checkpoints.
+    #[arg(long, group = "checkpoints")]
+    release: Option<PathBuf>,
+    /// Directory of per-op task files (e.g. the test split, op{N}-1k.jsonl).
+    #[arg(long)]
+    data: PathBuf,
+    /// Output directory (default with --release: ROOT/evals).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Samples per prompt (pass@k up to this k).
+    #[arg(long, default_value_t = 128)]
+    samples: usize,
+    #[arg(long, default_value_t = 0.7)]
+    temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Keep only the k most likely tokens (0 disables).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1024)]
+    max_new_tokens: usize,
+    /// Stop string (repeatable), excluded from the text as vLLM does.
+    #[arg(long, default_value = "</answer>")]
+    stop: Vec<String>,
+    /// Base sampling seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Ops up to this are in-distribution; a negative value puts every op in ID.
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
+    id_op_threshold: i64,
+    /// Device: cpu, wgpu[:N], cuda[:N].
+    #[arg(long, default_value = "cpu", value_parser = super::parse_backend)]
+    backend: DeviceSpec,
+    /// Sequences decoded together.
+    #[arg(long, default_value_t = 256)]
+    batch_size: usize,
+    /// Prompts per shard (the unit of work kept on disk for resuming).
+    #[arg(long, default_value_t = 32)]
+    shard_prompts: usize,
+    /// Also compute the teacher-forced loss per op (the avg_loss fields).
+    #[arg(long)]
+    loss: bool,
+    /// Keep <model>_{id,ood}_generations.jsonl.
+    #[arg(long)]
+    keep_generations: bool,
+    /// Re-evaluate models that are finished (by default they are skipped).
+    #[arg(long)]
+    overwrite: bool,
 }
 
 #[derive(Debug, Args)]
@@ -84,9 +150,106 @@ struct GoldArgs {
 
 pub fn run(args: EvalArgs) -> Result<()> {
     match args.command {
+        EvalCommand::Interplay(args) => interplay(args),
         EvalCommand::Score(args) => score_cmd(args),
         EvalCommand::Answers(args) => answers(args),
         EvalCommand::Gold(args) => gold(args),
+    }
+}
+
+fn interplay(args: InterplayArgs) -> Result<()> {
+    let (models, out) = match (&args.release, &args.out) {
+        (Some(root), out) => (release_models(root)?, out.clone().unwrap_or_else(|| root.join("evals"))),
+        (None, Some(out)) => (named_models(&args.models)?, out.clone()),
+        (None, None) => bail!("--out is required with --models"),
+    };
+    let threshold = (args.id_op_threshold >= 0).then_some(args.id_op_threshold);
+    let data = EvalData::load(&args.data, threshold)?;
+    let settings = EvalSettings {
+        samples: args.samples,
+        sampler: Sampler { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p },
+        max_new_tokens: args.max_new_tokens,
+        stop: args.stop.clone(),
+        seed: args.seed,
+        id_op_threshold: threshold,
+        shard_prompts: args.shard_prompts,
+        batch_size: args.batch_size,
+        loss: args.loss,
+        keep_generations: args.keep_generations,
+        overwrite: args.overwrite,
+        ..EvalSettings::default()
+    };
+    eprintln!(
+        "{} models, {} ID + {} OOD prompts from {}, {} samples each -> {}",
+        models.len(),
+        data.id.len(),
+        data.ood.len(),
+        data.dir.display(),
+        settings.samples,
+        out.display()
+    );
+    kiln::backends::run(args.backend, EvalJob { models, data, out, settings })?
+}
+
+struct EvalJob {
+    models: Vec<ModelEntry>,
+    data: EvalData,
+    out: PathBuf,
+    settings: EvalSettings,
+}
+
+impl Job for EvalJob {
+    type Output = Result<()>;
+
+    fn run<B: Backend>(self, device: B::Device) -> Result<()> {
+        let mut bar: Option<indicatif::ProgressBar> = None;
+        let mut started = std::time::Instant::now();
+        let outcomes = evaluate::<B>(&self.models, &self.data, &self.out, &self.settings, &device, |event| match event {
+            EvalEvent::Model { index, count, name } => eprintln!("[{}/{count}] {name}", index + 1),
+            EvalEvent::Skipped { name } => eprintln!("  {name}: finished already, skipped (--overwrite re-evaluates)"),
+            EvalEvent::Generating { done, total, new_samples, new_tokens, .. } => {
+                let bar = bar.get_or_insert_with(|| {
+                    started = std::time::Instant::now();
+                    if done > 0 {
+                        eprintln!("  resuming: {done} of {total} samples are on disk");
+                    }
+                    progress::counter(total as u64, "samples")
+                });
+                bar.set_position(done as u64);
+                let seconds = started.elapsed().as_secs_f64().max(1e-9);
+                bar.set_message(format!(
+                    "{:.1} samples/s, {:.0} tokens/s",
+                    new_samples as f64 / seconds,
+                    new_tokens as f64 / seconds
+                ));
+            }
+            EvalEvent::Stage { name, stage } => {
+                if let Some(bar) = bar.take() {
+                    bar.finish_and_clear();
+                    let seconds = started.elapsed().as_secs_f64();
+                    eprintln!("  generated in {seconds:.1} s: {}", bar.message());
+                }
+                eprintln!("  {name}: {stage}");
+            }
+            EvalEvent::Finished { name, summary } => {
+                let f = |key: &str| summary.get(key).and_then(|v| v.as_f64()).unwrap_or(0.0);
+                eprintln!(
+                    "  {name}: ID acc={:.4} resp_len={:.1} | OOD acc={:.4} resp_len={:.1} | total acc={:.4}",
+                    f("id_acc"),
+                    f("id_avg_resp_len"),
+                    f("ood_acc"),
+                    f("ood_avg_resp_len"),
+                    f("total_acc")
+                );
+            }
+        })?;
+        let evaluated = outcomes.iter().filter(|o| !o.skipped).count();
+        eprintln!(
+            "{evaluated} evaluated, {} skipped; wrote {}",
+            outcomes.len() - evaluated,
+            self.out.join("summary.csv").display()
+        );
+        Ok(())
     }
 }
 

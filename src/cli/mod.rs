@@ -31,7 +31,7 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Generate task data.
     Data(data::DataArgs),
-    /// Score generations: answers, strict dependency graphs, gold graphs.
+    /// Evaluate checkpoints (Interplay); score generations: answers, strict graphs, gold graphs.
     Eval(eval::EvalArgs),
 }
 

@@ -9,3 +9,12 @@ pub fn bar(total: u64, unit: &str) -> ProgressBar {
     bar.set_style(ProgressStyle::with_template(&template).expect("valid template").progress_chars("=> "));
     bar
 }
+
+/// A bar counting `total` items of `unit` whose message carries the rates (for work that resumes,
+/// where indicatif's own rate would count the resumed part).
+pub fn counter(total: u64, unit: &str) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    let template = format!("{{elapsed_precise}} [{{bar:30}}] {{pos}}/{{len}} {unit} {{msg}}");
+    bar.set_style(ProgressStyle::with_template(&template).expect("valid template").progress_chars("=> "));
+    bar
+}

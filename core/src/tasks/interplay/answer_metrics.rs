@@ -2,7 +2,8 @@
 //! `eval_checkpoints.py` writes (spec §8.1): exact-match accuracy, mean response length and the
 //! unbiased pass@k, for ID (op ≤ threshold), OOD and their union, per op and per template.
 //!
-//! Loss fields are written as the reference writes them under `--skip-loss` (0.0 and `{}`).
+//! Loss fields are written as the reference writes them under `--skip-loss` (0.0 and `{}`)
+//! unless teacher-forced losses are given ([`SplitLoss`]).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -57,6 +58,75 @@ pub fn read_samples(path: &Path) -> Result<Vec<Sample>> {
         });
     }
     Ok(samples)
+}
+
+/// Teacher-forced losses of one split: every example's mean token loss, summed overall and per
+/// op (ops in first-seen order), as `eval_loss_per_op` accumulates them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SplitLoss {
+    /// Sum of the per-example losses.
+    pub sum: f64,
+    /// Number of examples.
+    pub count: u64,
+    /// `(op, sum, count)` per op.
+    pub per_op: Vec<(String, f64, u64)>,
+}
+
+impl SplitLoss {
+    /// Adds one example of `op` whose mean token loss is `loss`.
+    pub fn push(&mut self, op: &str, loss: f64) {
+        self.sum += loss;
+        self.count += 1;
+        match self.per_op.iter_mut().find(|(o, _, _)| o == op) {
+            Some((_, sum, count)) => {
+                *sum += loss;
+                *count += 1;
+            }
+            None => self.per_op.push((op.to_owned(), loss, 1)),
+        }
+    }
+
+    /// `sum / count`, 0 without examples.
+    fn mean(&self) -> f64 {
+        if self.count == 0 { 0.0 } else { self.sum / self.count as f64 }
+    }
+
+    /// `per_op_avg_loss`.
+    fn per_op_json(&self) -> Json {
+        Json::Object(
+            self.per_op
+                .iter()
+                .map(|(op, sum, count)| {
+                    let mean = if *count == 0 { 0.0 } else { sum / *count as f64 };
+                    (op.clone(), Json::Float(mean))
+                })
+                .collect(),
+        )
+    }
+
+    /// `self` followed by `other`, ops merged (`merge_two_loss`).
+    fn merged(&self, other: &SplitLoss) -> SplitLoss {
+        let mut out = self.clone();
+        out.sum += other.sum;
+        out.count += other.count;
+        for (op, sum, count) in &other.per_op {
+            match out.per_op.iter_mut().find(|(o, _, _)| o == op) {
+                Some((_, s, c)) => {
+                    *s += sum;
+                    *c += count;
+                }
+                None => out.per_op.push((op.clone(), *sum, *count)),
+            }
+        }
+        out
+    }
+}
+
+/// The teacher-forced losses of a checkpoint's ID and OOD rows.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Losses {
+    pub id: SplitLoss,
+    pub ood: SplitLoss,
 }
 
 /// Keyed values in first-insertion order (a Python dict).
@@ -229,7 +299,7 @@ impl<'a> Split<'a> {
             .collect()
     }
 
-    fn metrics(&self, sample_k: u64) -> Json {
+    fn metrics(&self, sample_k: u64, loss: Option<&SplitLoss>) -> Json {
         let (counts, per_op) = pass_counts(&self.keyed(&format!("{}:", self.name)));
         let avg_len = if self.count == 0 {
             0.0
@@ -250,7 +320,7 @@ impl<'a> Split<'a> {
                 Json::Float(ratio(self.correct, self.count)),
             ),
             ("avg_response_len", Json::Float(avg_len)),
-            ("avg_loss", Json::Float(0.0)),
+            ("avg_loss", Json::Float(loss.map_or(0.0, SplitLoss::mean))),
             ("count", Json::Int(self.count)),
             ("validation_metrics", Json::object::<String>([])),
             (
@@ -266,15 +336,19 @@ impl<'a> Split<'a> {
                 "per_op_avg_response_len",
                 op_map(&self.per_op, |c| ratio(c.resp_tokens, c.total)),
             ),
-            ("per_op_avg_loss", Json::object::<String>([])),
+            ("per_op_avg_loss", loss_per_op(loss)),
             (
                 "per_op_length",
                 op_map(&self.per_op, |c| ratio(c.resp_tokens, c.total)),
             ),
-            ("per_op_loss", Json::object::<String>([])),
+            ("per_op_loss", loss_per_op(loss)),
             ("per_template", Json::Object(per_template.collect())),
         ])
     }
+}
+
+fn loss_per_op(loss: Option<&SplitLoss>) -> Json {
+    loss.map_or_else(|| Json::object::<String>([]), SplitLoss::per_op_json)
 }
 
 /// The metrics JSON of `checkpoint` for `samples`. Samples whose op parses as an integer above
@@ -284,6 +358,17 @@ pub fn answer_metrics(
     samples: &[Sample],
     id_op_threshold: i64,
     sample_k: u64,
+) -> Json {
+    answer_metrics_with_loss(checkpoint, samples, id_op_threshold, sample_k, None)
+}
+
+/// [`answer_metrics`] with the `avg_loss` / `per_op_avg_loss` fields filled from `losses`.
+pub fn answer_metrics_with_loss(
+    checkpoint: &str,
+    samples: &[Sample],
+    id_op_threshold: i64,
+    sample_k: u64,
+    losses: Option<&Losses>,
 ) -> Json {
     let is_ood = |s: &Sample| {
         s.op.trim()
@@ -323,10 +408,11 @@ pub fn answer_metrics(
             .collect();
         (t.to_string(), template_metrics(&samples, sample_k))
     });
+    let total_loss = losses.map(|l| l.id.merged(&l.ood));
     Json::object([
         ("checkpoint", Json::from(checkpoint)),
-        ("id", id.metrics(sample_k)),
-        ("ood", ood.metrics(sample_k)),
+        ("id", id.metrics(sample_k, losses.map(|l| &l.id))),
+        ("ood", ood.metrics(sample_k, losses.map(|l| &l.ood))),
         (
             "total",
             Json::object([
@@ -334,7 +420,7 @@ pub fn answer_metrics(
                     "answer_accuracy",
                     Json::Float(ratio(id.correct + ood.correct, id.count + ood.count)),
                 ),
-                ("avg_loss", Json::Float(0.0)),
+                ("avg_loss", Json::Float(total_loss.as_ref().map_or(0.0, SplitLoss::mean))),
                 ("count", Json::Int(id.count + ood.count)),
                 (
                     "validation_metrics",
@@ -356,12 +442,12 @@ pub fn answer_metrics(
                     "per_op_avg_response_len",
                     op_map(&merged_ops, |c| ratio(c.resp_tokens, c.total)),
                 ),
-                ("per_op_avg_loss", Json::object::<String>([])),
+                ("per_op_avg_loss", loss_per_op(total_loss.as_ref())),
                 (
                     "per_op_length",
                     op_map(&merged_ops, |c| ratio(c.resp_tokens, c.total)),
                 ),
-                ("per_op_loss", Json::object::<String>([])),
+                ("per_op_loss", loss_per_op(total_loss.as_ref())),
                 ("per_template", Json::Object(total_template.collect())),
             ]),
         ),

@@ -65,6 +65,23 @@ impl Json {
         Json::Object(pairs.into_iter().map(|(k, v)| (k.into(), v)).collect())
     }
 
+    /// The value of `key` in an object (the first, as Python keeps one); `None` otherwise.
+    pub fn get(&self, key: &str) -> Option<&Json> {
+        match self {
+            Json::Object(pairs) => pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+
+    /// The number of an `Int` or `Float`.
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Json::Int(v) => Some(*v as f64),
+            Json::Float(v) => Some(*v),
+            _ => None,
+        }
+    }
+
     /// Serialises `self` in `style`.
     pub fn dumps(&self, style: Style) -> String {
         let mut out = String::new();
@@ -258,9 +275,202 @@ pub fn float_repr(v: f64) -> String {
     out
 }
 
+/// Python's `json.loads` into an ordered [`Json`]: key order is kept (a repeated key keeps its
+/// first position and takes the last value), numbers with a fraction or exponent are floats
+/// (parsed with correct rounding, so [`float_repr`] gives back the text Python wrote), others
+/// ints; `NaN` and `±Infinity` are accepted as Python accepts them. Errors give the byte offset.
+pub fn parse(text: &str) -> Result<Json, String> {
+    let mut parser = Parser { text, pos: 0 };
+    let value = parser.value()?;
+    parser.space();
+    if parser.pos != text.len() {
+        return Err(parser.error("extra data"));
+    }
+    Ok(value)
+}
+
+struct Parser<'a> {
+    text: &'a str,
+    pos: usize,
+}
+
+impl Parser<'_> {
+    fn error(&self, what: &str) -> String {
+        format!("{what} at byte {}", self.pos)
+    }
+
+    fn rest(&self) -> &str {
+        &self.text[self.pos..]
+    }
+
+    fn space(&mut self) {
+        let rest = self.rest();
+        self.pos += rest.len() - rest.trim_start_matches([' ', '\t', '\n', '\r']).len();
+    }
+
+    fn eat(&mut self, token: &str) -> bool {
+        let found = self.rest().starts_with(token);
+        if found {
+            self.pos += token.len();
+        }
+        found
+    }
+
+    fn value(&mut self) -> Result<Json, String> {
+        self.space();
+        for (token, value) in [
+            ("null", Json::Null),
+            ("true", Json::Bool(true)),
+            ("false", Json::Bool(false)),
+            ("NaN", Json::Float(f64::NAN)),
+            ("Infinity", Json::Float(f64::INFINITY)),
+            ("-Infinity", Json::Float(f64::NEG_INFINITY)),
+        ] {
+            if self.eat(token) {
+                return Ok(value);
+            }
+        }
+        match self.rest().chars().next() {
+            Some('"') => self.string().map(Json::Str),
+            Some('[') => {
+                self.pos += 1;
+                let mut items = Vec::new();
+                self.space();
+                if self.eat("]") {
+                    return Ok(Json::Array(items));
+                }
+                loop {
+                    items.push(self.value()?);
+                    self.space();
+                    if self.eat("]") {
+                        return Ok(Json::Array(items));
+                    }
+                    if !self.eat(",") {
+                        return Err(self.error("expected ',' or ']'"));
+                    }
+                }
+            }
+            Some('{') => {
+                self.pos += 1;
+                let mut pairs: Vec<(String, Json)> = Vec::new();
+                self.space();
+                if self.eat("}") {
+                    return Ok(Json::Object(pairs));
+                }
+                loop {
+                    self.space();
+                    if !self.rest().starts_with('"') {
+                        return Err(self.error("expected a string key"));
+                    }
+                    let key = self.string()?;
+                    self.space();
+                    if !self.eat(":") {
+                        return Err(self.error("expected ':'"));
+                    }
+                    let value = self.value()?;
+                    match pairs.iter_mut().find(|(k, _)| *k == key) {
+                        Some((_, v)) => *v = value,
+                        None => pairs.push((key, value)),
+                    }
+                    self.space();
+                    if self.eat("}") {
+                        return Ok(Json::Object(pairs));
+                    }
+                    if !self.eat(",") {
+                        return Err(self.error("expected ',' or '}'"));
+                    }
+                }
+            }
+            Some(c) if c == '-' || c.is_ascii_digit() => self.number(),
+            _ => Err(self.error("expected a JSON value")),
+        }
+    }
+
+    fn number(&mut self) -> Result<Json, String> {
+        let rest = self.rest();
+        let len = rest.find(|c: char| !(c.is_ascii_digit() || matches!(c, '-' | '+' | '.' | 'e' | 'E'))).unwrap_or(rest.len());
+        let token = &rest[..len];
+        let is_float = token.contains(['.', 'e', 'E']);
+        let value = if is_float {
+            token.parse::<f64>().ok().map(Json::Float)
+        } else {
+            token.parse::<i64>().ok().map(Json::Int)
+        };
+        let value = value.ok_or_else(|| self.error("bad number"))?;
+        self.pos += len;
+        Ok(value)
+    }
+
+    fn string(&mut self) -> Result<String, String> {
+        self.pos += 1; // the opening quote
+        let mut out = String::new();
+        loop {
+            let rest = self.rest();
+            let plain = rest.find(['"', '\\']).ok_or_else(|| self.error("unterminated string"))?;
+            out.push_str(&rest[..plain]);
+            self.pos += plain;
+            if self.eat("\"") {
+                return Ok(out);
+            }
+            self.pos += 1; // the backslash
+            let escape = self.rest().chars().next().ok_or_else(|| self.error("unterminated string"))?;
+            self.pos += 1;
+            match escape {
+                '"' => out.push('"'),
+                '\\' => out.push('\\'),
+                '/' => out.push('/'),
+                'b' => out.push('\u{8}'),
+                'f' => out.push('\u{c}'),
+                'n' => out.push('\n'),
+                'r' => out.push('\r'),
+                't' => out.push('\t'),
+                'u' => {
+                    let first = self.hex4()?;
+                    let code = if (0xd800..0xdc00).contains(&first) && self.rest().starts_with("\\u") {
+                        let save = self.pos;
+                        self.pos += 2;
+                        let second = self.hex4()?;
+                        if (0xdc00..0xe000).contains(&second) {
+                            0x10000 + ((first - 0xd800) << 10) + (second - 0xdc00)
+                        } else {
+                            self.pos = save;
+                            first
+                        }
+                    } else {
+                        first
+                    };
+                    // A lone surrogate has no UTF-8 form; Python keeps it, kiln substitutes.
+                    out.push(char::from_u32(code).unwrap_or('\u{fffd}'));
+                }
+                _ => return Err(self.error("bad escape")),
+            }
+        }
+    }
+
+    fn hex4(&mut self) -> Result<u32, String> {
+        let digits = self.rest().get(..4).ok_or_else(|| self.error("bad \\u escape"))?;
+        let code = u32::from_str_radix(digits, 16).map_err(|_| self.error("bad \\u escape"))?;
+        self.pos += 4;
+        Ok(code)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parse_round_trips_python_output() {
+        let text = "{\n  \"b\": [1, 2.5, -0.0, 1e-05, null, true],\n  \"a\": {\"x\": \"\\u00e9\\ud83d\\ude00\\n\"},\n  \"c\": 0.36203703703703705, \"d\": NaN}";
+        let value = parse(text).unwrap();
+        assert_eq!(value.get("c"), Some(&Json::Float(0.36203703703703705)));
+        assert_eq!(value.get("a").and_then(|a| a.get("x")), Some(&Json::from("é😀\n")));
+        let back = value.dumps(Style::COMPACT);
+        assert_eq!(back, "{\"b\": [1, 2.5, -0.0, 1e-05, null, true], \"a\": {\"x\": \"\\u00e9\\ud83d\\ude00\\n\"}, \"c\": 0.36203703703703705, \"d\": NaN}");
+        assert_eq!(parse("{\"k\": 1, \"j\": 2, \"k\": 3}").unwrap(), Json::object([("k", Json::Int(3)), ("j", Json::Int(2))]));
+        assert!(parse("[1, 2").unwrap_err().contains("byte"));
+        assert!(parse("{} x").is_err());
+    }
 
     #[test]
     fn floats_match_python_repr() {

@@ -1,0 +1,40 @@
+//! Teacher-forced loss of the evaluation rows (`eval_loss_per_op` of `eval_checkpoints.py`):
+//! for every row, the mean negative log-likelihood of the tokens of `compose_text(row)` (no
+//! `[EOS]`) after the first, each predicted from the tokens before it.
+//!
+//! That is exactly the reference's `per_op_avg_loss`. Its `avg_loss` is different: the
+//! reference pads every text to 2048 tokens and, because the labels keep the pad ids, averages
+//! the loss over the padding positions too. kiln does not reproduce that artifact; its
+//! `avg_loss` is the mean of the per-row losses.
+
+use burn::tensor::backend::Backend;
+
+use super::data::EvalRow;
+use crate::error::Result;
+use crate::model::Qwen2;
+use crate::model::logprobs::sequence_logprobs;
+use crate::tokenizer::Tokenizer;
+
+/// The mean token loss of each of `rows`, in order. Texts are cut to the model's context; rows
+/// are scored `batch` at a time, shortest first, to keep padding low.
+pub fn row_losses<B: Backend>(model: &Qwen2<B>, tokenizer: &Tokenizer, rows: &[EvalRow], batch: usize) -> Result<Vec<f64>> {
+    let context = model.rope.max_positions();
+    let mut sequences = Vec::with_capacity(rows.len());
+    for row in rows {
+        let mut ids = tokenizer.encode(&row.text)?;
+        ids.truncate(context);
+        sequences.push(ids);
+    }
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by_key(|&i| sequences[i].len());
+    let mut losses = vec![0.0; rows.len()];
+    for chunk in order.chunks(batch.max(1)) {
+        let batch: Vec<Vec<u32>> = chunk.iter().map(|&i| sequences[i].clone()).collect();
+        for (&i, logprobs) in chunk.iter().zip(sequence_logprobs(model, &batch, 256)?) {
+            let scored: Vec<f64> = logprobs.into_iter().flatten().map(|lp| -f64::from(lp)).collect();
+            // The reference divides by the number of scored tokens, at least 1.
+            losses[i] = scored.iter().sum::<f64>() / scored.len().max(1) as f64;
+        }
+    }
+    Ok(losses)
+}
