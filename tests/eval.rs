@@ -357,3 +357,80 @@ fn bad_data_names_file_and_line_and_leaves_outputs_alone() {
     assert!(e.contains("op2-2.jsonl line 1") && e.contains("context is 16"), "{e}");
     assert!(!out.join("m_metrics.json").exists() && !out.join(".shards/m").exists());
 }
+
+fn kiln(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().unwrap()
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+#[test]
+fn the_cli_evaluates_a_release_resumes_after_a_kill_and_plots() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("release");
+    random_model(&root.join("pretrain/checkpoint-1"), 1);
+    random_model(&root.join("rl/op11_14_step20"), 2);
+    let data_dir = test_split(tmp.path(), &[2, 3], 2);
+    let args = [
+        "eval", "interplay", "--release", s(&root), "--data", s(&data_dir), "--samples", "2", "--max-new-tokens", "8",
+        "--shard-prompts", "1", "--id-op-threshold", "2", "--keep-generations",
+    ];
+    let out = kiln(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let evals = root.join("evals");
+    let complete = snapshot(&evals);
+    for file in ["summary.csv", "pretrain_checkpoint-1_metrics.json", "rl_op11_14_step20/results.json", "rl_op11_14_step20_ood_generations.jsonl"] {
+        assert!(complete.contains_key(file), "{file} in {:?}", complete.keys());
+    }
+    std::fs::rename(&evals, root.join("evals_first")).unwrap();
+
+    // Killed once the first shard is on disk, then run again: the same files.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let first_shard = evals.join(".shards/pretrain_checkpoint-1/id/generations-00000.jsonl");
+    let started = std::time::Instant::now();
+    while !first_shard.exists() {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before it could be killed");
+        assert!(started.elapsed().as_secs() < 120, "no shard after two minutes");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    assert!(!child.wait().unwrap().success());
+    assert!(!evals.join("pretrain_checkpoint-1_metrics.json").exists(), "killed before the first model finished");
+    let out = kiln(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("resuming: ") && stderr.contains(" of 8 samples are on disk"), "{stderr}");
+    assert_eq!(snapshot(&evals), complete);
+
+    // Bad data: one line naming file and line; the finished evaluation is untouched.
+    let bad = tmp.path().join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::write(bad.join("op2-1.jsonl"), "{\"op\": 2, \"solution\": \"Answer: 3.\"}\nnot json\n").unwrap();
+    let mut bad_args = args.to_vec();
+    bad_args[5] = s(&bad);
+    bad_args.push("--overwrite");
+    let out = kiln(&bad_args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.lines().count() == 1, "{stderr}");
+    assert!(stderr.contains("op2-1.jsonl line 2"), "{stderr}");
+    let nowhere = tmp.path().join("nowhere");
+    bad_args[5] = s(&nowhere);
+    let stderr = String::from_utf8_lossy(&kiln(&bad_args).stderr).into_owned();
+    assert!(stderr.contains("nowhere") && stderr.contains("not found"), "{stderr}");
+    assert_eq!(snapshot(&evals), complete);
+
+    let plots = tmp.path().join("plots");
+    let out = kiln(&["plot", "eval", "--metrics", s(&evals), "--out", s(&plots)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let svg = std::fs::read_to_string(plots.join("rl_op11_14_step20_pass_at_k.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("ID strict") && svg.contains("OOD answer"));
+    for file in ["pretrain_checkpoint-1_per_op_accuracy.svg", "id_pass_at_k.svg", "ood_pass_at_k.svg", "per_op_accuracy.svg"] {
+        assert!(plots.join(file).is_file(), "{file}");
+    }
+}

@@ -2,13 +2,15 @@
 //!
 //! Everything here is generic over burn's [`Backend`](burn::tensor::backend::Backend): the Qwen2
 //! model and its Hugging Face checkpoints ([`model`]), the tokenizer ([`tokenizer`]) and the
-//! batched generation engine ([`generate`]), and checkpoint evaluation ([`eval`]).
+//! batched generation engine ([`generate`]), checkpoint evaluation ([`eval`]) and SVG charts
+//! ([`plot`]).
 
 pub mod data;
 pub mod error;
 pub mod eval;
 pub mod generate;
 pub mod model;
+pub mod plot;
 pub mod tasks;
 pub mod train;
 pub mod tokenizer;

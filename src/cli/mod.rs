@@ -6,6 +6,7 @@ mod eval;
 mod generate;
 mod init;
 mod logprobs;
+mod plot;
 mod progress;
 
 use anyhow::Result;
@@ -33,6 +34,8 @@ enum Command {
     Data(data::DataArgs),
     /// Evaluate checkpoints (Interplay); score generations: answers, strict graphs, gold graphs.
     Eval(eval::EvalArgs),
+    /// Charts (SVG) of evaluation results.
+    Plot(plot::PlotArgs),
 }
 
 impl Cli {
@@ -44,6 +47,7 @@ impl Cli {
             Command::Bench(args) => bench::run(args),
             Command::Data(args) => data::run(args),
             Command::Eval(args) => eval::run(args),
+            Command::Plot(args) => plot::run(args),
         }
     }
 }
