@@ -44,7 +44,7 @@ fn loop_config(out: &Path, steps: u64, budget: Option<Duration>) -> LoopConfig {
         schedule: Schedule { base_lr: 3e-3, warmup_steps: 1, total_steps: steps, decay: Decay::Cosine },
         optimizer: AdamWConfig { weight_decay: 0.1, ..Default::default() },
         out_dir: out.to_path_buf(),
-        save: SavePolicy { every: Some(0.5), milestones: vec![] },
+        save: SavePolicy { every: Some(0.5), ..Default::default() },
         eval_every: None,
         time_budget: budget,
         companions: Some(fixture("interplay/qwen2_100M")),

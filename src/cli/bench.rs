@@ -7,7 +7,10 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use burn::tensor::backend::Backend;
 use clap::Args;
-use kiln::backends::{DeviceSpec, Job};
+use burn::tensor::backend::AutodiffBackend;
+use kiln::backends::{DeviceSpec, Job, TrainJob};
+use kiln::data::Sample;
+use kiln::train::{AdamWConfig, Decay, LoopConfig, NextTokenLoss, SavePolicy, Schedule, Start, train};
 use kiln::generate::{Engine, Sampler, SamplingParams};
 use kiln::model::{Qwen2, Qwen2Config, hf};
 use rand::{Rng, SeedableRng};
@@ -31,11 +34,75 @@ pub struct BenchArgs {
     /// Timed repetitions (the best is reported); one untimed warm-up run precedes them.
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// Measure training steps instead (AdamW, batch × prompt-len tokens; the median of
+    /// `--repeats` steps after 2 warm-up steps is reported).
+    #[arg(long)]
+    train: bool,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
     let backend = args.backend;
+    if args.train {
+        return kiln::backends::run_training(backend, TrainBenchJob(args))?;
+    }
     kiln::backends::run(backend, BenchJob(args))?
+}
+
+/// Training-step throughput with random token blocks (compare `benches/torch_train_step.py`).
+struct TrainBenchJob(BenchArgs);
+
+impl TrainJob for TrainBenchJob {
+    type Output = Result<()>;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<()> {
+        let args = self.0;
+        let config = match &args.config {
+            Some(path) => Qwen2Config::from_file(path)?,
+            None => bail!("--train needs --config"),
+        };
+        let vocab = config.vocab_size as u32;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+        let samples: Vec<Sample> = (0..args.batch * 64)
+            .map(|_| Sample::all_targets((0..args.prompt_len).map(|_| rng.random_range(0..vocab)).collect()))
+            .collect();
+        let steps = (args.repeats + 2) as u64;
+        let out = std::env::temp_dir().join(format!("kiln-bench-{}", std::process::id()));
+        let loop_config = LoopConfig {
+            total_steps: steps,
+            schedule: Schedule { base_lr: 1e-4, warmup_steps: 0, total_steps: steps, decay: Decay::Constant },
+            optimizer: AdamWConfig { weight_decay: 0.1, ..Default::default() },
+            out_dir: out.clone(),
+            save: SavePolicy { last: false, ..Default::default() },
+            eval_every: None,
+            time_budget: None,
+            companions: None,
+            run_config: serde_json::Value::Null,
+        };
+        let mut objective = NextTokenLoss::new(samples, args.batch, 1, 0, 0)?;
+        let start = Start::<B>::new(&loop_config, false, &mut objective, &device, || Ok(Qwen2::random(&config, 0, &device)?))?;
+        let mut step_times = Vec::new();
+        let mut rss = Vec::new();
+        train(start, &mut objective, &loop_config, |_| Ok(Default::default()), |record| {
+            step_times.push(record["step_s"].as_f64().unwrap_or(f64::NAN));
+            rss.extend(record.get("rss_mib").and_then(serde_json::Value::as_f64));
+        })?;
+        std::fs::remove_dir_all(&out).ok();
+        let mut timed = step_times[2..].to_vec();
+        timed.sort_by(f64::total_cmp);
+        let median = timed[timed.len() / 2];
+        let figures = serde_json::json!({
+            "engine": "kiln",
+            "backend": args.backend.to_string(),
+            "parameters": config.num_parameters(),
+            "batch": args.batch,
+            "seq": args.prompt_len,
+            "step_s": median,
+            "tokens_per_s": (args.batch * args.prompt_len) as f64 / median,
+            "rss_mib_first_last": [rss.first(), rss.last()],
+        });
+        println!("{figures}");
+        Ok(())
+    }
 }
 
 struct BenchJob(BenchArgs);

@@ -8,6 +8,7 @@ mod init;
 mod logprobs;
 mod plot;
 mod progress;
+mod train;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -30,6 +31,10 @@ enum Command {
     Init(init::InitArgs),
     /// Measure prefill and decode throughput.
     Bench(bench::BenchArgs),
+    /// Pre-train on an Interplay mixture (packed next-token loss) from a TOML config.
+    Pretrain(train::TrainArgs),
+    /// Supervised fine-tuning (completion-only loss on ChatML rows) from a TOML config.
+    Sft(train::TrainArgs),
     /// Generate task data.
     Data(data::DataArgs),
     /// Evaluate checkpoints (Interplay); score generations: answers, strict graphs, gold graphs.
@@ -45,6 +50,8 @@ impl Cli {
             Command::Logprobs(args) => logprobs::run(args),
             Command::Init(args) => init::run(args),
             Command::Bench(args) => bench::run(args),
+            Command::Pretrain(args) => train::run(train::Kind::Pretrain, args),
+            Command::Sft(args) => train::run(train::Kind::Sft, args),
             Command::Data(args) => data::run(args),
             Command::Eval(args) => eval::run(args),
             Command::Plot(args) => plot::run(args),

@@ -7,10 +7,14 @@
 //! the `<|im_start|>assistant\n` headers) is context only. The whole text is tokenized at once
 //! and targets are chosen by character offsets, so the ids equal `tokenizer(apply_chat_template(...))`.
 
-use serde::Deserialize;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::sample::Sample;
 use crate::error::{Error, Result};
+use crate::tasks::interplay::files::jsonl_records;
 use crate::tokenizer::Tokenizer;
 
 /// Qwen2.5's default system prompt.
@@ -106,6 +110,44 @@ pub fn render(messages: &[Message], tokenizer: &Tokenizer, default_system: Optio
         sample: Sample { ids: ids[..keep].to_vec(), targets: targets[..keep].to_vec() },
     };
     Ok(row)
+}
+
+/// Counts over an SFT file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SftReport {
+    pub rows: usize,
+    /// Rows longer than `max_length` (cut at the end, keeping the start).
+    pub truncated: usize,
+    /// Rows whose final fenced code block was cut.
+    pub final_code_lost: usize,
+    /// Rows whose last target token (the final answer's `<|im_end|>`) was cut.
+    pub final_answer_lost: usize,
+    /// Target tokens in all rows.
+    pub targets: usize,
+}
+
+/// Reads an SFT JSONL file (one [`SftRow`] per line) and renders every row; a bad line is an
+/// error naming file and line.
+pub fn sft_samples(path: &Path, tokenizer: &Tokenizer, system: Option<&str>, max_length: Option<usize>) -> Result<(Vec<Sample>, SftReport)> {
+    let mut samples = Vec::new();
+    let mut report = SftReport::default();
+    for record in jsonl_records(path)? {
+        let record = record?;
+        let row: SftRow = serde_json::from_value(Value::Object(record.fields))
+            .map_err(|e| Error::data(path, Some(record.line), format!("not an SFT row ({{\"messages\": [...]}} or {{\"prompt\", \"completion\"}}): {e}")))?;
+        let rendered = render(&row.messages(), tokenizer, system, max_length)
+            .map_err(|e| Error::data(path, Some(record.line), e.to_string()))?;
+        report.rows += 1;
+        report.truncated += rendered.truncated as usize;
+        report.final_code_lost += rendered.final_code_lost as usize;
+        report.final_answer_lost += rendered.final_answer_lost as usize;
+        report.targets += rendered.sample.num_targets();
+        samples.push(rendered.sample);
+    }
+    if samples.is_empty() {
+        return Err(Error::data(path, None, "no SFT rows"));
+    }
+    Ok((samples, report))
 }
 
 #[cfg(test)]

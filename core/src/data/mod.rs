@@ -1,6 +1,7 @@
 //! Training data: samples and batches, pre-training packing and mixtures, SFT chat rows.
 
 pub mod chat;
+pub mod interplay;
 pub mod mixture;
 pub mod packing;
 pub mod sample;

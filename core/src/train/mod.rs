@@ -5,6 +5,7 @@ pub mod adamw;
 pub mod checkpoint;
 pub mod metrics;
 pub mod objective;
+pub mod recipes;
 pub mod schedule;
 pub mod trainer;
 

@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::model::{Qwen2, hf};
 
 /// When to write checkpoints.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SavePolicy {
     /// Every n steps (`>= 1`) or every fraction of the run (`< 1`, HF's `save_steps: 0.2`,
     /// i.e. every `ceil(0.2 · total)` steps).
@@ -29,6 +29,19 @@ pub struct SavePolicy {
     /// Extra steps to save at.
     #[serde(default)]
     pub milestones: Vec<u64>,
+    /// Also save after the last step (default).
+    #[serde(default = "yes")]
+    pub last: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for SavePolicy {
+    fn default() -> Self {
+        Self { every: None, milestones: Vec::new(), last: true }
+    }
 }
 
 impl SavePolicy {
@@ -39,7 +52,7 @@ impl SavePolicy {
             Some(e) if e > 0.0 => Some(((total as f64) * e).ceil() as u64),
             _ => None,
         };
-        step == total || interval.is_some_and(|i| i > 0 && step % i == 0) || self.milestones.contains(&step)
+        (self.last && step == total) || interval.is_some_and(|i| i > 0 && step % i == 0) || self.milestones.contains(&step)
     }
 }
 

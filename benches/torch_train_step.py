@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""PyTorch/transformers training-step throughput, measured as `kiln bench --train` measures kiln.
+
+    python benches/torch_train_step.py --config tests/fixtures/interplay/qwen2_100M/config.json
+
+Random token batches of `--batch` × `--seq`, causal-LM loss on every token, AdamW (lr 1e-4,
+weight decay 0.1, HF decay groups), gradient clipping at 1.0, f32, eager attention.
+Reports the median step time over `--steps` steps after `--warmup` and tokens/s.
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--config", required=True)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    a = p.parse_args()
+    torch.manual_seed(0)
+    config = Qwen2Config.from_pretrained(a.config)
+    model = Qwen2ForCausalLM(config).to(torch.float32).train()
+    no_decay = [n for n, _ in model.named_parameters() if any(k in n.lower() for k in ("bias", "layernorm", "rmsnorm"))]
+    groups = [{"params": [p for n, p in model.named_parameters() if n not in no_decay], "weight_decay": 0.1},
+              {"params": [p for n, p in model.named_parameters() if n in no_decay], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=1e-4)
+    times = []
+    for step in range(a.warmup + a.steps):
+        ids = torch.randint(0, config.vocab_size, (a.batch, a.seq))
+        start = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - start
+        if step >= a.warmup:
+            times.append(elapsed)
+    median = statistics.median(times)
+    print(json.dumps({
+        "engine": f"transformers {__import__('transformers').__version__} / torch {torch.__version__}",
+        "threads": torch.get_num_threads(), "attn": model.config._attn_implementation,
+        "batch": a.batch, "seq": a.seq, "step_s": median,
+        "tokens_per_s": a.batch * a.seq / median,
+    }))
+
+
+if __name__ == "__main__":
+    main()

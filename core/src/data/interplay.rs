@@ -1,0 +1,135 @@
+//! The Interplay pre-training corpus: shards of `<root>/train/<op>/*.jsonl` chosen by a PRESET
+//! mixture (reference file-count semantics, [`super::mixture`]), composed as
+//! `compose_text(row) + "[EOS]"`, tokenized, concatenated in op order and packed
+//! first-fit-decreasing into `cutoff`-token blocks.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use super::mixture::{Preset, Shard, Take, effective_shares, select, shard_label, sort_shards};
+use super::packing::{PACKING_GROUP, pack_ffd};
+use super::sample::Sample;
+use crate::error::{Error, Result};
+use crate::tasks::interplay::files::jsonl_records;
+use crate::tasks::interplay::text::{EOS, compose_text};
+use crate::tokenizer::Tokenizer;
+
+/// What the mixture took, per op.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MixtureReport {
+    pub preset: String,
+    pub token_budget: f64,
+    /// `(op, requested probability, shards taken fully, fraction of the last, tokens, share)`.
+    pub ops: Vec<OpShare>,
+    pub total_tokens: f64,
+    pub blocks: usize,
+}
+
+/// One op's part of a [`MixtureReport`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OpShare {
+    pub op: u32,
+    pub requested: f64,
+    pub full_shards: usize,
+    pub partial_fraction: f64,
+    pub tokens: f64,
+    pub share: f64,
+}
+
+/// Rows of one shard, tokenized.
+struct TokenizedShard {
+    rows: Vec<Vec<u32>>,
+}
+
+fn tokenize_shard(path: &Path, tokenizer: &Tokenizer) -> Result<TokenizedShard> {
+    let mut rows = Vec::new();
+    for record in jsonl_records(path)? {
+        let record = record?;
+        let field = |key: &str| record.str_field(path, key);
+        let text = compose_text(field("problem")?, field("question")?, field("solution")?)
+            .ok_or_else(|| Error::data(path, Some(record.line), "the row composes to no text"))?;
+        rows.push(tokenizer.encode(&format!("{text}{EOS}"))?);
+    }
+    Ok(TokenizedShard { rows })
+}
+
+/// The packed blocks of the mixture `preset` at `token_budget` over `<root>/train/<op>/`.
+pub fn pretrain_samples(
+    root: &Path,
+    preset: &Preset,
+    token_budget: f64,
+    tokenizer: &Tokenizer,
+    cutoff: usize,
+    seed: u64,
+) -> Result<(Vec<Sample>, MixtureReport)> {
+    let mut shards: BTreeMap<u32, Vec<Shard>> = BTreeMap::new();
+    let mut tokenized: BTreeMap<PathBuf, TokenizedShard> = BTreeMap::new();
+    for &op in &preset.ops {
+        let dir = root.join("train").join(op.to_string());
+        let entries = std::fs::read_dir(&dir).map_err(|e| Error::io(&dir, e))?;
+        let mut list = Vec::new();
+        for entry in entries {
+            let path = entry.map_err(|e| Error::io(&dir, e))?.path();
+            if path.extension().is_some_and(|x| x == "jsonl") {
+                list.push(Shard { label_tokens: shard_label(&path), tokens: 0.0, rows: 0, path });
+            }
+        }
+        sort_shards(&mut list);
+        // Shards are sized by their label; unlabelled shards (kiln's own) by their real tokens.
+        for shard in &mut list {
+            let t = tokenize_shard(&shard.path, tokenizer)?;
+            shard.tokens = t.rows.iter().map(|r| r.len() as f64).sum();
+            shard.rows = t.rows.len();
+            tokenized.insert(shard.path.clone(), t);
+        }
+        shards.insert(op, list);
+    }
+    let takes = select(preset, token_budget, &shards)?;
+    let mut rows: Vec<Vec<u32>> = Vec::new();
+    for take in &takes {
+        let shard = &tokenized[&take.path];
+        if take.fraction >= 1.0 {
+            rows.extend(shard.rows.iter().cloned());
+        } else {
+            let mut order: Vec<usize> = (0..shard.rows.len()).collect();
+            order.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
+            let keep = (take.fraction * shard.rows.len() as f64).round() as usize;
+            rows.extend(order[..keep].iter().map(|&i| shard.rows[i].clone()));
+        }
+    }
+    let blocks: Vec<Sample> = pack_ffd(rows, cutoff, PACKING_GROUP).into_iter().map(Sample::all_targets).collect();
+    let report = report(preset, token_budget, &takes, blocks.len());
+    Ok((blocks, report))
+}
+
+fn report(preset: &Preset, token_budget: f64, takes: &[Take], blocks: usize) -> MixtureReport {
+    let shares = effective_shares(takes);
+    let ops = preset
+        .ops
+        .iter()
+        .zip(&preset.probs)
+        .map(|(&op, &requested)| {
+            let of_op: Vec<&Take> = takes.iter().filter(|t| t.op == op).collect();
+            OpShare {
+                op,
+                requested,
+                full_shards: of_op.iter().filter(|t| t.fraction >= 1.0).count(),
+                partial_fraction: of_op.iter().find(|t| t.fraction < 1.0).map_or(0.0, |t| t.fraction),
+                tokens: of_op.iter().map(|t| t.tokens).sum(),
+                share: shares.iter().find(|(o, _)| *o == op).map_or(0.0, |(_, s)| *s),
+            }
+        })
+        .collect();
+    MixtureReport {
+        preset: preset.name.clone(),
+        token_budget,
+        ops,
+        total_tokens: takes.iter().map(|t| t.tokens).sum(),
+        blocks,
+    }
+}

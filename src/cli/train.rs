@@ -1,0 +1,110 @@
+//! `kiln pretrain` / `kiln sft`: run a training config (TOML), with a progress bar.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use burn::tensor::backend::AutodiffBackend;
+use clap::Args;
+use kiln::backends::{DeviceSpec, TrainJob};
+use kiln::train::recipes::{self, RunConfig};
+use serde_json::Value;
+
+use super::progress;
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// The run's TOML config (see examples/configs/).
+    #[arg(long)]
+    config: PathBuf,
+    /// Continue from the latest checkpoint of the output directory.
+    #[arg(long)]
+    resume: bool,
+    #[arg(long, default_value = "cpu", value_parser = super::parse_backend)]
+    backend: DeviceSpec,
+}
+
+/// Which kind of run the subcommand expects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Pretrain,
+    Sft,
+}
+
+pub fn run(kind: Kind, args: TrainArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&args.config).with_context(|| format!("{}", args.config.display()))?;
+    let config = RunConfig::from_toml(&args.config, &text)?;
+    match (kind, config.data.interplay.is_some(), config.data.sft.is_some()) {
+        (Kind::Pretrain, true, false) | (Kind::Sft, false, true) => {}
+        (Kind::Pretrain, ..) => bail!("{}: `kiln pretrain` needs [data] interplay = …", args.config.display()),
+        (Kind::Sft, ..) => bail!("{}: `kiln sft` needs [data] sft = …", args.config.display()),
+    }
+    let backend = args.backend;
+    kiln::backends::run_training(backend, RunJob { config, resume: args.resume })?
+}
+
+struct RunJob {
+    config: RunConfig,
+    resume: bool,
+}
+
+impl TrainJob for RunJob {
+    type Output = Result<()>;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<()> {
+        let bar = progress::bar(0, "steps");
+        let summary = recipes::run::<B>(
+            &self.config,
+            &device,
+            self.resume,
+            |data| {
+                bar.set_length(data["total_steps"].as_u64().unwrap_or(0));
+                bar.println(format!("data: {}", compact(data)));
+            },
+            |record| {
+                if let Some(step) = record.get("step").and_then(Value::as_u64) {
+                    bar.set_position(step);
+                }
+                let number = |k: &str| record.get(k).and_then(Value::as_f64);
+                let mut message = String::new();
+                if let Some(loss) = number("loss") {
+                    message += &format!("loss {loss:.4} ");
+                }
+                if let Some(loss) = number("eval_loss") {
+                    message += &format!("eval {loss:.4} ");
+                }
+                if let Some(acc) = number("eval_accuracy") {
+                    message += &format!("acc {acc:.3} ");
+                }
+                if let Some(tps) = number("tokens_per_s") {
+                    message += &format!("{tps:.0} tok/s");
+                }
+                bar.set_message(message);
+            },
+        )?;
+        bar.finish_and_clear();
+        eprintln!(
+            "{} steps in {:.1}s{}; checkpoints: {}",
+            summary.steps,
+            summary.elapsed.as_secs_f64(),
+            if summary.stopped_early { " (stopped by the time budget)" } else { "" },
+            summary.checkpoints.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        );
+        Ok(())
+    }
+}
+
+/// A one-line summary of the data report.
+fn compact(data: &Value) -> String {
+    let mut text = format!("{} samples, {} steps", data["samples"], data["total_steps"]);
+    if let Some(ops) = data["data"]["mixture"]["ops"].as_array() {
+        let shares: Vec<String> = ops
+            .iter()
+            .map(|o| format!("op{} {:.1}%", o["op"], o["share"].as_f64().unwrap_or(0.0) * 100.0))
+            .collect();
+        text += &format!("; mixture {}", shares.join(", "));
+    }
+    if let Some(sft) = data["data"]["sft"].as_object() {
+        text += &format!("; {} rows, {} truncated ({} lost their final code block)", sft["rows"], sft["truncated"], sft["final_code_lost"]);
+    }
+    text
+}
