@@ -11,9 +11,16 @@ fn main() {
         Err(err) if matches!(err.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => err.exit(),
         Err(err) if err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => err.exit(),
         Err(err) => {
-            // Usage errors too are one line (clap's first line already starts with "error:").
+            // Usage errors too are one line: clap's message (which may continue on the next
+            // lines, e.g. the missing arguments), without the usage block.
             let rendered = err.render().to_string();
-            eprintln!("{}", rendered.lines().next().unwrap_or("error: invalid arguments"));
+            let message: Vec<&str> = rendered
+                .lines()
+                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            eprintln!("{}", message.join(" "));
             std::process::exit(2);
         }
     };

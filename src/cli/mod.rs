@@ -7,6 +7,7 @@ mod generate;
 mod init;
 mod logprobs;
 mod plot;
+mod plot_train;
 mod progress;
 mod train;
 

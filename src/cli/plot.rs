@@ -1,4 +1,5 @@
-//! `kiln plot eval`: charts of evaluation results as SVG files.
+//! `kiln plot eval`: charts of evaluation results as SVG files (`kiln plot train`: see
+//! [`super::plot_train`]).
 
 use std::path::{Path, PathBuf};
 
@@ -19,6 +20,8 @@ enum PlotCommand {
     /// Pass@k curves (answer and, where scored, strict; ID/OOD/total) and per-op accuracy of
     /// every `<model>_metrics.json` in a directory, and the models side by side.
     Eval(EvalPlotArgs),
+    /// Loss, learning-rate, accuracy and reward curves of a training run's `metrics.jsonl`.
+    Train(super::plot_train::TrainPlotArgs),
 }
 
 #[derive(Debug, Args)]
@@ -34,6 +37,7 @@ struct EvalPlotArgs {
 pub fn run(args: PlotArgs) -> Result<()> {
     match args.command {
         PlotCommand::Eval(args) => eval(args),
+        PlotCommand::Train(args) => super::plot_train::run(args),
     }
 }
 
