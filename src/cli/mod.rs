@@ -9,6 +9,7 @@ mod logprobs;
 mod plot;
 mod plot_train;
 mod progress;
+mod quickstart;
 mod train;
 
 use anyhow::Result;
@@ -24,6 +25,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// The tiny end-to-end pipeline on the CPU: generate data, pre-train, evaluate.
+    Quickstart(quickstart::QuickstartArgs),
     /// Sample completions from a model (batched, KV-cached).
     Generate(generate::GenerateArgs),
     /// Per-position next-token log-probs of given sequences (teacher scoring).
@@ -47,6 +50,7 @@ enum Command {
 impl Cli {
     pub fn run(self) -> Result<()> {
         match self.command {
+            Command::Quickstart(args) => quickstart::run(args),
             Command::Generate(args) => generate::run(args),
             Command::Logprobs(args) => logprobs::run(args),
             Command::Init(args) => init::run(args),

@@ -1,0 +1,234 @@
+//! `kiln quickstart`: the tiny end-to-end pipeline on the CPU, nothing downloaded.
+//!
+//! 1. generate Interplay problems (op 2–4: train, val and test splits),
+//! 2. write a tiny Qwen2 config with the paper's tokenizer,
+//! 3. pre-train it for a few minutes (packed next-token loss, AdamW, cosine schedule),
+//!    checkpointing at 20/40/…/100 % like the release (`release/pretrain/checkpoint-N`),
+//! 4. evaluate the final checkpoint as `kiln eval interplay` does (answer accuracy and pass@k
+//!    per op, strict graph scores) and print the summary.
+//!
+//! Every stage is resumable: run it again and finished work is kept.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use burn::tensor::backend::AutodiffBackend;
+use clap::Args;
+use kiln::backends::{DeviceSpec, TrainJob};
+use kiln::eval::{EvalData, EvalSettings, evaluate, named_models};
+use kiln::generate::Sampler;
+use kiln::tasks::interplay::dataset::{Split, write_split};
+use kiln::train::recipes::{self, RunConfig};
+use serde_json::Value;
+
+use super::progress;
+
+/// The paper's tokenizer files (`model_configs/qwen2_100M/` of the reference repository).
+const TOKENIZER_FILES: [(&str, &str); 3] = [
+    ("tokenizer.json", include_str!("../../tests/fixtures/interplay/qwen2_100M/tokenizer.json")),
+    ("tokenizer_config.json", include_str!("../../tests/fixtures/interplay/qwen2_100M/tokenizer_config.json")),
+    ("special_tokens_map.json", include_str!("../../tests/fixtures/interplay/qwen2_100M/special_tokens_map.json")),
+];
+
+/// A tiny Qwen2 (1.3M parameters) with the paper's vocabulary.
+const TINY_CONFIG: &str = r#"{
+  "architectures": ["Qwen2ForCausalLM"],
+  "model_type": "qwen2",
+  "vocab_size": 2200,
+  "hidden_size": 128,
+  "intermediate_size": 512,
+  "num_hidden_layers": 4,
+  "num_attention_heads": 4,
+  "num_key_value_heads": 2,
+  "head_dim": 32,
+  "max_position_embeddings": 1024,
+  "rope_theta": 1000000.0,
+  "rms_norm_eps": 1e-06,
+  "tie_word_embeddings": true,
+  "bos_token_id": 2,
+  "eos_token_id": 3,
+  "initializer_range": 0.02,
+  "hidden_act": "silu",
+  "torch_dtype": "float32"
+}
+"#;
+
+#[derive(Debug, Args)]
+pub struct QuickstartArgs {
+    /// Working directory (data, model, release, evals).
+    #[arg(long, default_value = "kiln-quickstart")]
+    out: PathBuf,
+    /// Pre-training steps (8 packed 512-token blocks each).
+    #[arg(long, default_value_t = 120)]
+    steps: u64,
+    /// Wall-clock budget for pre-training, in minutes (it stops cleanly and saves).
+    #[arg(long, default_value_t = 6.0)]
+    minutes: f64,
+    #[arg(long, default_value = "cpu", value_parser = super::parse_backend)]
+    backend: DeviceSpec,
+}
+
+pub fn run(args: QuickstartArgs) -> Result<()> {
+    let backend = args.backend;
+    kiln::backends::run_training(backend, QuickstartJob(args))?
+}
+
+struct QuickstartJob(QuickstartArgs);
+
+impl TrainJob for QuickstartJob {
+    type Output = Result<()>;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<()> {
+        let args = self.0;
+        let out = &args.out;
+        std::fs::create_dir_all(out).with_context(|| out.display().to_string())?;
+
+        eprintln!("[1/4] data: Interplay problems, op 2-4, in {}", out.join("data").display());
+        let data = out.join("data");
+        for (split, per_op) in [(Split::Train, 2000), (Split::Val, 40), (Split::Test, 30)] {
+            if !data.join(split.name()).is_dir() {
+                let bar = progress::bar((3 * per_op) as u64, "rows");
+                let report = write_split(&data, split, &[2, 3, 4], per_op, 1, || bar.inc(1))?;
+                bar.finish_and_clear();
+                eprintln!("      {}: {} rows", split.name(), report.rows);
+            }
+        }
+
+        eprintln!("[2/4] model: tiny Qwen2 with the paper's tokenizer in {}", out.join("model").display());
+        let model = out.join("model");
+        std::fs::create_dir_all(&model)?;
+        std::fs::write(model.join("config.json"), TINY_CONFIG)?;
+        for (name, text) in TOKENIZER_FILES {
+            std::fs::write(model.join(name), text)?;
+        }
+
+        eprintln!("[3/4] pre-training ({} steps or {} minutes) into {}", args.steps, args.minutes, out.join("release/pretrain").display());
+        let config_path = out.join("pretrain.toml");
+        let toml = pretrain_toml(args.steps, args.minutes);
+        std::fs::write(&config_path, &toml)?;
+        let config = RunConfig::from_toml(&config_path, &toml)?;
+        let bar = progress::bar(args.steps, "steps");
+        let mut accuracy: Vec<(u64, f64)> = Vec::new();
+        let summary = recipes::run::<B>(
+            &config,
+            &device,
+            true,
+            |data| bar.println(format!("      {} packed blocks; mixture {}", data["samples"], shares(&data["data"]["mixture"]))),
+            |record| {
+                let step = record.get("step").and_then(Value::as_u64).unwrap_or(0);
+                bar.set_position(step);
+                if let Some(loss) = record.get("loss").and_then(Value::as_f64) {
+                    bar.set_message(format!("loss {loss:.3}"));
+                }
+                if let Some(acc) = record.get("eval_accuracy").and_then(Value::as_f64) {
+                    let loss = record.get("eval_loss").and_then(Value::as_f64).unwrap_or(f64::NAN);
+                    bar.println(format!("      step {step:>4}: held-out loss {loss:.3}, greedy accuracy on op 2-3 {acc:.3}"));
+                    accuracy.push((step, acc));
+                }
+            },
+        )?;
+        bar.finish_and_clear();
+        let last = latest_checkpoint(&out.join("release/pretrain"))?;
+        eprintln!(
+            "      {} steps in {:.0}s{}; final checkpoint {}",
+            summary.steps,
+            summary.elapsed.as_secs_f64(),
+            if summary.stopped_early { " (time budget)" } else { "" },
+            last.display()
+        );
+
+        eprintln!("[4/4] evaluation of the final checkpoint on the test split (2 samples per prompt, T = 0.7)");
+        let evals = out.join("release/evals");
+        let models = named_models(&[last])?;
+        let data = EvalData::load(&data.join("test"), Some(10))?;
+        let settings = EvalSettings {
+            samples: 2,
+            sampler: Sampler { temperature: 0.7, top_k: 0, top_p: 1.0 },
+            max_new_tokens: 384,
+            batch_size: 128,
+            ..EvalSettings::default()
+        };
+        let bar = progress::bar((data.id.len() * settings.samples) as u64, "samples");
+        let outcomes = evaluate::<B::InnerBackend>(&models, &data, &evals, &settings, &device, |event| {
+            if let kiln::eval::EvalEvent::Generating { done, .. } = event {
+                bar.set_position(done as u64);
+            }
+        })?;
+        bar.finish_and_clear();
+        let metrics_path = kiln::eval::runner::metrics_path(&evals, &outcomes[0].name);
+        let metrics: Value = serde_json::from_str(&std::fs::read_to_string(&metrics_path)?)?;
+        let id = &metrics["id"];
+        println!("kiln quickstart: a {}-step tiny Qwen2 on Interplay op 2-4", summary.steps.max(accuracy.last().map_or(0, |a| a.0)));
+        if let (Some(first), Some(final_)) = (accuracy.first(), accuracy.last()) {
+            println!("  greedy accuracy on held-out op 2-3: {:.3} at step {} -> {:.3} at step {}", first.1, first.0, final_.1, final_.0);
+        }
+        println!("  test answer accuracy (T=0.7): {:.3}", id["answer_accuracy"].as_f64().unwrap_or(f64::NAN));
+        if let Some(per_op) = id["per_op_accuracy"].as_object() {
+            let mut ops: Vec<(&String, &Value)> = per_op.iter().collect();
+            ops.sort_by_key(|(op, _)| op.parse::<u32>().unwrap_or(0));
+            for (op, acc) in ops {
+                println!("    op {op}: {:.3}", acc.as_f64().unwrap_or(f64::NAN));
+            }
+        }
+        println!("  files: {} (metrics, strict-graph results, summary.csv)", evals.display());
+        Ok(())
+    }
+}
+
+fn pretrain_toml(steps: u64, minutes: f64) -> String {
+    format!(
+        r#"# Written by `kiln quickstart`; rerun with `kiln pretrain --config pretrain.toml --resume`.
+[model]
+init = "model/config.json"
+seed = 0
+
+[data]
+interplay = "data"
+ops = [2, 3, 4]
+probs = [0.3, 0.3, 0.4]
+tokens = 1e6
+cutoff_len = 512
+
+[train]
+steps = {steps}
+micro_batch = 8
+lr = 3e-3
+schedule = "cosine_with_min_lr"
+min_lr_rate = 0.1
+warmup_ratio = 0.05
+weight_decay = 0.1
+seed = 42
+
+[output]
+dir = "release/pretrain"
+save_steps = 0.2
+time_budget_s = {budget}
+
+[eval]
+every = {every}
+heldout = "data/val"
+accuracy_ops = [2, 3]
+accuracy_rows = 20
+"#,
+        budget = minutes * 60.0,
+        every = (steps / 4).max(1),
+    )
+}
+
+fn shares(mixture: &Value) -> String {
+    mixture["ops"]
+        .as_array()
+        .map(|ops| {
+            ops.iter()
+                .map(|o| format!("op{} {:.0}%", o["op"], o["share"].as_f64().unwrap_or(0.0) * 100.0))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default()
+}
+
+fn latest_checkpoint(dir: &Path) -> Result<PathBuf> {
+    kiln::train::checkpoint::latest(dir)?
+        .map(|(_, path)| path)
+        .with_context(|| format!("{}: no checkpoint", dir.display()))
+}
