@@ -154,3 +154,22 @@ fn saving_never_overwrites_an_existing_directory() {
     assert_eq!(std::fs::read_to_string(out.join("keep.txt")).unwrap(), "precious");
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1, "no temporary directory left behind");
 }
+
+#[test]
+fn a_failed_write_leaves_nothing_behind_and_keeps_earlier_checkpoints() {
+    let tmp = tempfile::tempdir().unwrap();
+    let earlier = tmp.path().join("checkpoint-10");
+    std::fs::create_dir(&earlier).unwrap();
+    std::fs::write(earlier.join("model.safetensors"), "weights").unwrap();
+
+    let target = tmp.path().join("checkpoint-20");
+    let result = hf::write_atomically(&target, |dir| {
+        std::fs::write(dir.join("config.json"), "{}").unwrap();
+        Err(kiln::Error::InvalidInput("disk full (simulated)".into()))
+    });
+    assert!(result.is_err());
+    assert!(!target.exists(), "no half-written checkpoint");
+    let names: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("checkpoint-10")], "temporary directory removed");
+    assert_eq!(std::fs::read_to_string(earlier.join("model.safetensors")).unwrap(), "weights");
+}
