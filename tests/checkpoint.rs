@@ -173,3 +173,17 @@ fn a_failed_write_leaves_nothing_behind_and_keeps_earlier_checkpoints() {
     assert_eq!(names, vec![std::ffi::OsString::from("checkpoint-10")], "temporary directory removed");
     assert_eq!(std::fs::read_to_string(earlier.join("model.safetensors")).unwrap(), "weights");
 }
+
+#[test]
+fn f16_checkpoints_load_exactly() {
+    // The bf16 fixture's values (|w| well inside f16's range, 8 significant bits) are exact in f16.
+    let reference = Reference::load("gqa3_headdim_bf16_sharded");
+    let model = hf::load::<Cpu>(&reference.dir, &Default::default()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("f16");
+    hf::save(&model, &out, SaveDtype::F16, None).unwrap();
+    assert!(tensors(&out).iter().all(|t| t.2 == "F16"));
+    let reloaded = hf::load::<Cpu>(&out, &Default::default()).unwrap();
+    let seqs = &reference.expected.sequences;
+    assert_eq!(logits(&model, seqs), logits(&reloaded, seqs));
+}
