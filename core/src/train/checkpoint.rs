@@ -36,9 +36,26 @@ pub struct TrainerState {
     pub config: Value,
 }
 
-/// `dir/checkpoint-<step>`.
-pub fn checkpoint_dir(dir: &Path, step: u64) -> PathBuf {
-    dir.join(format!("checkpoint-{step}"))
+/// A checkpoint's directory name: `checkpoint-<step>` without a run name, `<run>_step<step>`
+/// with one (the release's `op11_14_step20`), `step<step>` for an empty one.
+pub fn checkpoint_name(run: Option<&str>, step: u64) -> String {
+    format!("{}{step}", name_prefix(run))
+}
+
+fn name_prefix(run: Option<&str>) -> String {
+    match run {
+        None => "checkpoint-".into(),
+        Some("") => "step".into(),
+        Some(run) => format!("{run}_step"),
+    }
+}
+
+/// The metrics file of a run: `metrics.jsonl`, or `<run>_metrics.jsonl` for a non-empty run name.
+pub fn metrics_name(run: Option<&str>) -> String {
+    match run {
+        None | Some("") => "metrics.jsonl".into(),
+        Some(run) => format!("{run}_metrics.jsonl"),
+    }
 }
 
 /// Writes a checkpoint of `model` and `optimizer` at `path` (atomically; `path` must not exist).
@@ -68,6 +85,12 @@ pub fn save<B: Backend, OB: Backend>(
 
 /// The checkpoint of `dir` with the highest step that has a trainer state, if any.
 pub fn latest(dir: &Path) -> Result<Option<(u64, PathBuf)>> {
+    latest_named(dir, None)
+}
+
+/// [`latest`] among the checkpoints named for `run` (see [`checkpoint_name`]).
+pub fn latest_named(dir: &Path, run: Option<&str>) -> Result<Option<(u64, PathBuf)>> {
+    let prefix = name_prefix(run);
     if !dir.is_dir() {
         return Ok(None);
     }
@@ -77,7 +100,8 @@ pub fn latest(dir: &Path) -> Result<Option<(u64, PathBuf)>> {
         let step = path
             .file_name()
             .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix("checkpoint-"))
+            .and_then(|n| n.strip_prefix(prefix.as_str()))
+            .filter(|s| s.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|s| s.parse::<u64>().ok());
         if let Some(step) = step.filter(|_| path.join(STATE_FILE).is_file()) {
             if best.as_ref().is_none_or(|(b, _)| step > *b) {

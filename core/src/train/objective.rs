@@ -1,6 +1,6 @@
-//! What the training loop optimises. The loop asks an [`Objective`] for the micro-batches of each
-//! optimizer update and for each micro-batch's loss; it never knows whether it runs
-//! pre-training, SFT, GRPO or distillation.
+//! What the training loop optimises. The loop asks an [`Objective`] for the optimizer updates of
+//! each step (each a list of micro-batches) and for each micro-batch's loss; it never knows
+//! whether it runs pre-training, SFT, GRPO or distillation.
 
 use burn::tensor::{Tensor, backend::AutodiffBackend};
 use burn::tensor::ElementConversion;
@@ -19,13 +19,20 @@ pub trait Objective<B: AutodiffBackend> {
     /// A micro-batch, ready for [`Objective::loss`].
     type Micro;
 
-    /// The micro-batches of optimizer update `step` (an RL objective rolls out here, with the
-    /// current `model`).
-    fn micro_batches(&mut self, model: &Qwen2<B>, step: u64) -> Result<Vec<Self::Micro>>;
+    /// The optimizer updates of step `step`, each a list of micro-batches. Pre-training and SFT
+    /// take one update per step; an RL objective rolls out here with the current `model` and may
+    /// split the rollouts into several updates (verl's `ppo_mini_batch_size`), all prepared
+    /// before the first of them runs.
+    fn updates(&mut self, model: &Qwen2<B>, step: u64) -> Result<Vec<Vec<Self::Micro>>>;
 
-    /// The loss of one micro-batch, scaled so that the gradients of a step's micro-batches
-    /// simply add up to the step's gradient, with metrics to average over the step.
+    /// The loss of one micro-batch, scaled so that the gradients of an update's micro-batches
+    /// simply add up to the update's gradient, with metrics that add up over the step.
     fn loss(&mut self, model: &Qwen2<B>, micro: &Self::Micro) -> Result<(Tensor<B, 1>, Map<String, Value>)>;
+
+    /// Metrics of the whole step (rollout statistics, say), logged after its updates.
+    fn step_metrics(&mut self) -> Map<String, Value> {
+        Map::new()
+    }
 
     /// The data cursor and random state to put in a checkpoint.
     fn state(&self) -> Value;
@@ -105,7 +112,7 @@ pub struct NextTokenMicro<B: AutodiffBackend> {
 impl<B: AutodiffBackend> Objective<B> for NextTokenLoss {
     type Micro = NextTokenMicro<B>;
 
-    fn micro_batches(&mut self, model: &Qwen2<B>, _step: u64) -> Result<Vec<Self::Micro>> {
+    fn updates(&mut self, model: &Qwen2<B>, _step: u64) -> Result<Vec<Vec<Self::Micro>>> {
         let device = model.embed_tokens.weight.device();
         let mut groups = Vec::with_capacity(self.accumulation);
         for _ in 0..self.accumulation {
@@ -113,10 +120,11 @@ impl<B: AutodiffBackend> Objective<B> for NextTokenLoss {
             groups.push(group);
         }
         let step_targets: usize = groups.iter().flatten().map(Sample::num_targets).sum();
-        groups
+        let micros = groups
             .iter()
             .map(|g| Ok(NextTokenMicro { batch: collate(g, self.pad_id, &device)?, step_targets: step_targets.max(1) }))
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        Ok(vec![micros])
     }
 
     fn loss(&mut self, model: &Qwen2<B>, micro: &Self::Micro) -> Result<(Tensor<B, 1>, Map<String, Value>)> {

@@ -221,7 +221,7 @@ impl RunConfig {
 
 fn toml_from_str(path: &Path, text: &str) -> Result<RunConfig> {
     toml::from_str(text).map_err(|e| {
-        let line = e.span().map(|s| text[..s.start].lines().count().max(1));
+        let line = e.span().map(|s| text[..s.start].matches('\n').count() + 1);
         Error::data(path, line, e.message().to_string())
     })
 }
@@ -272,7 +272,7 @@ pub fn run<B: AutodiffBackend>(
             max_grad_norm: Some(t.max_grad_norm),
         },
         out_dir: config.output.dir.clone(),
-        save: SavePolicy { every: config.output.save_steps, milestones: config.output.milestones.clone(), last: true },
+        save: SavePolicy { every: config.output.save_steps, milestones: config.output.milestones.clone(), ..Default::default() },
         eval_every: config.eval.every,
         time_budget: config.output.time_budget_s.map(Duration::from_secs_f64),
         companions: Some(tokenizer_dir.clone()),

@@ -32,6 +32,11 @@ pub struct SavePolicy {
     /// Also save after the last step (default).
     #[serde(default = "yes")]
     pub last: bool,
+    /// Names of checkpoints and the metrics file: `None` gives HF Trainer's `checkpoint-<step>`
+    /// and `metrics.jsonl`; `Some(run)` the release's `<run>_step<step>` and
+    /// `<run>_metrics.jsonl` (`rl/op11_14_step20`); `Some("")` gives `step<step>`.
+    #[serde(default)]
+    pub run_name: Option<String>,
 }
 
 fn yes() -> bool {
@@ -40,7 +45,7 @@ fn yes() -> bool {
 
 impl Default for SavePolicy {
     fn default() -> Self {
-        Self { every: None, milestones: Vec::new(), last: true }
+        Self { every: None, milestones: Vec::new(), last: true, run_name: None }
     }
 }
 
@@ -62,7 +67,7 @@ pub struct LoopConfig {
     pub total_steps: u64,
     pub schedule: Schedule,
     pub optimizer: AdamWConfig,
-    /// Checkpoints go to `out_dir/checkpoint-<step>`, metrics to `out_dir/metrics.jsonl`.
+    /// Checkpoints and metrics go here (named by [`SavePolicy::run_name`]).
     pub out_dir: PathBuf,
     pub save: SavePolicy,
     /// Evaluate every n steps (and before the first and after the last).
@@ -106,7 +111,7 @@ impl<B: AutodiffBackend> Start<B> {
         device: &B::Device,
         fresh: impl FnOnce() -> Result<Qwen2<B>>,
     ) -> Result<Self> {
-        match checkpoint::latest(&config.out_dir)? {
+        match checkpoint::latest_named(&config.out_dir, config.save.run_name.as_deref())? {
             Some((step, path)) if resume => {
                 let model = hf::load::<B>(&path, device)?;
                 let (state, optimizer) = checkpoint::load_state(&path, device)?;
@@ -140,7 +145,8 @@ where
     let Start { mut model, mut optimizer, mut step } = start;
     let began = Instant::now();
     let resumed = step > 0;
-    let mut log = MetricsLog::open(&config.out_dir.join("metrics.jsonl"), resumed.then_some(step))?;
+    let metrics_path = config.out_dir.join(checkpoint::metrics_name(config.save.run_name.as_deref()));
+    let mut log = MetricsLog::open(&metrics_path, resumed.then_some(step))?;
     let mut summary = RunSummary { steps: step, stopped_early: false, checkpoints: Vec::new(), elapsed: Duration::ZERO };
     let mut emit = |log: &mut MetricsLog, record: Record| -> Result<()> {
         log.write(&record)?;
@@ -156,21 +162,31 @@ where
 
     while step < config.total_steps {
         let step_began = Instant::now();
-        let micros = objective.micro_batches(&model, step)?;
-        let names = model.param_names();
-        let mut accumulator = GradientsAccumulator::new();
-        let mut loss_sum = 0.0;
-        let mut extras = Record::new();
-        for micro in &micros {
-            let (loss, metrics) = objective.loss(&model, micro)?;
-            loss_sum += loss.clone().into_scalar().elem::<f64>();
-            let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
-            accumulator.accumulate(&model, grads);
-            add_metrics(&mut extras, metrics);
+        let updates = objective.updates(&model, step)?;
+        if updates.is_empty() {
+            return Err(Error::InvalidInput(format!("the objective has no optimizer update for step {step}")));
         }
+        let update_began = Instant::now();
+        let names = model.param_names();
         let lr = config.schedule.lr(step);
-        let (next, grad_norm) = optimizer.update(model, &names, accumulator.grads(), lr);
-        model = next;
+        // Several updates per step (RL mini-batches) log their mean loss and gradient norm.
+        let (mut loss_sum, mut norm_sum) = (0.0, 0.0);
+        let mut extras = Record::new();
+        for micros in &updates {
+            let mut accumulator = GradientsAccumulator::new();
+            for micro in micros {
+                let (loss, metrics) = objective.loss(&model, micro)?;
+                loss_sum += loss.clone().into_scalar().elem::<f64>();
+                let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
+                accumulator.accumulate(&model, grads);
+                add_metrics(&mut extras, metrics);
+            }
+            let (next, grad_norm) = optimizer.update(model, &names, accumulator.grads(), lr);
+            model = next;
+            norm_sum += grad_norm;
+        }
+        let (loss_sum, grad_norm) = (loss_sum / updates.len() as f64, norm_sum / updates.len() as f64);
+        let update_seconds = update_began.elapsed().as_secs_f64();
         step += 1;
 
         let seconds = step_began.elapsed().as_secs_f64();
@@ -181,13 +197,16 @@ where
         record.insert("grad_norm".into(), json!(grad_norm));
         if let Some(tokens) = extras.get("tokens").and_then(Value::as_f64) {
             record.insert("tokens_per_s".into(), json!(tokens / seconds));
+            record.insert("update_tokens_per_s".into(), json!(tokens / update_seconds));
         }
         record.insert("step_s".into(), json!(seconds));
+        record.insert("update_s".into(), json!(update_seconds));
         record.insert("elapsed_s".into(), json!(began.elapsed().as_secs_f64()));
         if let Some(rss) = rss_mib() {
             record.insert("rss_mib".into(), json!(rss));
         }
         record.extend(extras);
+        record.extend(objective.step_metrics());
         if eval_due(step) || step == config.total_steps {
             if config.eval_every.is_some() {
                 record.extend(evaluate(&model.valid())?);
@@ -205,7 +224,7 @@ where
                 data: objective.state(),
                 config: config.run_config.clone(),
             };
-            let path = checkpoint::checkpoint_dir(&config.out_dir, step);
+            let path = config.out_dir.join(checkpoint::checkpoint_name(config.save.run_name.as_deref(), step));
             checkpoint::save(&path, &model, &optimizer, &state, config.companions.as_deref())?;
             summary.checkpoints.push(path);
         }
