@@ -11,6 +11,7 @@ pub mod eval;
 pub mod generate;
 pub mod model;
 pub mod plot;
+pub mod rl;
 pub mod tasks;
 pub mod train;
 pub mod tokenizer;

@@ -10,6 +10,7 @@ mod plot;
 mod plot_train;
 mod progress;
 mod quickstart;
+mod rl;
 mod train;
 
 use anyhow::Result;
@@ -39,6 +40,10 @@ enum Command {
     Pretrain(train::TrainArgs),
     /// Supervised fine-tuning (completion-only loss on ChatML rows) from a TOML config.
     Sft(train::TrainArgs),
+    /// GRPO with verifiable rewards (verl's clipped surrogate, KL to the initial policy) from a TOML config.
+    Rl(rl::RlArgs),
+    /// On-policy distillation from a teacher (per-token reverse KL, KL to the initial student) from a TOML config.
+    Opd(rl::RlArgs),
     /// Generate task data.
     Data(data::DataArgs),
     /// Evaluate checkpoints (Interplay); score generations: answers, strict graphs, gold graphs.
@@ -57,6 +62,8 @@ impl Cli {
             Command::Bench(args) => bench::run(args),
             Command::Pretrain(args) => train::run(train::Kind::Pretrain, args),
             Command::Sft(args) => train::run(train::Kind::Sft, args),
+            Command::Rl(args) => rl::run(kiln::rl::Method::Grpo, args),
+            Command::Opd(args) => rl::run(kiln::rl::Method::Opd, args),
             Command::Data(args) => data::run(args),
             Command::Eval(args) => eval::run(args),
             Command::Plot(args) => plot::run(args),

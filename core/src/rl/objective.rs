@@ -1,0 +1,377 @@
+//! The policy-gradient [`Objective`] shared by GRPO and on-policy distillation. One step:
+//!
+//! 1. draw the step's prompts and roll out `n` responses each with the current policy;
+//! 2. score them: rewards and group advantages (GRPO), or the teacher's log-probs of the
+//!    sampled tokens and per-token advantages (OPD) — the only difference between the two;
+//! 3. compute old log-probs (the policy before this step's updates), reference log-probs (when
+//!    β > 0) and entropies once, with the learner's own forward pass;
+//! 4. split the responses into mini-batches of `mini_batch` prompts (one optimizer update each)
+//!    and those into micro-batches, whose losses are scaled by 1 / (micro-batches in the
+//!    mini-batch), as verl's `dp_actor.update_policy` does.
+
+use std::time::Instant;
+
+use burn::module::AutodiffModule;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{ElementConversion, Tensor};
+use rand::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::{Map, Value, json};
+
+use super::advantage::{RewardScaling, distillation_advantages, grpo_advantages, zero_std_fraction};
+use super::batch::{ResponseBatch, ResponseLayout, response_logits};
+use super::loss::{Clip, KlEstimator, LossAgg, aggregate, entropy, kl_penalty, policy_loss, reverse_kl};
+use super::prompts::PromptSet;
+use super::reward::Reward;
+use super::rollout::{Response, RolloutSettings, rollout};
+use crate::error::{Error, Result};
+use crate::model::Qwen2;
+use crate::model::logprobs::token_logprobs;
+use crate::tokenizer::Tokenizer;
+use crate::train::Objective;
+
+/// Where advantages come from.
+pub enum Signal<B: Backend> {
+    /// GRPO: a verifiable reward per response, centred (and scaled) within its prompt's group.
+    Rewards { reward: Box<dyn Reward>, scaling: RewardScaling, epsilon: f64 },
+    /// OPD: a teacher scores the sampled tokens; advantage `−coef · (log π − log π_teacher)`.
+    /// With `full_vocab`, the loss is instead the full-vocabulary reverse KL to the teacher.
+    Teacher { model: Box<Qwen2<B>>, coef: f64, full_vocab: bool },
+}
+
+/// The step's shape and the loss settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PgSettings {
+    pub rollout: RolloutSettings,
+    /// Prompts per step (verl's `train_batch_size`).
+    pub prompts_per_step: usize,
+    /// Prompts per optimizer update (verl's `ppo_mini_batch_size`).
+    pub mini_batch: usize,
+    /// Responses per micro-batch (verl's `ppo_micro_batch_size_per_gpu`).
+    pub micro_batch: usize,
+    pub clip: Clip,
+    pub agg: LossAgg,
+    /// The KL term to the reference and its coefficient β; `None` for β = 0.
+    pub kl: Option<(KlEstimator, f64)>,
+    /// Prompt order and rollout sampling.
+    pub seed: u64,
+}
+
+impl PgSettings {
+    /// Settings that cannot work together, as a message.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let (r, c) = (&self.rollout, &self.clip);
+        if r.n == 0 || r.max_response_length == 0 || r.batch_size == 0 || self.prompts_per_step == 0 || self.mini_batch == 0 || self.micro_batch == 0 {
+            return Err("n, max_response_length, batch_size, prompts_per_step, mini_batch and micro_batch must be positive".into());
+        }
+        if !self.prompts_per_step.is_multiple_of(self.mini_batch) {
+            return Err(format!("prompts_per_step ({}) must be a multiple of mini_batch ({})", self.prompts_per_step, self.mini_batch));
+        }
+        if !(self.mini_batch * r.n).is_multiple_of(self.micro_batch) {
+            return Err(format!(
+                "a mini-batch's responses (mini_batch {} × n {}) must be a multiple of micro_batch ({})",
+                self.mini_batch, r.n, self.micro_batch
+            ));
+        }
+        if c.dual <= 1.0 || c.low < 0.0 || c.high < 0.0 {
+            return Err(format!("clip ratios must be non-negative and the dual clip must exceed 1 (got {c:?})"));
+        }
+        if self.kl.is_some_and(|(_, beta)| beta <= 0.0) {
+            return Err("a KL term needs a positive coefficient".into());
+        }
+        Ok(())
+    }
+}
+
+/// GRPO or OPD as an [`Objective`]; see the module docs.
+pub struct PolicyGradient<B: AutodiffBackend> {
+    settings: PgSettings,
+    prompts: PromptSet,
+    signal: Signal<B::InnerBackend>,
+    reference: Option<Qwen2<B::InnerBackend>>,
+    tokenizer: Tokenizer,
+    eos_ids: Vec<u32>,
+    pad_id: u32,
+    step_metrics: Map<String, Value>,
+}
+
+/// One micro-batch: the responses' layout and the per-token tensors of the loss.
+pub struct PgMicro<B: AutodiffBackend> {
+    layout: ResponseLayout,
+    batch: ResponseBatch<B>,
+    old: Tensor<B, 2>,
+    advantages: Tensor<B, 2>,
+    reference: Option<Tensor<B, 2>>,
+    /// 1 / micro-batches of its update (the loss scale).
+    scale: f64,
+    /// 1 / micro-batches of the step (metrics add up to step means).
+    weight: f64,
+}
+
+/// Per-token values of one micro-batch computed before the updates, `[rows · R]` each.
+struct Scored {
+    old: Vec<f32>,
+    entropy: Vec<f32>,
+    reference: Option<Vec<f32>>,
+    teacher: Option<Vec<f32>>,
+}
+
+impl<B: AutodiffBackend> PolicyGradient<B> {
+    /// The objective over `prompts`. `reference` is the frozen initial policy (required when
+    /// `settings.kl` is set, and not loaded otherwise).
+    pub fn new(
+        settings: PgSettings,
+        prompts: PromptSet,
+        signal: Signal<B::InnerBackend>,
+        reference: Option<Qwen2<B::InnerBackend>>,
+        tokenizer: Tokenizer,
+        eos_ids: Vec<u32>,
+    ) -> Result<Self> {
+        settings.check().map_err(Error::InvalidInput)?;
+        let s = &settings;
+        if s.kl.is_some() != reference.is_some() {
+            return Err(Error::InvalidInput("a reference model is needed exactly when the KL coefficient is positive".into()));
+        }
+        if prompts.steps_per_epoch(s.prompts_per_step) == 0 {
+            return Err(Error::InvalidInput(format!("{} prompts do not fill one step of {}", prompts.len(), s.prompts_per_step)));
+        }
+        let pad_id = tokenizer.pad_id().or_else(|| tokenizer.eos_id()).unwrap_or(0);
+        Ok(Self { settings, prompts, signal, reference, tokenizer, eos_ids, pad_id, step_metrics: Map::new() })
+    }
+
+    /// The prompts.
+    pub fn prompts(&self) -> &PromptSet {
+        &self.prompts
+    }
+
+    /// Old, reference and teacher log-probs and entropies of one micro-batch (no gradients).
+    fn score(&self, policy: &Qwen2<B::InnerBackend>, layout: &ResponseLayout) -> Scored {
+        let device = policy.embed_tokens.weight.device();
+        let batch = layout.to_device::<B::InnerBackend>(&device);
+        let logprobs = |model: &Qwen2<B::InnerBackend>| host(token_logprobs(response_logits(model, &batch), batch.targets.clone()));
+        let logits = response_logits(policy, &batch);
+        let old = host(token_logprobs(logits.clone(), batch.targets.clone()));
+        let entropy = host(entropy(logits));
+        let teacher = match &self.signal {
+            Signal::Teacher { model, .. } => Some(logprobs(model)),
+            Signal::Rewards { .. } => None,
+        };
+        Scored { old, entropy, reference: self.reference.as_ref().map(logprobs), teacher }
+    }
+}
+
+fn host<BB: Backend>(tensor: Tensor<BB, 2>) -> Vec<f32> {
+    tensor.into_data().convert::<f32>().into_vec().expect("f32")
+}
+
+/// The rollout seed of `step`: a draw from the run seed's stream `step`.
+fn step_seed(seed: u64, step: u64) -> u64 {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(step);
+    rng.next_u64()
+}
+
+/// Running sums of the step's per-token statistics.
+#[derive(Default)]
+struct TokenStats {
+    tokens: f64,
+    entropy: f64,
+    teacher_kl: f64,
+    advantage: f64,
+    advantage_min: f64,
+    advantage_max: f64,
+    logprob_diff_max: f64,
+    logprob_diff: f64,
+}
+
+impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
+    type Micro = PgMicro<B>;
+
+    fn updates(&mut self, model: &Qwen2<B>, step: u64) -> Result<Vec<Vec<Self::Micro>>> {
+        let s = self.settings;
+        let began = Instant::now();
+        let policy = model.valid();
+        let prompts = self.prompts.batch(step, s.prompts_per_step, s.seed)?;
+        let responses = rollout(&policy, &self.tokenizer, &self.eos_ids, &prompts, &s.rollout, step_seed(s.seed, step))?;
+        let rollout_s = began.elapsed().as_secs_f64();
+
+        let groups: Vec<usize> = responses.iter().map(|r| r.group).collect();
+        let mut metrics = Map::new();
+        let sequence_advantages = match &self.signal {
+            Signal::Rewards { reward, scaling, epsilon } => {
+                let scores: Vec<f64> = responses.iter().map(|r| reward.score(&r.text, &prompts[r.group].task)).collect();
+                let (mean, std) = mean_and_std(&scores);
+                metrics.insert("reward_mean".into(), json!(mean));
+                metrics.insert("reward_std".into(), json!(std));
+                metrics.insert("frac_zero_std_groups".into(), json!(zero_std_fraction(&scores, &groups)));
+                Some(grpo_advantages(&scores, &groups, *scaling, *epsilon))
+            }
+            Signal::Teacher { .. } => None,
+        };
+
+        let scoring_began = Instant::now();
+        let per_update = s.mini_batch * s.rollout.n;
+        let micros_per_update = per_update.div_ceil(s.micro_batch);
+        let total_micros = responses.len().div_ceil(per_update) * micros_per_update;
+        let device = model.embed_tokens.weight.device();
+        let mut stats = TokenStats { advantage_min: f64::INFINITY, advantage_max: f64::NEG_INFINITY, ..Default::default() };
+        let mut updates = Vec::new();
+        for (u, update) in responses.chunks(per_update).enumerate() {
+            let mut micros = Vec::new();
+            let count = update.len().div_ceil(s.micro_batch);
+            for (m, chunk) in update.chunks(s.micro_batch).enumerate() {
+                let first = u * per_update + m * s.micro_batch;
+                let pairs: Vec<(&[u32], &[u32])> = chunk.iter().map(|r| (prompts[r.group].ids.as_slice(), r.tokens.as_slice())).collect();
+                let layout = ResponseLayout::new(&pairs, self.pad_id)?;
+                let scored = self.score(&policy, &layout);
+                let advantages = self.advantages(&layout, chunk, &scored, sequence_advantages.as_deref().map(|a| &a[first..first + chunk.len()]));
+                stats.add(&layout, chunk, &scored, &advantages);
+                micros.push(PgMicro {
+                    batch: layout.to_device::<B>(&device),
+                    old: layout.tensor(scored.old, &device),
+                    advantages: layout.tensor(advantages.iter().map(|&a| a as f32).collect(), &device),
+                    reference: scored.reference.map(|r| layout.tensor(r, &device)),
+                    scale: 1.0 / count as f64,
+                    weight: 1.0 / total_micros as f64,
+                    layout,
+                });
+            }
+            updates.push(micros);
+        }
+        let scoring_s = scoring_began.elapsed().as_secs_f64();
+
+        let lengths: Vec<f64> = responses.iter().map(|r| r.tokens.len() as f64).collect();
+        let rollout_tokens: f64 = lengths.iter().sum();
+        let (length_mean, _) = mean_and_std(&lengths);
+        let truncated = responses.iter().filter(|r| r.truncated).count();
+        let tokens = stats.tokens.max(1.0);
+        metrics.insert("prompts".into(), json!(prompts.len()));
+        metrics.insert("responses".into(), json!(responses.len()));
+        metrics.insert("updates".into(), json!(updates.len()));
+        metrics.insert("response_length_mean".into(), json!(length_mean));
+        metrics.insert("response_length_max".into(), json!(lengths.iter().copied().fold(0.0, f64::max)));
+        metrics.insert("response_length_min".into(), json!(lengths.iter().copied().fold(f64::INFINITY, f64::min)));
+        metrics.insert("response_clip_frac".into(), json!(truncated as f64 / responses.len() as f64));
+        metrics.insert("advantage_mean".into(), json!(stats.advantage / tokens));
+        metrics.insert("advantage_min".into(), json!(stats.advantage_min));
+        metrics.insert("advantage_max".into(), json!(stats.advantage_max));
+        metrics.insert("entropy".into(), json!(stats.entropy / tokens));
+        if matches!(self.signal, Signal::Teacher { .. }) {
+            metrics.insert("teacher_kl".into(), json!(stats.teacher_kl / tokens));
+        }
+        metrics.insert("logprob_diff_max".into(), json!(stats.logprob_diff_max));
+        metrics.insert("logprob_diff_mean".into(), json!(stats.logprob_diff / tokens));
+        metrics.insert("rollout_s".into(), json!(rollout_s));
+        metrics.insert("rollout_tokens".into(), json!(rollout_tokens));
+        metrics.insert("rollout_tokens_per_s".into(), json!(rollout_tokens / rollout_s));
+        metrics.insert("logprob_s".into(), json!(scoring_s));
+        self.step_metrics = metrics;
+        Ok(updates)
+    }
+
+    fn loss(&mut self, model: &Qwen2<B>, micro: &Self::Micro) -> Result<(Tensor<B, 1>, Map<String, Value>)> {
+        let s = &self.settings;
+        let batch = &micro.batch;
+        let logits = response_logits(model, batch);
+        let log_prob = token_logprobs(logits.clone(), batch.targets.clone());
+        let max_length = s.rollout.max_response_length;
+        let mut metrics = Map::new();
+        let weighted = |metrics: &mut Map<String, Value>, key: &str, value: Tensor<B, 1>| {
+            metrics.insert(key.into(), json!(value.into_scalar().elem::<f64>() * micro.weight));
+        };
+        let mut loss = match &self.signal {
+            Signal::Teacher { model: teacher, full_vocab: true, .. } => {
+                let inner = micro.layout.to_device::<B::InnerBackend>(&teacher.embed_tokens.weight.device());
+                let teacher_logits = Tensor::from_inner(response_logits(teacher, &inner));
+                let kl = aggregate(reverse_kl(logits, teacher_logits), &batch.mask, s.agg, max_length);
+                weighted(&mut metrics, "teacher_kl_full", kl.clone().detach());
+                kl
+            }
+            _ => {
+                let pg = policy_loss(log_prob.clone(), micro.old.clone(), micro.advantages.clone(), &batch.mask, s.clip, s.agg, max_length);
+                weighted(&mut metrics, "pg_loss", pg.loss.clone().detach());
+                weighted(&mut metrics, "clipfrac", pg.clipfrac);
+                weighted(&mut metrics, "clipfrac_low", pg.clipfrac_low);
+                weighted(&mut metrics, "clipfrac_high", pg.clipfrac_high);
+                weighted(&mut metrics, "clipfrac_dual", pg.clipfrac_dual);
+                weighted(&mut metrics, "ppo_kl", pg.ppo_kl);
+                pg.loss
+            }
+        };
+        if let (Some((estimator, beta)), Some(reference)) = (s.kl, &micro.reference) {
+            let kl = aggregate(kl_penalty(log_prob, reference.clone(), estimator), &batch.mask, s.agg, max_length);
+            weighted(&mut metrics, "kl_ref", kl.clone().detach());
+            loss = loss + kl * beta;
+        }
+        metrics.insert("tokens".into(), json!(micro.layout.tokens()));
+        Ok((loss * micro.scale, metrics))
+    }
+
+    fn step_metrics(&mut self) -> Map<String, Value> {
+        std::mem::take(&mut self.step_metrics)
+    }
+
+    fn state(&self) -> Value {
+        json!({ "seed": self.settings.seed, "prompts": self.prompts.len() })
+    }
+
+    fn restore(&mut self, state: &Value) -> Result<()> {
+        if state["prompts"].as_u64() != Some(self.prompts.len() as u64) || state["seed"].as_u64() != Some(self.settings.seed) {
+            return Err(Error::InvalidInput(format!(
+                "the checkpoint was trained on other prompts (prompts {}, seed {}); resume with the same data and seed",
+                state["prompts"], state["seed"]
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl<B: AutodiffBackend> PolicyGradient<B> {
+    /// Per-token advantages of a micro-batch, `[rows · R]`, zero on padding.
+    fn advantages(&self, layout: &ResponseLayout, chunk: &[Response], scored: &Scored, sequence: Option<&[f64]>) -> Vec<f64> {
+        let width = layout.response_width;
+        let mut out = vec![0.0; layout.rows() * width];
+        for (row, response) in chunk.iter().enumerate() {
+            let n = response.tokens.len();
+            let cells = &mut out[row * width..row * width + n];
+            match (&self.signal, sequence, &scored.teacher) {
+                (Signal::Teacher { coef, .. }, _, Some(teacher)) => {
+                    let span = row * width..row * width + n;
+                    cells.copy_from_slice(&distillation_advantages(&scored.old[span.clone()], &teacher[span], *coef));
+                }
+                (_, Some(sequence), _) => cells.fill(sequence[row]),
+                _ => unreachable!("GRPO has sequence advantages, OPD teacher log-probs"),
+            }
+        }
+        out
+    }
+}
+
+impl TokenStats {
+    fn add(&mut self, layout: &ResponseLayout, chunk: &[Response], scored: &Scored, advantages: &[f64]) {
+        let width = layout.response_width;
+        for (row, response) in chunk.iter().enumerate() {
+            for (t, &sampled) in response.sampler_logprobs.iter().enumerate() {
+                let i = row * width + t;
+                self.tokens += 1.0;
+                self.entropy += f64::from(scored.entropy[i]);
+                if let Some(teacher) = &scored.teacher {
+                    self.teacher_kl += f64::from(scored.old[i]) - f64::from(teacher[i]);
+                }
+                self.advantage += advantages[i];
+                self.advantage_min = self.advantage_min.min(advantages[i]);
+                self.advantage_max = self.advantage_max.max(advantages[i]);
+                let diff = (f64::from(sampled) - f64::from(scored.old[i])).abs();
+                self.logprob_diff += diff;
+                self.logprob_diff_max = self.logprob_diff_max.max(diff);
+            }
+        }
+    }
+}
+
+/// Mean and population standard deviation.
+fn mean_and_std(values: &[f64]) -> (f64, f64) {
+    let n = values.len().max(1) as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    (mean, (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt())
+}

@@ -1,0 +1,145 @@
+//! RL prompts (verl's `CustomRLHFDataset` in the seed, spec §6.3): Interplay rows read from
+//! JSONL files, each turned into the prompt `compose_text(row)` up to and including
+//! `<solution>` and the RL ground truth; prompts longer than `max_prompt_length` tokens are
+//! dropped and counted (`filter_overlong_prompts`). Steps draw consecutive batches from a
+//! seeded shuffle of all prompts, reshuffled every epoch, with the incomplete last batch
+//! dropped (`RandomSampler`, `drop_last=True`). One file per op of equal length makes the draw
+//! uniform over ops, as in the release's `op11-14_uniform` runs.
+
+use std::path::{Path, PathBuf};
+
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use super::reward::Task;
+use crate::error::{Error, Result};
+use crate::tasks::interplay::files::jsonl_records;
+use crate::tasks::interplay::gold::jsonl_files;
+use crate::tasks::interplay::rewards::rl_gold_answer;
+use crate::tasks::interplay::text::{compose_text, prompt_of};
+use crate::tokenizer::Tokenizer;
+
+/// One prompt: its token ids and what the reward needs.
+#[derive(Debug, Clone)]
+pub struct Prompt {
+    pub ids: Vec<u32>,
+    pub task: Task,
+}
+
+/// What was read.
+#[derive(Debug, Clone, Serialize)]
+pub struct PromptReport {
+    pub files: Vec<FileReport>,
+    /// Prompts kept.
+    pub prompts: usize,
+    /// Prompts dropped for being longer than `max_prompt_length`.
+    pub filtered_overlong: usize,
+}
+
+/// One file's share.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileReport {
+    pub path: PathBuf,
+    pub rows: usize,
+    pub kept: usize,
+}
+
+/// The prompts of a run.
+#[derive(Debug, Clone)]
+pub struct PromptSet {
+    prompts: Vec<Prompt>,
+    pub report: PromptReport,
+}
+
+/// The files `op{N}-….jsonl` (or `op{N}.jsonl`) of `dir` for each op of `ops`, in that order.
+pub fn op_files(dir: &Path, ops: &[u32]) -> Result<Vec<PathBuf>> {
+    let files = jsonl_files(dir)?;
+    ops.iter()
+        .map(|op| {
+            let matches = |p: &&PathBuf| {
+                let name = p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+                name == format!("op{op}.jsonl") || name.starts_with(&format!("op{op}-"))
+            };
+            let found: Vec<&PathBuf> = files.iter().filter(matches).collect();
+            match found.as_slice() {
+                [one] => Ok((*one).clone()),
+                [] => Err(Error::data(dir, None, format!("no file for op {op} (expected op{op}-<count>.jsonl)"))),
+                _ => Err(Error::data(dir, None, format!("several files for op {op}: {found:?}"))),
+            }
+        })
+        .collect()
+}
+
+impl PromptSet {
+    /// Reads the rows of `files` (the first `rows_per_file` of each if given), keeping prompts of
+    /// at most `max_prompt_length` tokens. A row without `problem`, `question`, `solution` or
+    /// `op`, or without usable text, is an error naming file and line.
+    pub fn load(files: &[PathBuf], tokenizer: &Tokenizer, max_prompt_length: usize, rows_per_file: Option<usize>) -> Result<Self> {
+        let mut prompts = Vec::new();
+        let mut report = PromptReport { files: Vec::new(), prompts: 0, filtered_overlong: 0 };
+        for file in files {
+            let mut entry = FileReport { path: file.clone(), rows: 0, kept: 0 };
+            for record in jsonl_records(file)?.take(rows_per_file.unwrap_or(usize::MAX)) {
+                let record = record?;
+                let field = |key: &str| record.str_field(file, key);
+                let (problem, question, solution) = (field("problem")?, field("question")?, field("solution")?);
+                let op = record.int_field(file, "op")?;
+                let text = compose_text(problem, question, solution)
+                    .ok_or_else(|| Error::data(file, Some(record.line), "the row has no text (empty fields, or nothing after \"Answer:\")"))?;
+                let ids = tokenizer.encode(&prompt_of(&text))?;
+                entry.rows += 1;
+                if ids.len() > max_prompt_length {
+                    report.filtered_overlong += 1;
+                    continue;
+                }
+                entry.kept += 1;
+                let task = Task { op: u32::try_from(op).ok(), gold_answer: rl_gold_answer(solution), gold_solution: solution.to_owned() };
+                prompts.push(Prompt { ids, task });
+            }
+            report.files.push(entry);
+        }
+        report.prompts = prompts.len();
+        if prompts.is_empty() {
+            let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+            return Err(Error::InvalidInput(format!("no usable prompts in {}", names.join(", "))));
+        }
+        Ok(Self { prompts, report })
+    }
+
+    /// Number of prompts.
+    pub fn len(&self) -> usize {
+        self.prompts.len()
+    }
+
+    /// Whether there are no prompts (never true for a loaded set).
+    pub fn is_empty(&self) -> bool {
+        self.prompts.is_empty()
+    }
+
+    /// The prompts in file order.
+    pub fn iter(&self) -> impl Iterator<Item = &Prompt> {
+        self.prompts.iter()
+    }
+
+    /// Full batches of `batch` prompts per epoch.
+    pub fn steps_per_epoch(&self, batch: usize) -> u64 {
+        (self.prompts.len() / batch.max(1)) as u64
+    }
+
+    /// The prompts of step `step` (0-based) for batches of `batch`: a slice of the epoch's
+    /// shuffle (seeded by `seed` and the epoch).
+    pub fn batch(&self, step: u64, batch: usize, seed: u64) -> Result<Vec<&Prompt>> {
+        let per_epoch = self.steps_per_epoch(batch);
+        if per_epoch == 0 {
+            return Err(Error::InvalidInput(format!("{} prompts do not fill one batch of {batch}", self.prompts.len())));
+        }
+        let mut order: Vec<usize> = (0..self.prompts.len()).collect();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream(step / per_epoch);
+        order.shuffle(&mut rng);
+        let start = (step % per_epoch) as usize * batch;
+        Ok(order[start..start + batch].iter().map(|&i| &self.prompts[i]).collect())
+    }
+}

@@ -1,0 +1,74 @@
+//! Rollouts: `n` responses per prompt from the generation engine, stopping at EOS or
+//! `max_response_length` (verl's vLLM rollout in the seed), each with the log-probs of the
+//! distribution it was sampled from.
+
+use burn::tensor::backend::Backend;
+
+use super::prompts::Prompt;
+use crate::error::Result;
+use crate::generate::{Engine, FinishReason, Sampler, SamplingParams, StopCriteria};
+use crate::model::Qwen2;
+use crate::tokenizer::Tokenizer;
+
+/// How responses are sampled.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RolloutSettings {
+    /// Responses per prompt (the GRPO group size).
+    pub n: usize,
+    pub sampler: Sampler,
+    pub max_response_length: usize,
+    /// Most sequences decoded together.
+    pub batch_size: usize,
+}
+
+/// One sampled response.
+#[derive(Debug, Clone)]
+pub struct Response {
+    /// Index of its prompt in the step's batch (its GRPO group).
+    pub group: usize,
+    /// Generated ids, including the final EOS when it stopped.
+    pub tokens: Vec<u32>,
+    /// Per token: log-prob under the sampling distribution (the behaviour policy).
+    pub sampler_logprobs: Vec<f32>,
+    /// The response decoded with special tokens (what the seed's reward manager scores).
+    pub text: String,
+    /// It hit `max_response_length` without EOS.
+    pub truncated: bool,
+}
+
+/// Samples `settings.n` responses for each prompt with `seed`; prompt `i`'s responses come
+/// consecutively (group `i`), as verl repeats a batch with `interleave=True`.
+pub fn rollout<B: Backend>(
+    model: &Qwen2<B>,
+    tokenizer: &Tokenizer,
+    eos_ids: &[u32],
+    prompts: &[&Prompt],
+    settings: &RolloutSettings,
+    seed: u64,
+) -> Result<Vec<Response>> {
+    let mut engine = Engine::new(model, Some(tokenizer));
+    engine.max_batch_size = settings.batch_size;
+    let params = SamplingParams {
+        n: settings.n,
+        sampler: settings.sampler,
+        max_new_tokens: settings.max_response_length,
+        stop: StopCriteria { token_ids: eos_ids.to_vec(), strings: Vec::new() },
+        seed,
+        skip_special_tokens: false,
+    };
+    let ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
+    let completions = engine.generate(&ids, &params, |_| {})?;
+    let mut responses = Vec::with_capacity(prompts.len() * settings.n);
+    for (group, samples) in completions.into_iter().enumerate() {
+        for sample in samples {
+            responses.push(Response {
+                group,
+                text: tokenizer.decode(&sample.token_ids, false)?,
+                truncated: sample.finish_reason == FinishReason::Length,
+                tokens: sample.token_ids,
+                sampler_logprobs: sample.logprobs,
+            });
+        }
+    }
+    Ok(responses)
+}

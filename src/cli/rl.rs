@@ -1,0 +1,92 @@
+//! `kiln rl` / `kiln opd`: run a GRPO or on-policy distillation config (TOML), with a progress
+//! bar showing reward or teacher KL and the latest validation accuracy.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use burn::tensor::backend::AutodiffBackend;
+use clap::Args;
+use kiln::backends::{DeviceSpec, TrainJob};
+use kiln::rl::{Method, PgConfig};
+use serde_json::Value;
+
+use super::progress;
+
+#[derive(Debug, Args)]
+pub struct RlArgs {
+    /// The run's TOML config.
+    #[arg(long)]
+    config: PathBuf,
+    /// Continue from the latest checkpoint of the run.
+    #[arg(long)]
+    resume: bool,
+    #[arg(long, default_value = "cpu", value_parser = super::parse_backend)]
+    backend: DeviceSpec,
+}
+
+pub fn run(method: Method, args: RlArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&args.config).with_context(|| format!("{}", args.config.display()))?;
+    let config = PgConfig::from_toml(&args.config, &text)?;
+    let job = RlJob { config, method, resume: args.resume, path: args.config };
+    kiln::backends::run_training(args.backend, job)?
+}
+
+struct RlJob {
+    config: PgConfig,
+    method: Method,
+    resume: bool,
+    path: PathBuf,
+}
+
+impl TrainJob for RlJob {
+    type Output = Result<()>;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<()> {
+        let bar = progress::bar(0, "steps");
+        let mut validation = String::new();
+        let summary = kiln::rl::run::<B>(
+            &self.config,
+            self.method,
+            &device,
+            self.resume,
+            |data| {
+                bar.set_length(data["total_steps"].as_u64().unwrap_or(0));
+                let report = &data["prompts"];
+                bar.println(format!(
+                    "prompts: {} kept, {} longer than max_prompt_length dropped; {} steps ({} per epoch)",
+                    report["prompts"], report["filtered_overlong"], data["total_steps"], data["steps_per_epoch"]
+                ));
+            },
+            |record| {
+                let number = |k: &str| record.get(k).and_then(Value::as_f64);
+                if let Some(step) = record.get("step").and_then(Value::as_u64) {
+                    bar.set_position(step);
+                }
+                if let (Some(id), ood) = (number("val_accuracy_id"), number("val_accuracy_ood")) {
+                    validation = format!("val id {id:.3}{} ", ood.map(|o| format!(" ood {o:.3}")).unwrap_or_default());
+                }
+                let mut message = validation.clone();
+                if let Some(reward) = number("reward_mean") {
+                    message += &format!("reward {reward:.3} ");
+                }
+                if let Some(kl) = number("teacher_kl") {
+                    message += &format!("teacher KL {kl:.4} ");
+                }
+                if let Some(tps) = number("rollout_tokens_per_s") {
+                    message += &format!("rollout {tps:.0} tok/s");
+                }
+                bar.set_message(message);
+            },
+        )
+        .with_context(|| format!("{}", self.path.display()))?;
+        bar.finish_and_clear();
+        eprintln!(
+            "{} steps in {:.1}s{}; checkpoints: {}",
+            summary.steps,
+            summary.elapsed.as_secs_f64(),
+            if summary.stopped_early { " (stopped by the time budget)" } else { "" },
+            summary.checkpoints.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        );
+        Ok(())
+    }
+}

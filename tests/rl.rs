@@ -1,0 +1,317 @@
+//! GRPO and on-policy distillation: parity of the advantage, loss and KL formulas with verl's
+//! `core_algos.py` (fixtures from `tests/fixtures/make_rl_fixtures.py`), tiny end-to-end runs
+//! with release-style checkpoints and bit-identical resume, and the errors users meet.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use burn::backend::Autodiff;
+use burn::tensor::{ElementConversion, Tensor, TensorData};
+use common::fixture;
+use kiln::backends::Cpu;
+use kiln::model::hf::{self, SaveDtype};
+use kiln::model::{Qwen2, Qwen2Config};
+use kiln::rl::advantage::{RewardScaling, grpo_advantages};
+use kiln::rl::loss::{Clip, KlEstimator, LossAgg, aggregate, kl_penalty, policy_loss, reverse_kl};
+use kiln::rl::{Method, PgConfig};
+use kiln::train::trainer::{Record, read_metrics};
+use serde_json::Value;
+
+type B = Autodiff<Cpu>;
+
+fn floats(value: &Value) -> Vec<f32> {
+    fn walk(value: &Value, out: &mut Vec<f32>) {
+        match value {
+            Value::Array(items) => items.iter().for_each(|v| walk(v, out)),
+            v => out.push(v.as_f64().expect("a number") as f32),
+        }
+    }
+    let mut out = Vec::new();
+    walk(value, &mut out);
+    out
+}
+
+fn matrix(value: &Value) -> Tensor<B, 2> {
+    let rows = value.as_array().unwrap().len();
+    let values = floats(value);
+    let cols = values.len() / rows;
+    Tensor::from_data(TensorData::new(values, [rows, cols]), &Default::default())
+}
+
+fn host(tensor: Tensor<impl burn::tensor::backend::Backend, 2>) -> Vec<f32> {
+    tensor.into_data().convert::<f32>().into_vec().unwrap()
+}
+
+fn scalar(tensor: Tensor<B, 1>) -> f64 {
+    tensor.into_scalar().elem::<f64>()
+}
+
+/// Agreement to 1e-6 (relative to values above 1, which the k2 estimator reaches).
+fn close(a: f64, b: f64, what: &str) {
+    assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{what}: {a} vs {b}");
+}
+
+fn assert_close(ours: &[f32], expected: &[f32], what: &str) {
+    assert_eq!(ours.len(), expected.len(), "{what}: length");
+    for (i, (a, b)) in ours.iter().zip(expected).enumerate() {
+        close(f64::from(*a), f64::from(*b), &format!("{what}[{i}]"));
+    }
+}
+
+fn agg(name: &str) -> LossAgg {
+    serde_json::from_value(Value::String(name.into())).unwrap()
+}
+
+#[test]
+fn advantages_losses_and_kl_match_verl() {
+    let path = fixture("rl/core_algos.json");
+    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+
+    for case in fixture["advantages"].as_array().unwrap() {
+        let scores: Vec<f64> = floats(&case["scores"]).iter().map(|&s| f64::from(s)).collect();
+        let groups: Vec<usize> = case["groups"].as_array().unwrap().iter().map(|g| g.as_u64().unwrap() as usize).collect();
+        let scaling: RewardScaling = serde_json::from_value(case["scaling"].clone()).unwrap();
+        let ours: Vec<f32> = grpo_advantages(&scores, &groups, scaling, 1e-6).iter().map(|&a| a as f32).collect();
+        assert_close(&ours, &floats(&case["advantages"]), &format!("advantages ({scaling:?})"));
+    }
+
+    let pl = &fixture["policy_loss"];
+    let (mask, old, advantages) = (matrix(&pl["mask"]), matrix(&pl["old_log_prob"]), matrix(&pl["advantages"]));
+    let width = mask.dims()[1];
+    for case in pl["cases"].as_array().unwrap() {
+        let clip = Clip {
+            low: case["clip_low"].as_f64().unwrap(),
+            high: case["clip_high"].as_f64().unwrap(),
+            dual: case["clip_c"].as_f64().unwrap(),
+        };
+        let mode = agg(case["agg"].as_str().unwrap());
+        let what = format!("{mode:?} {clip:?}");
+        let log_prob = matrix(&pl["log_prob"]).require_grad();
+        let out = policy_loss(log_prob.clone(), old.clone(), advantages.clone(), &mask, clip, mode, width);
+        let grads = out.loss.clone().backward();
+        close(scalar(out.loss), case["pg_loss"].as_f64().unwrap(), &format!("pg_loss {what}"));
+        let clipfrac = scalar(out.clipfrac);
+        close(clipfrac, case["pg_clipfrac"].as_f64().unwrap(), &format!("pg_clipfrac {what}"));
+        close(scalar(out.clipfrac_low) + scalar(out.clipfrac_high), clipfrac, &format!("low + high clip {what}"));
+        close(scalar(out.ppo_kl), case["ppo_kl"].as_f64().unwrap(), &format!("ppo_kl {what}"));
+        close(scalar(out.clipfrac_dual), case["pg_clipfrac_lower"].as_f64().unwrap(), &format!("pg_clipfrac_lower {what}"));
+        let grad = host(log_prob.grad(&grads).unwrap());
+        assert_close(&grad, &floats(&case["grad_log_prob"]), &format!("d pg_loss / d log_prob {what}"));
+    }
+
+    let kl = &fixture["kl"];
+    let (mask, reference) = (matrix(&kl["mask"]), matrix(&kl["ref_log_prob"]));
+    for case in kl["cases"].as_array().unwrap() {
+        let estimator: KlEstimator = serde_json::from_value(case["kind"].clone()).unwrap();
+        let mode = agg(case["agg"].as_str().unwrap());
+        let log_prob = matrix(&kl["log_prob"]).require_grad();
+        let per_token = kl_penalty(log_prob.clone(), reference.clone(), estimator);
+        let loss = aggregate(per_token.clone(), &mask, mode, width);
+        let grads = loss.clone().backward();
+        assert_close(&host(per_token), &floats(&case["kl"]), &format!("{estimator:?} per token"));
+        close(scalar(loss), case["loss"].as_f64().unwrap(), &format!("{estimator:?} {mode:?}"));
+        assert_close(&host(log_prob.grad(&grads).unwrap()), &floats(&case["grad_log_prob"]), &format!("d {estimator:?} / d log_prob"));
+    }
+    // verl's own names select the same estimators.
+    assert_eq!(serde_json::from_str::<KlEstimator>("\"low_var_kl\"").unwrap(), KlEstimator::K3);
+    assert_eq!(serde_json::from_str::<KlEstimator>("\"mse\"").unwrap(), KlEstimator::K2);
+
+    let rk = &fixture["reverse_kl"];
+    let logits = |v: &Value| {
+        let dims = [2, 3, v[0][0].as_array().unwrap().len()];
+        Tensor::<B, 3>::from_data(TensorData::new(floats(v), dims), &Default::default())
+    };
+    let ours = reverse_kl(logits(&rk["student_logits"]), logits(&rk["teacher_logits"]));
+    assert_close(&host(ours), &floats(&rk["reverse_kl"]), "full-vocabulary reverse KL");
+}
+
+/// A random tiny Qwen2 with the paper's tokenizer (or none) in `dir`.
+fn tiny_model(dir: &Path, seed: u64, tokenizer: Option<&Path>) {
+    let config: Qwen2Config = serde_json::from_str(
+        r#"{"vocab_size": 2200, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": true,
+            "max_position_embeddings": 512, "rope_theta": 1000000.0, "eos_token_id": 3}"#,
+    )
+    .unwrap();
+    let model = Qwen2::<Cpu>::random(&config, seed, &Default::default()).unwrap();
+    hf::save(&model, dir, SaveDtype::F32, tokenizer).unwrap();
+}
+
+fn paper_tokenizer() -> PathBuf {
+    fixture("interplay/qwen2_100M")
+}
+
+/// A GRPO (or, with `teacher`, OPD) config over op 2–3 rows: 4 prompts × 2 samples per step in
+/// two optimizer updates of two micro-batches each; validation on one row of op 2, 3 and 12.
+fn config_text(work: &Path, out: &str, teacher: Option<(&Path, bool)>, extra_output: &str) -> String {
+    let rows = fixture("interplay/rows");
+    let val = work.join("val");
+    std::fs::create_dir_all(&val).unwrap();
+    for op in [2, 3, 12] {
+        let first = std::fs::read_to_string(rows.join(format!("op{op}.jsonl"))).unwrap().lines().next().unwrap().to_string();
+        std::fs::write(val.join(format!("op{op}-1.jsonl")), first + "\n").unwrap();
+    }
+    let signal = match teacher {
+        Some((path, full_vocab)) => format!("[teacher]\npath = {:?}\nfull_vocab = {full_vocab}\n", path),
+        None => "[reward]\nkind = \"outcome\"\n".into(),
+    };
+    format!(
+        r#"[model]
+from = {model:?}
+
+[data]
+files = [{op2:?}, {op3:?}]
+max_prompt_length = 300
+seed = 3
+
+[rollout]
+n = 2
+max_response_length = 12
+
+[train]
+steps = 3
+prompts_per_step = 4
+mini_batch = 2
+micro_batch = 2
+lr = 1e-3
+
+{signal}
+[output]
+dir = {out:?}
+name = "op2_3"
+save_freq = 1
+{extra_output}
+
+[validation]
+dir = {val:?}
+every = 2
+max_new_tokens = 8
+"#,
+        model = work.join("base"),
+        op2 = rows.join("op2.jsonl"),
+        op3 = rows.join("op3.jsonl"),
+        out = work.join(out),
+    )
+}
+
+fn run(work: &Path, text: &str, method: Method, resume: bool) -> kiln::Result<kiln::train::trainer::RunSummary> {
+    let path = work.join("run.toml");
+    std::fs::write(&path, text).unwrap();
+    let config = PgConfig::from_toml(&path, text)?;
+    kiln::rl::run::<B>(&config, method, &Default::default(), resume, |_| {}, |_| {})
+}
+
+/// Metrics without wall-clock measurements.
+fn deterministic(records: Vec<Record>) -> Vec<Record> {
+    records
+        .into_iter()
+        .map(|r| r.into_iter().filter(|(k, _)| !(k.ends_with("_s") || k == "rss_mib")).collect())
+        .collect()
+}
+
+#[test]
+fn grpo_end_to_end_writes_release_checkpoints_and_resumes_bit_identically() {
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path();
+    tiny_model(&work.join("base"), 1, Some(&paper_tokenizer()));
+
+    let summary = run(work, &config_text(work, "whole", None, ""), Method::Grpo, false).unwrap();
+    assert_eq!(summary.steps, 3);
+    let whole = work.join("whole");
+    for step in 1..=3 {
+        hf::load::<Cpu>(whole.join(format!("op2_3_step{step}")), &Default::default()).expect("an HF model directory");
+    }
+    let records = read_metrics(&whole.join("op2_3_metrics.jsonl")).unwrap();
+    assert_eq!(records.len(), 4, "validation before training, then one record per step");
+    assert!(["val_accuracy_id", "val_accuracy_ood", "val_accuracy_op12"].iter().all(|k| records[0].get(*k).is_some_and(Value::is_number)));
+    for key in [
+        "reward_mean", "reward_std", "frac_zero_std_groups", "advantage_mean", "clipfrac", "clipfrac_low", "clipfrac_high",
+        "clipfrac_dual", "kl_ref", "entropy", "response_length_mean", "rollout_tokens_per_s", "update_tokens_per_s",
+        "step_s", "logprob_diff_max",
+    ] {
+        assert!(records[1].get(key).is_some_and(Value::is_number), "{key} missing: {:?}", records[1]);
+    }
+    assert_eq!(records[1]["updates"], 2);
+    assert_eq!(records[1]["responses"], 8);
+    // The first update starts from the rollout policy itself: the ratio is exactly 1.
+    let diff = records[1]["logprob_diff_max"].as_f64().unwrap();
+    assert!(diff <= 1e-5, "sampler vs learner log-probs differ by {diff}");
+
+    // Stopped by the time budget after one step (and saved), then resumed.
+    let interrupted = config_text(work, "interrupted", None, "time_budget_s = 0.0");
+    let first = run(work, &interrupted, Method::Grpo, false).unwrap();
+    assert!(first.stopped_early && first.steps == 1);
+    let err = run(work, &config_text(work, "interrupted", None, ""), Method::Grpo, false).unwrap_err();
+    assert!(err.to_string().contains("already holds checkpoints"), "{err}");
+    run(work, &config_text(work, "interrupted", None, ""), Method::Grpo, true).unwrap();
+    let resumed = read_metrics(&work.join("interrupted/op2_3_metrics.jsonl")).unwrap();
+    assert_eq!(deterministic(records), deterministic(resumed), "metrics of the resumed run");
+    let weights = |dir: &str| std::fs::read(work.join(dir).join("op2_3_step3/model.safetensors")).unwrap();
+    assert!(weights("whole") == weights("interrupted"), "final weights differ");
+}
+
+#[test]
+fn opd_distils_and_refuses_a_teacher_with_another_tokenizer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path();
+    tiny_model(&work.join("base"), 1, Some(&paper_tokenizer()));
+    tiny_model(&work.join("teacher"), 2, Some(&paper_tokenizer()));
+    for full_vocab in [false, true] {
+        let out = format!("opd_{full_vocab}");
+        let text = config_text(work, &out, Some((&work.join("teacher"), full_vocab)), "").replace("steps = 3", "steps = 1");
+        run(work, &text, Method::Opd, false).unwrap();
+        let records = read_metrics(&work.join(out).join("op2_3_metrics.jsonl")).unwrap();
+        assert!(records[1]["teacher_kl"].as_f64().unwrap() > 0.0, "{:?}", records[1]);
+        assert_eq!(records[1].get("teacher_kl_full").is_some_and(Value::is_number), full_vocab);
+        assert!(records[1].get("reward_mean").is_none());
+    }
+
+    // Two token ids swapped: the same vocabulary size, a different tokenizer.
+    let other = work.join("other_tokenizer");
+    std::fs::create_dir_all(&other).unwrap();
+    for name in ["tokenizer_config.json", "special_tokens_map.json"] {
+        std::fs::copy(paper_tokenizer().join(name), other.join(name)).unwrap();
+    }
+    let mut tokenizer: Value = serde_json::from_str(&std::fs::read_to_string(paper_tokenizer().join("tokenizer.json")).unwrap()).unwrap();
+    let vocab = tokenizer["model"]["vocab"].as_object_mut().unwrap();
+    let (a, b) = (vocab["{"].clone(), vocab["}"].clone());
+    vocab.insert("{".into(), b);
+    vocab.insert("}".into(), a);
+    std::fs::write(other.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    tiny_model(&work.join("foreign"), 2, Some(&other));
+    tiny_model(&work.join("bare"), 2, None);
+    for (teacher, message) in [("foreign", "tokenizer differs from the student's"), ("bare", "needs its tokenizer files")] {
+        let text = config_text(work, teacher, Some((&work.join(teacher), false)), "");
+        let err = run(work, &text, Method::Opd, false).unwrap_err().to_string();
+        assert!(err.contains(message) && err.contains(teacher), "{err}");
+    }
+    // A GRPO config is not an OPD one, and vice versa.
+    let err = run(work, &config_text(work, "x", None, ""), Method::Opd, false).unwrap_err();
+    assert!(err.to_string().contains("needs a [teacher]"), "{err}");
+}
+
+#[test]
+fn bad_configs_are_errors_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path();
+    let good = config_text(work, "out", None, "");
+    let cases = [
+        (good.replace("n = 2", "n = 2\nsamples = 3"), "line 11: unknown field `samples`"),
+        (good.replace("prompts_per_step = 4", "prompts_per_step = 5"), "must be a multiple of mini_batch"),
+        (good.replace("micro_batch = 2", "micro_batch = 3"), "must be a multiple of micro_batch"),
+        (good.replace("steps = 3", "steps = 3\nepochs = 1.0"), "exactly one of `steps` or `epochs`"),
+        (good.replace("[output]", "[loss]\nagg = \"token-sum\"\n\n[output]"), "token-sum"),
+    ];
+    let path = work.join("bad.toml");
+    for (text, message) in cases {
+        let err = PgConfig::from_toml(&path, &text).unwrap_err().to_string();
+        assert!(err.starts_with(path.to_str().unwrap()) && err.contains(message), "{err}");
+    }
+    // Through the binary: one line naming the file.
+    std::fs::write(&path, good.replace("prompts_per_step = 4", "prompts_per_step = 5")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kiln")).args(["rl", "--config", path.to_str().unwrap()]).output().unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(!out.status.success() && stderr.lines().count() == 1, "{stderr}");
+    assert!(stderr.starts_with(&format!("error: {}", path.display())), "{stderr}");
+}
