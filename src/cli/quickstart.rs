@@ -59,7 +59,7 @@ pub struct QuickstartArgs {
     #[arg(long, default_value = "kiln-quickstart")]
     out: PathBuf,
     /// Pre-training steps (8 packed 512-token blocks each).
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, default_value_t = 150)]
     steps: u64,
     /// Wall-clock budget for pre-training, in minutes (it stops cleanly and saves).
     #[arg(long, default_value_t = 6.0)]
@@ -113,7 +113,7 @@ impl TrainJob for QuickstartJob {
             &config,
             &device,
             true,
-            |data| bar.println(format!("      {} packed blocks; mixture {}", data["samples"], shares(&data["data"]["mixture"]))),
+            |data| bar.suspend(|| eprintln!("      {} packed blocks; mixture {}", data["samples"], shares(&data["data"]["mixture"]))),
             |record| {
                 let step = record.get("step").and_then(Value::as_u64).unwrap_or(0);
                 bar.set_position(step);
@@ -122,7 +122,7 @@ impl TrainJob for QuickstartJob {
                 }
                 if let Some(acc) = record.get("eval_accuracy").and_then(Value::as_f64) {
                     let loss = record.get("eval_loss").and_then(Value::as_f64).unwrap_or(f64::NAN);
-                    bar.println(format!("      step {step:>4}: held-out loss {loss:.3}, greedy accuracy on op 2-3 {acc:.3}"));
+                    bar.suspend(|| eprintln!("      step {step:>4}: held-out loss {loss:.3}, greedy accuracy on op 2-3 {acc:.3}"));
                     accuracy.push((step, acc));
                 }
             },
@@ -194,7 +194,7 @@ steps = {steps}
 micro_batch = 8
 lr = 3e-3
 schedule = "cosine_with_min_lr"
-min_lr_rate = 0.1
+min_lr_rate = 0.5
 warmup_ratio = 0.05
 weight_decay = 0.1
 seed = 42

@@ -58,7 +58,7 @@ impl TrainJob for RunJob {
             self.resume,
             |data| {
                 bar.set_length(data["total_steps"].as_u64().unwrap_or(0));
-                bar.println(format!("data: {}", compact(data)));
+                bar.suspend(|| eprintln!("data: {}", compact(data)));
             },
             |record| {
                 if let Some(step) = record.get("step").and_then(Value::as_u64) {
