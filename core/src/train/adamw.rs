@@ -216,11 +216,13 @@ mod tests {
             model = next;
             let expected_norm = step["grad_norm"].as_f64().unwrap();
             assert!((norm - expected_norm).abs() <= 1e-6 * expected_norm, "step {k}: norm {norm} vs {expected_norm}");
+            // `convert`: NdArray's float dtype is a per-device setting that another test of this
+            // process may have set to f64.
             let ours = [
-                model.weight.val().into_data().to_vec::<f32>().unwrap(),
-                model.bias.val().into_data().to_vec::<f32>().unwrap(),
-                model.input_layernorm.val().into_data().to_vec::<f32>().unwrap(),
-                model.norm.val().into_data().to_vec::<f32>().unwrap(),
+                model.weight.val().into_data().convert::<f32>().to_vec::<f32>().unwrap(),
+                model.bias.val().into_data().convert::<f32>().to_vec::<f32>().unwrap(),
+                model.input_layernorm.val().into_data().convert::<f32>().to_vec::<f32>().unwrap(),
+                model.norm.val().into_data().convert::<f32>().to_vec::<f32>().unwrap(),
             ];
             for (name, values) in names.iter().zip(ours) {
                 for (a, b) in values.iter().zip(floats(&step["params"][*name])) {
