@@ -257,13 +257,19 @@ fn opd_distils_and_refuses_a_teacher_with_another_tokenizer() {
     let work = tmp.path();
     tiny_model(&work.join("base"), 1, Some(&paper_tokenizer()));
     tiny_model(&work.join("teacher"), 2, Some(&paper_tokenizer()));
+    // The sampled-token objective with the ref-KL term; the full-vocabulary one without (β = 0
+    // never loads the reference).
     for full_vocab in [false, true] {
         let out = format!("opd_{full_vocab}");
-        let text = config_text(work, &out, Some((&work.join("teacher"), full_vocab)), "").replace("steps = 3", "steps = 1");
+        let mut text = config_text(work, &out, Some((&work.join("teacher"), full_vocab)), "").replace("steps = 3", "steps = 1");
+        if full_vocab {
+            text = text.replace("[output]", "[loss]\nkl_coef = 0.0\n\n[output]");
+        }
         run(work, &text, Method::Opd, false).unwrap();
         let records = read_metrics(&work.join(out).join("op2_3_metrics.jsonl")).unwrap();
         assert!(records[1]["teacher_kl"].as_f64().unwrap() > 0.0, "{:?}", records[1]);
         assert_eq!(records[1].get("teacher_kl_full").is_some_and(Value::is_number), full_vocab);
+        assert_eq!(records[1].get("kl_ref").is_some_and(Value::is_number), !full_vocab);
         assert!(records[1].get("reward_mean").is_none());
     }
 
@@ -314,4 +320,21 @@ fn bad_configs_are_errors_naming_the_file() {
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(!out.status.success() && stderr.lines().count() == 1, "{stderr}");
     assert!(stderr.starts_with(&format!("error: {}", path.display())), "{stderr}");
+}
+
+#[test]
+fn example_configs_spell_out_the_seed_defaults() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/configs");
+    let read = |name: &str| {
+        let path = dir.join(name);
+        PgConfig::from_toml(&path, &std::fs::read_to_string(&path).unwrap()).unwrap()
+    };
+    let (rl, opd) = (read("rl_op11_14.toml"), read("opd_refkl_op11_14.toml"));
+    let settings = rl.settings();
+    assert_eq!((settings.rollout.n, settings.prompts_per_step, settings.mini_batch, settings.micro_batch), (6, 1024, 256, 16));
+    assert_eq!((settings.clip.low, settings.clip.high, settings.clip.dual), (0.2, 0.2, 3.0));
+    assert_eq!((settings.agg, settings.kl), (LossAgg::TokenMean, Some((KlEstimator::K3, 0.001))));
+    assert_eq!(opd.settings(), settings, "the OPD config leaves everything else at the defaults");
+    assert!(rl.output.dir.ends_with("020305/rl") && rl.output.name.as_deref() == Some("op11_14"));
+    assert!(opd.teacher.unwrap().path.ends_with("020305/rl/op11_14_step200"));
 }

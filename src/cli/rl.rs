@@ -14,7 +14,7 @@ use super::progress;
 
 #[derive(Debug, Args)]
 pub struct RlArgs {
-    /// The run's TOML config.
+    /// The run's TOML config (see examples/configs/).
     #[arg(long)]
     config: PathBuf,
     /// Continue from the latest checkpoint of the run.

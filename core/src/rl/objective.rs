@@ -240,30 +240,11 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         }
         let scoring_s = scoring_began.elapsed().as_secs_f64();
 
-        let lengths: Vec<f64> = responses.iter().map(|r| r.tokens.len() as f64).collect();
-        let rollout_tokens: f64 = lengths.iter().sum();
-        let (length_mean, _) = mean_and_std(&lengths);
-        let truncated = responses.iter().filter(|r| r.truncated).count();
-        let tokens = stats.tokens.max(1.0);
         metrics.insert("prompts".into(), json!(prompts.len()));
-        metrics.insert("responses".into(), json!(responses.len()));
         metrics.insert("updates".into(), json!(updates.len()));
-        metrics.insert("response_length_mean".into(), json!(length_mean));
-        metrics.insert("response_length_max".into(), json!(lengths.iter().copied().fold(0.0, f64::max)));
-        metrics.insert("response_length_min".into(), json!(lengths.iter().copied().fold(f64::INFINITY, f64::min)));
-        metrics.insert("response_clip_frac".into(), json!(truncated as f64 / responses.len() as f64));
-        metrics.insert("advantage_mean".into(), json!(stats.advantage / tokens));
-        metrics.insert("advantage_min".into(), json!(stats.advantage_min));
-        metrics.insert("advantage_max".into(), json!(stats.advantage_max));
-        metrics.insert("entropy".into(), json!(stats.entropy / tokens));
-        if matches!(self.signal, Signal::Teacher { .. }) {
-            metrics.insert("teacher_kl".into(), json!(stats.teacher_kl / tokens));
-        }
-        metrics.insert("logprob_diff_max".into(), json!(stats.logprob_diff_max));
-        metrics.insert("logprob_diff_mean".into(), json!(stats.logprob_diff / tokens));
+        metrics.extend(token_metrics(&responses, &stats, matches!(self.signal, Signal::Teacher { .. })));
         metrics.insert("rollout_s".into(), json!(rollout_s));
-        metrics.insert("rollout_tokens".into(), json!(rollout_tokens));
-        metrics.insert("rollout_tokens_per_s".into(), json!(rollout_tokens / rollout_s));
+        metrics.insert("rollout_tokens_per_s".into(), json!(stats.tokens / rollout_s));
         metrics.insert("logprob_s".into(), json!(scoring_s));
         self.step_metrics = metrics;
         Ok(updates)
@@ -367,6 +348,30 @@ impl TokenStats {
             }
         }
     }
+}
+
+/// Response lengths and the per-token statistics of a step.
+fn token_metrics(responses: &[Response], stats: &TokenStats, teacher: bool) -> Map<String, Value> {
+    let lengths: Vec<f64> = responses.iter().map(|r| r.tokens.len() as f64).collect();
+    let truncated = responses.iter().filter(|r| r.truncated).count();
+    let tokens = stats.tokens.max(1.0);
+    let mut metrics = Map::new();
+    metrics.insert("responses".into(), json!(responses.len()));
+    metrics.insert("response_length_mean".into(), json!(mean_and_std(&lengths).0));
+    metrics.insert("response_length_max".into(), json!(lengths.iter().copied().fold(0.0, f64::max)));
+    metrics.insert("response_length_min".into(), json!(lengths.iter().copied().fold(f64::INFINITY, f64::min)));
+    metrics.insert("response_clip_frac".into(), json!(truncated as f64 / responses.len().max(1) as f64));
+    metrics.insert("rollout_tokens".into(), json!(stats.tokens));
+    metrics.insert("advantage_mean".into(), json!(stats.advantage / tokens));
+    metrics.insert("advantage_min".into(), json!(stats.advantage_min));
+    metrics.insert("advantage_max".into(), json!(stats.advantage_max));
+    metrics.insert("entropy".into(), json!(stats.entropy / tokens));
+    if teacher {
+        metrics.insert("teacher_kl".into(), json!(stats.teacher_kl / tokens));
+    }
+    metrics.insert("logprob_diff_max".into(), json!(stats.logprob_diff_max));
+    metrics.insert("logprob_diff_mean".into(), json!(stats.logprob_diff / tokens));
+    metrics
 }
 
 /// Mean and population standard deviation.

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::config::PgConfig;
 use super::objective::{PolicyGradient, Signal};
 use super::prompts::{PromptSet, op_files};
-use super::validate::Validator;
+use super::validate::{ValidationSettings, Validator};
 use crate::error::{Error, Result};
 use crate::generate::model_eos_ids;
 use crate::model::{Qwen2, Qwen2Config, hf};
@@ -101,16 +101,16 @@ pub fn run<B: AutodiffBackend>(
         run_config: json!({ "config": config, "prompts": prompts.report }),
     };
     let validator = match &config.validation {
-        Some(v) => Some(Validator::load(
-            &v.dir,
-            &tokenizer,
-            eos_ids.clone(),
-            v.id_max_op,
-            v.rows_per_op,
-            config.data.max_prompt_length,
-            v.max_new_tokens.unwrap_or(settings.rollout.max_response_length),
-            settings.rollout.batch_size,
-        )?),
+        Some(v) => {
+            let validation = ValidationSettings {
+                id_max_op: v.id_max_op,
+                rows_per_op: v.rows_per_op,
+                max_prompt_length: config.data.max_prompt_length,
+                max_new_tokens: v.max_new_tokens.unwrap_or(settings.rollout.max_response_length),
+                batch_size: settings.rollout.batch_size,
+            };
+            Some(Validator::load(&v.dir, &tokenizer, eos_ids.clone(), &validation)?)
+        }
         None => None,
     };
     let mut objective = PolicyGradient::<B>::new(settings, prompts, signal, reference, tokenizer, eos_ids)?;

@@ -18,38 +18,41 @@ use crate::tasks::interplay::gold::jsonl_files;
 use crate::tokenizer::Tokenizer;
 use crate::train::trainer::Record;
 
+/// What to validate on and how.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ValidationSettings {
+    /// Ops up to this are in-distribution.
+    pub id_max_op: u32,
+    /// Rows read per file (all if `None`).
+    pub rows_per_op: Option<usize>,
+    /// Longer prompts are dropped (verl filters validation prompts as training ones).
+    pub max_prompt_length: usize,
+    pub max_new_tokens: usize,
+    /// Sequences decoded together.
+    pub batch_size: usize,
+}
+
 /// Greedy validation on a directory of per-op files.
 pub struct Validator {
     prompts: PromptSet,
     tokenizer: Tokenizer,
     eos_ids: Vec<u32>,
     id_max_op: u32,
-    settings: RolloutSettings,
+    rollout: RolloutSettings,
 }
 
 impl Validator {
-    /// The first `rows_per_op` rows (all if `None`) of every `*.jsonl` of `dir`, without prompts
-    /// longer than `max_prompt_length` (verl filters validation prompts as training ones).
-    #[allow(clippy::too_many_arguments)]
-    pub fn load(
-        dir: &Path,
-        tokenizer: &Tokenizer,
-        eos_ids: Vec<u32>,
-        id_max_op: u32,
-        rows_per_op: Option<usize>,
-        max_prompt_length: usize,
-        max_new_tokens: usize,
-        batch_size: usize,
-    ) -> Result<Self> {
-        let prompts = PromptSet::load(&jsonl_files(dir)?, tokenizer, max_prompt_length, rows_per_op)?;
-        let settings = RolloutSettings { n: 1, sampler: Sampler::greedy(), max_response_length: max_new_tokens, batch_size };
-        Ok(Self { prompts, tokenizer: tokenizer.clone(), eos_ids, id_max_op, settings })
+    /// The rows of every `*.jsonl` of `dir`; `eos_ids` stop generation.
+    pub fn load(dir: &Path, tokenizer: &Tokenizer, eos_ids: Vec<u32>, settings: &ValidationSettings) -> Result<Self> {
+        let prompts = PromptSet::load(&jsonl_files(dir)?, tokenizer, settings.max_prompt_length, settings.rows_per_op)?;
+        let rollout = RolloutSettings { n: 1, sampler: Sampler::greedy(), max_response_length: settings.max_new_tokens, batch_size: settings.batch_size };
+        Ok(Self { prompts, tokenizer: tokenizer.clone(), eos_ids, id_max_op: settings.id_max_op, rollout })
     }
 
     /// `val_accuracy_id`, `val_accuracy_ood`, `val_accuracy_op<N>` and the mean response length.
     pub fn evaluate<B: Backend>(&self, model: &Qwen2<B>) -> Result<Record> {
         let prompts: Vec<&Prompt> = self.prompts.iter().collect();
-        let responses = rollout(model, &self.tokenizer, &self.eos_ids, &prompts, &self.settings, 0)?;
+        let responses = rollout(model, &self.tokenizer, &self.eos_ids, &prompts, &self.rollout, 0)?;
         let mut per_op: BTreeMap<u32, (f64, usize)> = BTreeMap::new();
         let (mut id, mut ood) = ((0.0, 0usize), (0.0, 0usize));
         for response in &responses {
