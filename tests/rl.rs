@@ -12,10 +12,16 @@ use common::fixture;
 use kiln::backends::Cpu;
 use kiln::model::hf::{self, SaveDtype};
 use kiln::model::{Qwen2, Qwen2Config};
+use kiln::generate::Sampler;
 use kiln::rl::advantage::{RewardScaling, grpo_advantages};
 use kiln::rl::loss::{Clip, KlEstimator, LossAgg, aggregate, kl_penalty, policy_loss, reverse_kl};
-use kiln::rl::{Method, PgConfig};
+use kiln::rl::prompts::PromptSet;
+use kiln::rl::reward::{Reward, Task};
+use kiln::rl::rollout::RolloutSettings;
+use kiln::rl::{Method, PgConfig, PgSettings, PolicyGradient, Signal};
+use kiln::tokenizer::Tokenizer;
 use kiln::train::trainer::{Record, read_metrics};
+use kiln::train::{AdamWConfig, Decay, LoopConfig, SavePolicy, Schedule, Start, train};
 use serde_json::Value;
 
 type B = Autodiff<Cpu>;
@@ -337,4 +343,61 @@ fn example_configs_spell_out_the_seed_defaults() {
     assert_eq!(opd.settings(), settings, "the OPD config leaves everything else at the defaults");
     assert!(rl.output.dir.ends_with("020305/rl") && rl.output.name.as_deref() == Some("op11_14"));
     assert!(opd.teacher.unwrap().path.ends_with("020305/rl/op11_14_step200"));
+}
+
+/// A reward outside the Interplay task: the same score for every response.
+struct Constant(f64);
+
+impl Reward for Constant {
+    fn score(&self, _response: &str, _task: &Task) -> f64 {
+        self.0
+    }
+}
+
+#[test]
+fn a_custom_reward_plugs_in_and_flat_groups_carry_no_signal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let device = Default::default();
+    let tokenizer = Tokenizer::from_file(paper_tokenizer()).unwrap();
+    let prompts = PromptSet::load(&[fixture("interplay/rows/op2.jsonl")], &tokenizer, 512, Some(8)).unwrap();
+    let settings = PgSettings {
+        rollout: RolloutSettings { n: 3, sampler: Sampler::default(), max_response_length: 6, batch_size: 64 },
+        prompts_per_step: 4,
+        mini_batch: 2,
+        micro_batch: 3,
+        clip: Clip { low: 0.2, high: 0.2, dual: 3.0 },
+        agg: LossAgg::SeqMeanTokenMean,
+        kl: None,
+        seed: 5,
+    };
+    let signal = Signal::Rewards { reward: Box::new(Constant(0.25)), scaling: RewardScaling::Group, epsilon: 1e-6 };
+    let mut objective = PolicyGradient::<B>::new(settings, prompts, signal, None, tokenizer, vec![3]).unwrap();
+    let loop_config = LoopConfig {
+        total_steps: 2,
+        schedule: Schedule { base_lr: 1e-2, warmup_steps: 0, total_steps: 2, decay: Decay::Constant },
+        optimizer: AdamWConfig::default(),
+        out_dir: tmp.path().to_path_buf(),
+        save: SavePolicy { last: false, ..Default::default() },
+        eval_every: None,
+        time_budget: None,
+        companions: None,
+        run_config: Value::Null,
+    };
+    let config: Qwen2Config = serde_json::from_str(
+        r#"{"vocab_size": 2200, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "tie_word_embeddings": true,
+            "max_position_embeddings": 512, "rope_theta": 1000000.0, "eos_token_id": 3}"#,
+    )
+    .unwrap();
+    let start = Start::new(&loop_config, false, &mut objective, &device, || Qwen2::random(&config, 4, &device)).unwrap();
+    let mut records = Vec::new();
+    let (_, summary) = train(start, &mut objective, &loop_config, |_| Ok(Record::new()), |r| records.push(r.clone())).unwrap();
+    assert!(summary.checkpoints.is_empty());
+    for r in &records {
+        assert_eq!((r["reward_mean"].as_f64(), r["reward_std"].as_f64()), (Some(0.25), Some(0.0)));
+        assert_eq!(r["frac_zero_std_groups"].as_f64(), Some(1.0));
+        assert_eq!((r["advantage_min"].as_f64(), r["advantage_max"].as_f64()), (Some(0.0), Some(0.0)));
+        assert_eq!((r["pg_loss"].as_f64(), r["grad_norm"].as_f64()), (Some(0.0), Some(0.0)), "no signal, no gradient");
+        assert_eq!((r["updates"].as_u64(), r["responses"].as_u64()), (Some(2), Some(12)));
+    }
 }

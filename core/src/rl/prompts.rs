@@ -143,3 +143,38 @@ impl PromptSet {
         Ok(order[start..start + batch].iter().map(|&i| &self.prompts[i]).collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixtures() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/interplay")
+    }
+
+    #[test]
+    fn overlong_prompts_are_counted_and_batches_cover_each_epoch_once() {
+        let tokenizer = Tokenizer::from_file(fixtures().join("qwen2_100M")).unwrap();
+        let files = op_files(&fixtures().join("rows"), &[2, 11]).unwrap();
+        assert!(files[1].ends_with("op11.jsonl"));
+        let all = PromptSet::load(&files, &tokenizer, usize::MAX, Some(10)).unwrap();
+        let longest = all.iter().map(|p| p.ids.len()).max().unwrap();
+        let set = PromptSet::load(&files, &tokenizer, longest - 1, Some(10)).unwrap();
+        assert_eq!(all.len(), 20);
+        assert_eq!(set.report.filtered_overlong, all.iter().filter(|p| p.ids.len() == longest).count());
+        assert_eq!(set.len() + set.report.filtered_overlong, 20);
+        assert_eq!(set.iter().next().unwrap().task.op, Some(2));
+
+        // 20 prompts, batches of 6: three per epoch, the last two prompts of each shuffle dropped.
+        let batch = |step| all.batch(step, 6, 1).unwrap().iter().map(|p| p.ids.clone()).collect::<Vec<_>>();
+        assert_eq!(all.steps_per_epoch(6), 3);
+        let epoch: Vec<Vec<u32>> = (0..3).flat_map(batch).collect();
+        let mut distinct = epoch.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 18, "an epoch never repeats a prompt");
+        assert_ne!(batch(3), batch(0), "the next epoch is reshuffled");
+        assert_eq!(batch(4), batch(4), "batches are a function of the step");
+        assert!(op_files(&fixtures().join("rows"), &[21]).unwrap_err().to_string().contains("no file for op 21"));
+    }
+}
