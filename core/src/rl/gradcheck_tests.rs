@@ -1,5 +1,6 @@
 //! Finite-difference check of the policy-gradient loss's gradient through a tiny Qwen2, in f64
-//! (burn's ndarray backend): for a random direction `v` over all parameters, the derivative of
+//! (burn's ndarray backend, used by no other test: burn fixes a device's float dtype at its first
+//! use in a process, so the crate's f32 tests run on Flex): for a random direction `v` over all parameters, the derivative of
 //! `L(θ + hv)` at 0 from central differences must equal `∇L · v`. The loss covers the clipped
 //! surrogate (tokens inside and outside the clip range, dual clip), the k3 KL term, every
 //! aggregation mode and the full-vocabulary reverse KL.

@@ -385,7 +385,7 @@ fn mean_and_std(values: &[f64]) -> (f64, f64) {
 mod tests {
     use std::path::PathBuf;
 
-    use burn::backend::{Autodiff, NdArray};
+    use burn::backend::{Autodiff, Flex};
     use burn::optim::GradientsParams;
 
     use super::*;
@@ -394,7 +394,7 @@ mod tests {
     use crate::rl::reward::Task;
     use crate::train::{AdamW, AdamWConfig};
 
-    type B = Autodiff<NdArray<f32>>;
+    type B = Autodiff<Flex>;
 
     /// The share of digits in a response: varied enough on a random model to give advantages.
     struct Digits;
@@ -451,7 +451,7 @@ mod tests {
             let (loss, _) = objective.loss(&model, micro).unwrap();
             accumulator.accumulate(&model, GradientsParams::from_grads(loss.backward(), &model));
         }
-        let mut optimizer = AdamW::<NdArray<f32>>::new(AdamWConfig::default());
+        let mut optimizer = AdamW::<Flex>::new(AdamWConfig::default());
         let (model, _) = optimizer.update(model, &names, accumulator.grads(), 1e-3);
         let after = objective_value(&model);
         assert!(before.abs() > 0.0, "the rewards should differ within groups");
