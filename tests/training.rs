@@ -56,7 +56,7 @@ fn run(out: &Path, steps: u64, budget: Option<Duration>, resume: bool) -> (Qwen2
     let config = loop_config(out, steps, budget);
     let mut objective = NextTokenLoss::new(samples(40), 2, 2, 1, 7).unwrap();
     let device = Default::default();
-    let start = Start::new(&config, resume, &mut objective, &device, || Ok(Qwen2::random(&self::config(), 11, &device)?)).unwrap();
+    let start = Start::new(&config, resume, &mut objective, &device, || Qwen2::random(&self::config(), 11, &device)).unwrap();
     train(start, &mut objective, &config, |_| Ok(Default::default()), |_| {}).unwrap()
 }
 

@@ -225,7 +225,7 @@ mod tests {
         let chart = BarChart { title: "accuracy", x_label: "op", y_label: "accuracy", categories: &categories, series: &bars, y_range: None };
         bar_chart(&chart, &path).unwrap();
         let svg = std::fs::read_to_string(&path).unwrap();
-        assert_eq!(svg.matches("<rect").count() >= 4, true, "{svg}");
+        assert!(svg.matches("<rect").count() >= 4, "{svg}");
         assert!(svg.contains("11"));
         assert_eq!(trim_number(0.25), "0.25");
         assert_eq!(trim_number(128.0), "128");

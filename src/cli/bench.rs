@@ -79,7 +79,7 @@ impl TrainJob for TrainBenchJob {
             run_config: serde_json::Value::Null,
         };
         let mut objective = NextTokenLoss::new(samples, args.batch, 1, 0, 0)?;
-        let start = Start::<B>::new(&loop_config, false, &mut objective, &device, || Ok(Qwen2::random(&config, 0, &device)?))?;
+        let start = Start::<B>::new(&loop_config, false, &mut objective, &device, || Qwen2::random(&config, 0, &device))?;
         let mut step_times = Vec::new();
         let mut rss = Vec::new();
         train(start, &mut objective, &loop_config, |_| Ok(Default::default()), |record| {

@@ -61,12 +61,12 @@ impl Preset {
         if ops.len() != probs.len() {
             return Err(Error::config(path, format!("preset `{setting}`: {} ops but {} probabilities", ops.len(), probs.len())));
         }
-        if typo == TypoPolicy::Fix && setting == TYPO_SETTING {
-            if let Some(i) = ops.iter().position(|&o| o == 3) {
-                if (probs[i] - 0.86).abs() < 1e-9 {
-                    probs[i] = 0.06;
-                }
-            }
+        if typo == TypoPolicy::Fix
+            && setting == TYPO_SETTING
+            && let Some(i) = ops.iter().position(|&o| o == 3)
+            && (probs[i] - 0.86).abs() < 1e-9
+        {
+            probs[i] = 0.06;
         }
         Ok(Self { name: setting.to_string(), ops, probs })
     }

@@ -69,10 +69,10 @@ impl StopCriteria {
             _ => generated,
         };
         let mut text = tokenizer.decode(ids, skip_special)?;
-        if let Some(StopReason::String(s)) = reason {
-            if let Some(at) = text.find(s.as_str()) {
-                text.truncate(at);
-            }
+        if let Some(StopReason::String(s)) = reason
+            && let Some(at) = text.find(s.as_str())
+        {
+            text.truncate(at);
         }
         Ok(text)
     }

@@ -117,16 +117,16 @@ impl Qwen2Config {
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("`{name}` must be positive"));
         }
-        if self.head_dim.is_none() && self.hidden_size % self.num_attention_heads != 0 {
+        if self.head_dim.is_none() && !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err(format!(
                 "`hidden_size` {} is not divisible by `num_attention_heads` {} (set `head_dim`)",
                 self.hidden_size, self.num_attention_heads
             ));
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return Err(format!("head dimension {} must be even for RoPE", self.head_dim()));
         }
-        if self.num_attention_heads % self.num_kv_heads() != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_kv_heads()) {
             return Err(format!(
                 "`num_attention_heads` {} is not a multiple of `num_key_value_heads` {}",
                 self.num_attention_heads,
@@ -139,10 +139,10 @@ impl Qwen2Config {
         if self.use_sliding_window {
             return Err("`use_sliding_window: true` is not supported".into());
         }
-        if let Some(kind) = self.rope_parameters.as_ref().and_then(|r| r.rope_type.as_deref()) {
-            if kind != "default" {
-                return Err(format!("`rope_type` {kind:?} is not supported (only \"default\")"));
-            }
+        if let Some(kind) = self.rope_parameters.as_ref().and_then(|r| r.rope_type.as_deref())
+            && kind != "default"
+        {
+            return Err(format!("`rope_type` {kind:?} is not supported (only \"default\")"));
         }
         match self.extra.get("rope_scaling") {
             None | Some(Value::Null) => {}

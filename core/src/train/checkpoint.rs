@@ -103,10 +103,10 @@ pub fn latest_named(dir: &Path, run: Option<&str>) -> Result<Option<(u64, PathBu
             .and_then(|n| n.strip_prefix(prefix.as_str()))
             .filter(|s| s.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|s| s.parse::<u64>().ok());
-        if let Some(step) = step.filter(|_| path.join(STATE_FILE).is_file()) {
-            if best.as_ref().is_none_or(|(b, _)| step > *b) {
-                best = Some((step, path));
-            }
+        if let Some(step) = step.filter(|_| path.join(STATE_FILE).is_file())
+            && best.as_ref().is_none_or(|(b, _)| step > *b)
+        {
+            best = Some((step, path));
         }
     }
     Ok(best)

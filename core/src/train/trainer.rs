@@ -57,7 +57,7 @@ impl SavePolicy {
             Some(e) if e > 0.0 => Some(((total as f64) * e).ceil() as u64),
             _ => None,
         };
-        (self.last && step == total) || interval.is_some_and(|i| i > 0 && step % i == 0) || self.milestones.contains(&step)
+        (self.last && step == total) || interval.is_some_and(|i| i > 0 && step.is_multiple_of(i)) || self.milestones.contains(&step)
     }
 }
 
@@ -153,7 +153,7 @@ where
         on_record(&record);
         Ok(())
     };
-    let eval_due = |s: u64| config.eval_every.is_some_and(|e| e > 0 && s % e == 0);
+    let eval_due = |s: u64| config.eval_every.is_some_and(|e| e > 0 && s.is_multiple_of(e));
     if !resumed && config.eval_every.is_some() {
         let mut record = evaluate(&model.valid())?;
         record.insert("step".into(), json!(0));
@@ -207,11 +207,10 @@ where
         }
         record.extend(extras);
         record.extend(objective.step_metrics());
-        if eval_due(step) || step == config.total_steps {
-            if config.eval_every.is_some() {
+        if (eval_due(step) || step == config.total_steps)
+            && config.eval_every.is_some() {
                 record.extend(evaluate(&model.valid())?);
             }
-        }
         emit(&mut log, record)?;
 
         let out_of_time = config.time_budget.is_some_and(|budget| began.elapsed() >= budget) && step < config.total_steps;

@@ -412,14 +412,10 @@ fn generator_replays_the_golden_driver() {
                     let mut tries = 0;
                     let problem = loop {
                         tries += 1;
-                        if let Ok(p) = draw_problem(&mut rngs, mode, template, op) {
-                            if seen.insert((
-                                p.problem.clone(),
-                                p.question.clone(),
-                                p.solution.clone(),
-                            )) {
-                                break p;
-                            }
+                        if let Ok(p) = draw_problem(&mut rngs, mode, template, op)
+                            && seen.insert((p.problem.clone(), p.question.clone(), p.solution.clone()))
+                        {
+                            break p;
                         }
                     };
                     assert_eq!(
