@@ -18,40 +18,11 @@ use kiln::backends::{DeviceSpec, TrainJob};
 use kiln::eval::{EvalData, EvalSettings, evaluate, named_models};
 use kiln::generate::Sampler;
 use kiln::tasks::interplay::dataset::{Split, write_split};
+use kiln::tasks::interplay::tiny_model::write_tiny_model;
 use kiln::train::recipes::{self, RunConfig};
 use serde_json::Value;
 
 use super::progress;
-
-/// The paper's tokenizer files (`model_configs/qwen2_100M/` of the reference repository).
-const TOKENIZER_FILES: [(&str, &str); 3] = [
-    ("tokenizer.json", include_str!("../../tests/fixtures/interplay/qwen2_100M/tokenizer.json")),
-    ("tokenizer_config.json", include_str!("../../tests/fixtures/interplay/qwen2_100M/tokenizer_config.json")),
-    ("special_tokens_map.json", include_str!("../../tests/fixtures/interplay/qwen2_100M/special_tokens_map.json")),
-];
-
-/// A tiny Qwen2 (1.3M parameters) with the paper's vocabulary.
-const TINY_CONFIG: &str = r#"{
-  "architectures": ["Qwen2ForCausalLM"],
-  "model_type": "qwen2",
-  "vocab_size": 2200,
-  "hidden_size": 128,
-  "intermediate_size": 512,
-  "num_hidden_layers": 4,
-  "num_attention_heads": 4,
-  "num_key_value_heads": 2,
-  "head_dim": 32,
-  "max_position_embeddings": 1024,
-  "rope_theta": 1000000.0,
-  "rms_norm_eps": 1e-06,
-  "tie_word_embeddings": true,
-  "bos_token_id": 2,
-  "eos_token_id": 3,
-  "initializer_range": 0.02,
-  "hidden_act": "silu",
-  "torch_dtype": "float32"
-}
-"#;
 
 #[derive(Debug, Args)]
 pub struct QuickstartArgs {
@@ -95,12 +66,7 @@ impl TrainJob for QuickstartJob {
         }
 
         eprintln!("[2/4] model: tiny Qwen2 with the paper's tokenizer in {}", out.join("model").display());
-        let model = out.join("model");
-        std::fs::create_dir_all(&model)?;
-        std::fs::write(model.join("config.json"), TINY_CONFIG)?;
-        for (name, text) in TOKENIZER_FILES {
-            std::fs::write(model.join(name), text)?;
-        }
+        write_tiny_model(&out.join("model"))?;
 
         eprintln!("[3/4] pre-training ({} steps or {} minutes) into {}", args.steps, args.minutes, out.join("release/pretrain").display());
         let config_path = out.join("pretrain.toml");

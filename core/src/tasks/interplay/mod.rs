@@ -10,6 +10,7 @@
 //! - [`graph`], [`gold`], [`scoring`], [`graph_passk`]: the solution parser, gold graphs, strict
 //!   scoring and the ordered pass@k of `results.json` (§8.2–8.5).
 //! - [`rewards`]: the RL rewards (§6.4).
+//! - [`tiny_model`]: the tiny Qwen2 with the paper's tokenizer that minute-scale pipelines train.
 //!
 //! Output files are written byte-for-byte like the reference's ([`pyjson`]).
 
@@ -34,5 +35,6 @@ pub mod row;
 pub mod score_report;
 pub mod scoring;
 pub mod text;
+pub mod tiny_model;
 
 pub use row::Row;

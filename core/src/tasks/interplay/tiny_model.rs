@@ -1,0 +1,47 @@
+//! The model of kiln's minute-scale pipelines (`kiln quickstart`, the RL and OPD examples): a
+//! tiny Qwen2 (1.3M parameters) with the paper's tokenizer, written as a directory that
+//! `kiln init` or a `[model] init = ".../config.json"` run config starts from.
+
+use std::path::Path;
+
+use crate::{Error, Result};
+
+/// The tiny Qwen2's `config.json`: the paper's vocabulary, 4 layers of width 128, GQA 4:2.
+pub const TINY_CONFIG: &str = r#"{
+  "architectures": ["Qwen2ForCausalLM"],
+  "model_type": "qwen2",
+  "vocab_size": 2200,
+  "hidden_size": 128,
+  "intermediate_size": 512,
+  "num_hidden_layers": 4,
+  "num_attention_heads": 4,
+  "num_key_value_heads": 2,
+  "head_dim": 32,
+  "max_position_embeddings": 1024,
+  "rope_theta": 1000000.0,
+  "rms_norm_eps": 1e-06,
+  "tie_word_embeddings": true,
+  "bos_token_id": 2,
+  "eos_token_id": 3,
+  "initializer_range": 0.02,
+  "hidden_act": "silu",
+  "torch_dtype": "float32"
+}
+"#;
+
+/// The paper's tokenizer files (`model_configs/qwen2_100M/` of the reference repository).
+pub const PAPER_TOKENIZER_FILES: [(&str, &str); 3] = [
+    ("tokenizer.json", include_str!("../../../../tests/fixtures/interplay/qwen2_100M/tokenizer.json")),
+    ("tokenizer_config.json", include_str!("../../../../tests/fixtures/interplay/qwen2_100M/tokenizer_config.json")),
+    ("special_tokens_map.json", include_str!("../../../../tests/fixtures/interplay/qwen2_100M/special_tokens_map.json")),
+];
+
+/// Writes [`TINY_CONFIG`] and the paper's tokenizer files into `dir` (created if missing).
+pub fn write_tiny_model(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    for (name, text) in [("config.json", TINY_CONFIG)].into_iter().chain(PAPER_TOKENIZER_FILES) {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
+    }
+    Ok(())
+}
