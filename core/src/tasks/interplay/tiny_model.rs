@@ -45,3 +45,27 @@ pub fn write_tiny_model(dir: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Qwen2Config;
+    use crate::tokenizer::Tokenizer;
+
+    /// The written directory is a model kiln can start from: every token of the task's text,
+    /// special tokens included, fits the embedding. (The paper's tokenizer has one more entry,
+    /// the unused `<special_token_4>` = 2200, than its config's `vocab_size`; so does the release.)
+    #[test]
+    fn writes_a_config_that_fits_the_paper_tokenizer() {
+        let dir = tempfile::tempdir().unwrap();
+        write_tiny_model(dir.path()).unwrap();
+        let config = Qwen2Config::from_file(dir.path().join("config.json")).unwrap();
+        let tokenizer = Tokenizer::from_file(dir.path()).unwrap();
+        let text = "[BOS]<question>Each adult lion counts 3 times. What is it?</question>\
+                    <solution>Define x as 2; so x = 2 + 1 = 3.</solution><answer>3</answer>[EOS][PAD]";
+        let ids = tokenizer.encode(text).unwrap();
+        assert!(ids.iter().all(|&id| (id as usize) < config.vocab_size), "{ids:?}");
+        assert_eq!(tokenizer.eos_id(), Some(3));
+        assert_eq!(config.eos_token_ids(), vec![3]);
+    }
+}
