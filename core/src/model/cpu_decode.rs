@@ -143,6 +143,8 @@ mod flex {
                     let mut w = [_mm512_setzero_ps(); C];
                     for c in 0..C {
                         w[c] = _mm512_loadu_ps(wt.add((j0 + c) * k + i));
+                        // The next tile's weights, one tile ahead of use.
+                        _mm_prefetch::<_MM_HINT_T0>(wt.wrapping_add((j0 + C + c) * k + i) as *const i8);
                     }
                     for r in 0..R {
                         let xv = _mm512_loadu_ps(x.add(r * k + i));
