@@ -82,13 +82,7 @@ impl TrainJob for RunJob {
             },
         )?;
         bar.finish_and_clear();
-        eprintln!(
-            "{} steps in {:.1}s{}; checkpoints: {}",
-            summary.steps,
-            summary.elapsed.as_secs_f64(),
-            if summary.stopped_early { " (stopped by the time budget)" } else { "" },
-            summary.checkpoints.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
-        );
+        eprintln!("{summary}");
         Ok(())
     }
 }

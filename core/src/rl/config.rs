@@ -16,6 +16,7 @@ use super::reward::RewardConfig;
 use super::rollout::RolloutSettings;
 use crate::error::{Error, Result};
 use crate::generate::Sampler;
+use crate::train::recipes::{default_beta1, default_beta2, default_eps};
 
 /// A GRPO or OPD run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -255,15 +256,6 @@ fn default_schedule() -> String {
 }
 fn default_weight_decay() -> f64 {
     0.01
-}
-fn default_beta1() -> f64 {
-    0.9
-}
-fn default_beta2() -> f64 {
-    0.999
-}
-fn default_eps() -> f64 {
-    1e-8
 }
 fn default_clip() -> f64 {
     0.2

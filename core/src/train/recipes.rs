@@ -151,13 +151,13 @@ fn default_schedule() -> String {
 fn default_clip() -> f64 {
     1.0
 }
-fn default_beta1() -> f64 {
+pub(crate) fn default_beta1() -> f64 {
     0.9
 }
-fn default_beta2() -> f64 {
+pub(crate) fn default_beta2() -> f64 {
     0.999
 }
-fn default_eps() -> f64 {
+pub(crate) fn default_eps() -> f64 {
     1e-8
 }
 fn default_seed() -> u64 {

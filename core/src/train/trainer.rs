@@ -93,6 +93,15 @@ pub struct RunSummary {
     pub elapsed: Duration,
 }
 
+impl std::fmt::Display for RunSummary {
+    /// `N steps in T s[ (stopped by the time budget)]; checkpoints: a, b`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let budget = if self.stopped_early { " (stopped by the time budget)" } else { "" };
+        let checkpoints: Vec<String> = self.checkpoints.iter().map(|p| p.display().to_string()).collect();
+        write!(f, "{} steps in {:.1}s{budget}; checkpoints: {}", self.steps, self.elapsed.as_secs_f64(), checkpoints.join(", "))
+    }
+}
+
 /// Where a run starts: fresh, or from its latest checkpoint.
 pub struct Start<B: AutodiffBackend> {
     pub model: Qwen2<B>,
