@@ -100,5 +100,9 @@ fn compact(data: &Value) -> String {
     if let Some(sft) = data["data"]["sft"].as_object() {
         text += &format!("; {} rows, {} truncated ({} lost their final code block)", sft["rows"], sft["truncated"], sft["final_code_lost"]);
     }
+    if let Some(split) = data["data"]["source"]["split"].as_str() {
+        let source = &data["data"]["source"];
+        text += &format!("; {} train + {} held out ({split})", source["train"], source["heldout"]);
+    }
     text
 }

@@ -10,11 +10,10 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::sample::Sample;
+use super::sft_source::{SftExample, SftSource, read_sft_rows};
 use crate::error::{Error, Result};
-use crate::tasks::interplay::files::jsonl_records;
 use crate::tokenizer::Tokenizer;
 
 /// Qwen2.5's default system prompt.
@@ -112,42 +111,50 @@ pub fn render(messages: &[Message], tokenizer: &Tokenizer, default_system: Optio
     Ok(row)
 }
 
-/// Counts over an SFT file.
+/// Counts over the rendered SFT rows (spec code-sft.md §3.4: record `max_length`, how many rows
+/// exceed it and whether their final code block survives).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SftReport {
     pub rows: usize,
+    /// The length rows are cut to (keeping the start), if any.
+    pub max_length: Option<usize>,
     /// Rows longer than `max_length` (cut at the end, keeping the start).
     pub truncated: usize,
     /// Rows whose final fenced code block was cut.
     pub final_code_lost: usize,
+    /// Rows whose last assistant turn has no fenced code block at all (e.g. generations that
+    /// hit the reference model's length limit).
+    pub no_code_block: usize,
     /// Rows whose last target token (the final answer's `<|im_end|>`) was cut.
     pub final_answer_lost: usize,
     /// Target tokens in all rows.
     pub targets: usize,
 }
 
-/// Reads an SFT JSONL file (one [`SftRow`] per line) and renders every row; a bad line is an
-/// error naming file and line.
-pub fn sft_samples(path: &Path, tokenizer: &Tokenizer, system: Option<&str>, max_length: Option<usize>) -> Result<(Vec<Sample>, SftReport)> {
-    let mut samples = Vec::new();
-    let mut report = SftReport::default();
-    for record in jsonl_records(path)? {
-        let record = record?;
-        let row: SftRow = serde_json::from_value(Value::Object(record.fields))
-            .map_err(|e| Error::data(path, Some(record.line), format!("not an SFT row ({{\"messages\": [...]}} or {{\"prompt\", \"completion\"}}): {e}")))?;
-        let rendered = render(&row.messages(), tokenizer, system, max_length)
-            .map_err(|e| Error::data(path, Some(record.line), e.to_string()))?;
+/// Renders every example (see [`render`]); a row that cannot be rendered is an error naming its
+/// file and line or row.
+pub fn render_examples(examples: &[SftExample], tokenizer: &Tokenizer, system: Option<&str>, max_length: Option<usize>) -> Result<(Vec<Sample>, SftReport)> {
+    let mut samples = Vec::with_capacity(examples.len());
+    let mut report = SftReport { max_length, ..Default::default() };
+    for example in examples {
+        let rendered = render(&example.messages, tokenizer, system, max_length).map_err(|e| example.error(e.to_string()))?;
+        let last_assistant = example.messages.iter().rev().find(|m| m.role == "assistant");
         report.rows += 1;
         report.truncated += rendered.truncated as usize;
         report.final_code_lost += rendered.final_code_lost as usize;
+        report.no_code_block += last_assistant.is_some_and(|m| !m.content.contains("```")) as usize;
         report.final_answer_lost += rendered.final_answer_lost as usize;
         report.targets += rendered.sample.num_targets();
         samples.push(rendered.sample);
     }
-    if samples.is_empty() {
-        return Err(Error::data(path, None, "no SFT rows"));
-    }
     Ok((samples, report))
+}
+
+/// Reads an SFT JSONL file (one [`SftRow`] per line) and renders every row; a bad line is an
+/// error naming file and line. [`super::sft_source`] reads Parquet, chosen columns and splits.
+pub fn sft_samples(path: &Path, tokenizer: &Tokenizer, system: Option<&str>, max_length: Option<usize>) -> Result<(Vec<Sample>, SftReport)> {
+    let rows = read_sft_rows(&SftSource { path: path.to_path_buf(), columns: None, split: None })?;
+    render_examples(&rows.train, tokenizer, system, max_length)
 }
 
 #[cfg(test)]
@@ -201,5 +208,26 @@ mod tests {
         let a: SftRow = serde_json::from_str(r#"{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}"#).unwrap();
         let b: SftRow = serde_json::from_str(r#"{"prompt": "hi", "completion": "yo"}"#).unwrap();
         assert_eq!(a.messages(), b.messages());
+    }
+
+    #[test]
+    fn the_chatml_text_is_qwen2_5_s_chat_template_and_codeforces_rows_report_their_code() {
+        use crate::data::sft_source::{SftColumns, SftSource, read_sft_rows};
+        use crate::tokenizer::chat_template::ChatTemplate;
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/code");
+        let qwen = ChatTemplate::from_model_dir(&fixtures.join("qwen2_5")).unwrap().unwrap();
+        let columns = SftColumns { messages: Some("messages".into()), ..Default::default() };
+        let rows = read_sft_rows(&SftSource { path: fixtures.join("cots_mini"), columns: Some(columns), split: None }).unwrap();
+        let t = chatml_tokenizer();
+        for example in &rows.train {
+            let row = render(&example.messages, &t, Some(QWEN_DEFAULT_SYSTEM), None).unwrap();
+            assert_eq!(t.decode(&row.sample.ids, false).unwrap(), qwen.render(&example.messages, false).unwrap());
+        }
+        let (samples, report) = render_examples(&rows.train, &t, Some(QWEN_DEFAULT_SYSTEM), Some(400)).unwrap();
+        assert_eq!((samples.len(), report.rows, report.max_length), (5, 5, Some(400)));
+        // Row 4 of the fixture stopped at the length limit: its generation has no code block.
+        assert_eq!(report.no_code_block, 1);
+        assert_eq!(report.truncated, 5, "every row is longer than 400 tokens");
+        assert_eq!(report.final_code_lost, 4, "the four code blocks sit at the end and are cut");
     }
 }

@@ -1,9 +1,12 @@
-//! Training data: samples and batches, pre-training packing and mixtures, SFT chat rows.
+//! Training data: samples and batches, pre-training packing and mixtures, SFT chat rows and their
+//! sources (JSONL or Parquet, chosen columns, the held-out split).
 
 pub mod chat;
 pub mod interplay;
 pub mod mixture;
 pub mod packing;
+pub mod parquet;
 pub mod sample;
+pub mod sft_source;
 
 pub use sample::{Sample, TrainBatch, collate};

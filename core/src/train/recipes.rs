@@ -13,7 +13,8 @@ use super::objective::{NextTokenLoss, evaluate_loss};
 use super::schedule::{Decay, Schedule};
 use super::trainer::{LoopConfig, Record, RunSummary, SavePolicy, Start, train};
 use super::AdamWConfig;
-use crate::data::chat::{QWEN_DEFAULT_SYSTEM, sft_samples};
+use crate::data::chat::{QWEN_DEFAULT_SYSTEM, render_examples};
+use crate::data::sft_source::{SftColumns, SftSource, SplitRule, read_sft_rows};
 use crate::data::interplay::pretrain_samples;
 use crate::data::mixture::{Preset, TypoPolicy, readable_to_number};
 use crate::data::Sample;
@@ -80,6 +81,14 @@ pub struct DataSection {
     pub max_length: Option<usize>,
     /// System prompt inserted when a row has none (default: Qwen's; `""` for none).
     pub system_prompt: Option<String>,
+    /// The SFT columns to train on, named explicitly (required for Parquet, e.g. codeforces-cots):
+    /// `{ messages = "messages" }` or `{ prompt = "prompt", completion = "generation" }`.
+    pub sft_columns: Option<SftColumns>,
+    /// Hold out this many SFT rows (those with the smallest SHA-256 of `sft_split_key`); their
+    /// loss is the `eval_loss` of `[eval] every`.
+    pub sft_heldout: Option<usize>,
+    /// The column the held-out split hashes (default `id`).
+    pub sft_split_key: Option<String>,
 }
 
 fn default_task() -> String {
@@ -250,7 +259,7 @@ pub fn run<B: AutodiffBackend>(
     let tokenizer_dir = tokenizer_dir(&config.model)?;
     let tokenizer = Tokenizer::from_file(&tokenizer_dir)?;
     let pad_id = tokenizer.pad_id().or_else(|| tokenizer.eos_id()).unwrap_or(0);
-    let (samples, data_report) = training_samples(&config.data, &tokenizer, config.train.seed)?;
+    let (samples, heldout, data_report) = training_samples(&config.data, &tokenizer, config.train.seed)?;
 
     let t = &config.train;
     let samples_per_step = t.micro_batch * t.grad_accum;
@@ -281,6 +290,7 @@ pub fn run<B: AutodiffBackend>(
     let mut objective = NextTokenLoss::new(samples, t.micro_batch, t.grad_accum, pad_id, t.seed)?;
     let start = Start::<B>::new(&loop_config, resume, &mut objective, device, || fresh_model(&config.model, device))?;
     let mut evaluator = Evaluator::new(config, &tokenizer, pad_id)?;
+    evaluator.heldout.extend(heldout);
     let (_, summary) = train(start, &mut objective, &loop_config, |model| evaluator.evaluate(model), on_record)?;
     Ok(summary)
 }
@@ -293,7 +303,8 @@ fn fresh_model<B: Backend>(model: &ModelSection, device: &B::Device) -> Result<Q
     }
 }
 
-fn training_samples(data: &DataSection, tokenizer: &Tokenizer, seed: u64) -> Result<(Vec<Sample>, Value)> {
+/// The training samples, the held-out samples (SFT split) and the data report.
+fn training_samples(data: &DataSection, tokenizer: &Tokenizer, seed: u64) -> Result<(Vec<Sample>, Vec<Sample>, Value)> {
     match (&data.interplay, &data.sft) {
         (Some(root), None) => {
             let typo = match data.typo {
@@ -317,7 +328,7 @@ fn training_samples(data: &DataSection, tokenizer: &Tokenizer, seed: u64) -> Res
                 None => return Err(Error::InvalidInput("[data] interplay needs `tokens` (the mixture's token budget)".into())),
             };
             let (samples, report) = pretrain_samples(root, &preset, budget, tokenizer, data.cutoff_len, seed)?;
-            Ok((samples, json!({ "mixture": report })))
+            Ok((samples, Vec::new(), json!({ "mixture": report })))
         }
         (None, Some(path)) => {
             let system = match data.system_prompt.as_deref() {
@@ -325,8 +336,11 @@ fn training_samples(data: &DataSection, tokenizer: &Tokenizer, seed: u64) -> Res
                 Some("") => None,
                 Some(s) => Some(s),
             };
-            let (samples, report) = sft_samples(path, tokenizer, system, data.max_length)?;
-            Ok((samples, json!({ "sft": report })))
+            let split = data.sft_heldout.map(|heldout| SplitRule { key: data.sft_split_key.clone().unwrap_or_else(|| "id".into()), heldout });
+            let rows = read_sft_rows(&SftSource { path: path.clone(), columns: data.sft_columns.clone(), split })?;
+            let (samples, report) = render_examples(&rows.train, tokenizer, system, data.max_length)?;
+            let (heldout, _) = render_examples(&rows.heldout, tokenizer, system, data.max_length)?;
+            Ok((samples, heldout, json!({ "sft": report, "source": rows.report })))
         }
         _ => Err(Error::InvalidInput("[data] needs exactly one of `interplay` (pre-training) or `sft`".into())),
     }
@@ -436,3 +450,46 @@ impl Evaluator {
         Ok(record)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_sft_config_reads_parquet_with_named_columns_and_holds_rows_out() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/code");
+        let text = r#"
+[model]
+from = "model"
+[data]
+sft = "cots_mini/train-*.parquet"
+sft_columns = { prompt = "prompt", completion = "generation" }
+sft_heldout = 2
+max_length = 4096
+[train]
+steps = 1
+micro_batch = 1
+lr = 1e-5
+[output]
+dir = "out"
+"#;
+        let config = RunConfig::from_toml(&fixtures.join("run.toml"), text).unwrap();
+        assert_eq!(config.data.sft.as_deref(), Some(fixtures.join("cots_mini/train-*.parquet").as_path()));
+        let corpus = (0..100).map(|i| format!("def f{i}(x):\n    return x * {i}\nthink about the problem {i}"));
+        let tokenizer = Tokenizer::train_byte_level_bpe(corpus, 300, &["<|endoftext|>", "<|im_start|>", "<|im_end|>"]).unwrap();
+        let (train, heldout, report) = training_samples(&config.data, &tokenizer, 0).unwrap();
+        assert_eq!((train.len(), heldout.len()), (3, 2));
+        assert_eq!(report["source"]["train"], 3);
+        assert_eq!(report["source"]["heldout"], 2);
+        assert_eq!(report["sft"]["rows"], 3);
+        assert_eq!(report["sft"]["max_length"], 4096);
+        assert!(report["source"]["split"].as_str().unwrap().contains("sha256(id)"));
+
+        let unnamed = text.replace("sft_columns = { prompt = \"prompt\", completion = \"generation\" }\n", "");
+        let config = RunConfig::from_toml(&fixtures.join("run.toml"), &unnamed).unwrap();
+        let err = training_samples(&config.data, &tokenizer, 0).unwrap_err().to_string();
+        assert!(err.contains("columns named"), "{err}");
+        assert!(RunConfig::from_toml(&fixtures.join("run.toml"), &text.replace("sft_heldout", "sft_held")).is_err());
+    }
+}
+

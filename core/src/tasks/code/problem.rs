@@ -115,7 +115,7 @@ impl ContestDate {
         let days_in_month = match date.month {
             1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
             4 | 6 | 9 | 11 => 30,
-            2 if date.year % 4 == 0 && (date.year % 100 != 0 || date.year % 400 == 0) => 29,
+            2 if date.year.is_multiple_of(4) && (!date.year.is_multiple_of(100) || date.year.is_multiple_of(400)) => 29,
             2 => 28,
             _ => return None,
         };
