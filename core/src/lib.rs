@@ -9,6 +9,8 @@ pub mod data;
 pub mod error;
 pub mod eval;
 pub mod generate;
+pub mod io;
+pub mod metrics;
 pub mod model;
 pub mod plot;
 pub mod rl;

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use super::sample::Sample;
 use crate::error::{Error, Result};
-use crate::tasks::interplay::files::jsonl_records;
+use crate::io::jsonl_records;
 use crate::tokenizer::Tokenizer;
 
 /// Qwen2.5's default system prompt.

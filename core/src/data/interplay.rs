@@ -15,7 +15,7 @@ use super::mixture::{Preset, Shard, Take, effective_shares, select, shard_label,
 use super::packing::{PACKING_GROUP, pack_ffd};
 use super::sample::Sample;
 use crate::error::{Error, Result};
-use crate::tasks::interplay::files::jsonl_records;
+use crate::io::jsonl_records;
 use crate::tasks::interplay::text::{EOS, compose_text};
 use crate::tokenizer::Tokenizer;
 

@@ -10,8 +10,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::tasks::interplay::files::jsonl_records;
-use crate::tasks::interplay::gold::jsonl_files;
+use crate::io::jsonl_records;
+use crate::io::jsonl_files;
 use crate::tasks::interplay::row::gold_answer;
 use crate::tasks::interplay::text::{compose_text, prompt_of};
 

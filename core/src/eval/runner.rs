@@ -28,10 +28,10 @@ use crate::error::{Error, Result};
 use crate::generate::{Engine, Sampler, SamplingParams, StopCriteria, model_eos_ids};
 use crate::model::hf;
 use crate::tasks::interplay::answer_metrics::{Losses, answer_metrics_with_loss, read_samples};
-use crate::tasks::interplay::files::{AtomicFile, jsonl_records, write_atomic};
+use crate::io::{AtomicFile, jsonl_records, write_atomic};
 use crate::tasks::interplay::gold::build_gold_dir;
 use crate::tasks::interplay::graph_passk::{DEFAULT_PASS_AT, aggregate};
-use crate::tasks::interplay::pyjson::{self, Json, Style};
+use crate::io::pyjson::{self, Json, Style};
 use crate::tasks::interplay::scoring::{ScoreOptions, score};
 use crate::tokenizer::Tokenizer;
 

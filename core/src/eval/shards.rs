@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use super::data::Subset;
 use crate::error::{Error, Result};
-use crate::tasks::interplay::files::write_atomic;
-use crate::tasks::interplay::pyjson::{Json, Style};
+use crate::io::write_atomic;
+use crate::io::pyjson::{Json, Style};
 
 /// What a shard file holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,8 +15,8 @@ use serde::Serialize;
 
 use super::reward::Task;
 use crate::error::{Error, Result};
-use crate::tasks::interplay::files::jsonl_records;
-use crate::tasks::interplay::gold::jsonl_files;
+use crate::io::jsonl_records;
+use crate::io::jsonl_files;
 use crate::tasks::interplay::rewards::rl_gold_answer;
 use crate::tasks::interplay::text::{compose_text, prompt_of};
 use crate::tokenizer::Tokenizer;

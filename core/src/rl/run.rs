@@ -16,7 +16,7 @@ use super::validate::{ValidationSettings, Validator};
 use crate::error::{Error, Result};
 use crate::generate::model_eos_ids;
 use crate::model::{Qwen2, Qwen2Config, hf};
-use crate::tasks::interplay::gold::jsonl_files;
+use crate::io::jsonl_files;
 use crate::tokenizer::Tokenizer;
 use crate::train::schedule::{Decay, Schedule};
 use crate::train::trainer::{LoopConfig, Record, RunSummary, SavePolicy, Start, train};

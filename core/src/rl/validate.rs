@@ -14,7 +14,7 @@ use super::rollout::{RolloutSettings, rollout};
 use crate::error::Result;
 use crate::generate::Sampler;
 use crate::model::Qwen2;
-use crate::tasks::interplay::gold::jsonl_files;
+use crate::io::jsonl_files;
 use crate::tokenizer::Tokenizer;
 use crate::train::trainer::Record;
 

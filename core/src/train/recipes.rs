@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::generate::{Engine, Sampler, SamplingParams, StopCriteria};
 use crate::model::{Qwen2, Qwen2Config, hf};
 use crate::tasks::interplay::answer::{exact_match, extract_tagged_answer};
-use crate::tasks::interplay::files::jsonl_records;
+use crate::io::jsonl_records;
 use crate::tasks::interplay::row::gold_answer;
 use crate::tasks::interplay::text::{EOS, compose_text, prompt_of};
 use crate::tokenizer::Tokenizer;

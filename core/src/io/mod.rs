@@ -1,0 +1,12 @@
+//! Files in and out: JSONL rows with errors that name file and line ([`jsonl`]), output files
+//! that appear whole or not at all ([`atomic`]), JSON written byte for byte like Python's `json`
+//! module ([`pyjson`]) and Python's conversions of JSON values ([`python`]).
+
+pub mod atomic;
+pub mod jsonl;
+pub mod pyjson;
+pub mod python;
+
+pub use atomic::{AtomicFile, write_atomic};
+pub use jsonl::{Record, jsonl_files, jsonl_records, read_jsonl};
+pub use pyjson::{Json, Style};
