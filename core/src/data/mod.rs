@@ -1,7 +1,8 @@
-//! Training data: samples and batches, pre-training packing and mixtures, SFT chat rows.
+//! Training data: samples and batches, pre-training packing and mixtures (rows read through the
+//! [`Task`](crate::tasks::Task) interface), SFT chat rows.
 
 pub mod chat;
-pub mod interplay;
+pub mod corpus;
 pub mod mixture;
 pub mod packing;
 pub mod sample;

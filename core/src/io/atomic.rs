@@ -1,5 +1,5 @@
 //! Output files that appear whole or not at all: written to a temporary sibling, synced and
-//! renamed on commit, removed if dropped uncommitted.
+//! renamed on commit, removed if dropped uncommitted. And removals where "already gone" is fine.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -74,6 +74,22 @@ pub fn write_atomic(path: &Path, contents: &str) -> Result<()> {
     let mut file = AtomicFile::create(path)?;
     file.write_str(contents)?;
     file.commit()
+}
+
+/// Removes `path`; a missing file is fine.
+pub fn remove_file(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(path, e)),
+        _ => Ok(()),
+    }
+}
+
+/// Removes `dir` and everything in it; a missing directory is fine.
+pub fn remove_dir(dir: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(dir, e)),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -12,10 +12,10 @@ use serde::{Deserialize, Serialize};
 use super::advantage::RewardScaling;
 use super::loss::{Clip, KlEstimator, LossAgg};
 use super::objective::PgSettings;
-use super::reward::RewardConfig;
 use super::rollout::RolloutSettings;
 use crate::error::{Error, Result};
 use crate::generate::Sampler;
+use crate::tasks::{RewardConfig, TaskConfig};
 use crate::train::recipes::{default_beta1, default_beta2, default_eps};
 
 /// A GRPO or OPD run.
@@ -29,6 +29,9 @@ pub struct PgConfig {
     pub train: TrainSection,
     #[serde(default)]
     pub loss: LossSection,
+    /// The task whose rows are the prompts and whose rewards score them (Interplay if absent).
+    #[serde(default)]
+    pub task: TaskConfig,
     /// GRPO's reward (`kiln rl`; outcome if absent).
     pub reward: Option<RewardConfig>,
     /// OPD's teacher (`kiln opd`).

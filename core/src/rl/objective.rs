@@ -27,6 +27,7 @@ use super::rollout::{Response, RolloutSettings, rollout};
 use crate::error::{Error, Result};
 use crate::model::Qwen2;
 use crate::model::logprobs::token_logprobs;
+use crate::tasks::Item;
 use crate::tokenizer::Tokenizer;
 use crate::train::Objective;
 
@@ -199,7 +200,8 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         let mut metrics = Map::new();
         let sequence_advantages = match &self.signal {
             Signal::Rewards { reward, scaling, epsilon } => {
-                let scores: Vec<f64> = responses.iter().map(|r| reward.score(&r.text, &prompts[r.group].task)).collect();
+                let batch: Vec<(&str, &Item)> = responses.iter().map(|r| (r.text.as_str(), &prompts[r.group].item)).collect();
+                let scores = reward.score_batch(&batch)?;
                 let (mean, std) = mean_and_std(&scores);
                 metrics.insert("reward_mean".into(), json!(mean));
                 metrics.insert("reward_std".into(), json!(std));

@@ -53,12 +53,13 @@ pub fn run<B: AutodiffBackend>(
     let tokenizer = Tokenizer::from_file(&tokenizer_dir)?;
     let eos_ids = model_eos_ids(from, &Qwen2Config::from_file(from.join("config.json"))?, Some(&tokenizer))?;
 
+    let task = config.task.build()?;
     let files = match (&config.data.dir, config.data.ops.is_empty()) {
         (Some(dir), false) => op_files(dir, &config.data.ops)?,
         (Some(dir), true) => jsonl_files(dir)?,
         (None, _) => config.data.files.clone(),
     };
-    let prompts = PromptSet::load(&files, &tokenizer, config.data.max_prompt_length, config.data.rows_per_op)?;
+    let prompts = PromptSet::from_task(task.as_ref(), &files, &tokenizer, config.data.max_prompt_length, config.data.rows_per_op)?;
     let settings = config.settings();
     let t = &config.train;
     let per_epoch = prompts.steps_per_epoch(settings.prompts_per_step);
@@ -75,7 +76,7 @@ pub fn run<B: AutodiffBackend>(
             Signal::Teacher { model: Box::new(frozen::<B>(&teacher.path, device)?), coef: teacher.coef, full_vocab: teacher.full_vocab }
         }
         (reward, None) => Signal::Rewards {
-            reward: reward.clone().unwrap_or_default().build(),
+            reward: task.reward(&reward.clone().unwrap_or_default())?,
             scaling: config.loss.reward_scaling,
             epsilon: config.loss.epsilon,
         },
@@ -109,7 +110,7 @@ pub fn run<B: AutodiffBackend>(
                 max_new_tokens: v.max_new_tokens.unwrap_or(settings.rollout.max_response_length),
                 batch_size: settings.rollout.batch_size,
             };
-            Some(Validator::load(&v.dir, &tokenizer, eos_ids.clone(), &validation)?)
+            Some(Validator::from_task(task.clone(), &v.dir, &tokenizer, eos_ids.clone(), &validation)?)
         }
         None => None,
     };

@@ -6,7 +6,9 @@
 //! the run's `[reward]` section asks for ([`Task::reward`]). RL rollouts and validation
 //! ([`crate::rl`]), in-training evaluation ([`crate::train`]), the pre-training corpus
 //! ([`crate::data`]) and checkpoint evaluation ([`crate::eval`]) see tasks only through this
-//! interface; [`TaskConfig`] (a run config's `[task]` section) names the concrete one.
+//! interface; [`TaskConfig`] (a run config's `[task]` section) names the concrete one. For
+//! checkpoint evaluation a task also provides an [`Evaluation`]: its items split into parts,
+//! the line recorded per sample and the files written from them.
 //!
 //! - [`interplay`]: the Interplay reasoning task (generator, text format, answers, graph
 //!   parser and scorer, rewards, the reference's evaluation files).
@@ -82,6 +84,7 @@
 //! # }
 //! ```
 
+pub mod evaluation;
 pub mod interplay;
 
 use std::fmt;
@@ -92,6 +95,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+
+pub use evaluation::{Completion, Evaluation, FinishedRun, Part};
 
 /// One thing a model is asked: its prompt and what judging a response needs.
 #[derive(Debug, Clone, PartialEq)]
@@ -245,4 +250,66 @@ pub fn load_items(task: &dyn Task, files: &[PathBuf], limit: Option<usize>) -> R
         }
     }
     Ok(items)
+}
+
+/// A running mean.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Mean {
+    pub sum: f64,
+    pub count: usize,
+}
+
+impl Mean {
+    /// Adds one value.
+    pub fn add(&mut self, value: f64) {
+        self.sum += value;
+        self.count += 1;
+    }
+
+    /// The mean, `None` without values.
+    pub fn value(&self) -> Option<f64> {
+        (self.count > 0).then(|| self.sum / self.count as f64)
+    }
+}
+
+/// Per-item scores summed overall, per reporting group and, with a level threshold, in
+/// distribution (level ≤ threshold) and out of it. Items without a level are in neither split.
+#[derive(Debug, Clone, Default)]
+pub struct GroupScores {
+    /// Levels up to this are in-distribution.
+    pub id_max_level: Option<i64>,
+    pub all: Mean,
+    /// By group, in the order of their levels (then names).
+    pub groups: Vec<(String, Option<i64>, Mean)>,
+    pub id: Mean,
+    pub ood: Mean,
+}
+
+impl GroupScores {
+    /// Empty scores splitting ID and OOD at `id_max_level`.
+    pub fn new(id_max_level: Option<i64>) -> Self {
+        Self { id_max_level, ..Self::default() }
+    }
+
+    /// Adds the score of one response to `item`.
+    pub fn add(&mut self, item: &Item, score: f64) {
+        self.all.add(score);
+        match self.groups.iter_mut().find(|(group, _, _)| *group == item.group) {
+            Some((_, _, mean)) => mean.add(score),
+            None => {
+                let mut mean = Mean::default();
+                mean.add(score);
+                self.groups.push((item.group.clone(), item.level, mean));
+                self.groups.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+            }
+        }
+        if let (Some(level), Some(max)) = (item.level, self.id_max_level) {
+            if level <= max { self.id.add(score) } else { self.ood.add(score) }
+        }
+    }
+
+    /// `(name_<group>, mean)` per group, in order.
+    pub fn per_group(&self, name: &str) -> Vec<(String, f64)> {
+        self.groups.iter().filter_map(|(group, _, mean)| Some((format!("{name}_{group}"), mean.value()?))).collect()
+    }
 }

@@ -3,6 +3,7 @@
 //! Paths in a config are relative to the config file's directory.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -14,16 +15,13 @@ use super::schedule::{Decay, Schedule};
 use super::trainer::{LoopConfig, Record, RunSummary, SavePolicy, Start, train};
 use super::AdamWConfig;
 use crate::data::chat::{QWEN_DEFAULT_SYSTEM, sft_samples};
-use crate::data::interplay::pretrain_samples;
+use crate::data::corpus::pretrain_samples;
 use crate::data::mixture::{Preset, TypoPolicy, readable_to_number};
 use crate::data::Sample;
 use crate::error::{Error, Result};
 use crate::generate::{Engine, Sampler, SamplingParams, StopCriteria};
 use crate::model::{Qwen2, Qwen2Config, hf};
-use crate::tasks::interplay::answer::{exact_match, extract_tagged_answer};
-use crate::io::jsonl_records;
-use crate::tasks::interplay::row::gold_answer;
-use crate::tasks::interplay::text::{EOS, compose_text, prompt_of};
+use crate::tasks::{GroupScores, Item, Task, TaskConfig};
 use crate::tokenizer::Tokenizer;
 
 /// A whole run.
@@ -36,6 +34,9 @@ pub struct RunConfig {
     pub output: OutputSection,
     #[serde(default)]
     pub eval: EvalSection,
+    /// The task of the pre-training rows and the held-out evaluation (Interplay if absent).
+    #[serde(default)]
+    pub task: TaskConfig,
 }
 
 /// Where the model comes from.
@@ -250,7 +251,8 @@ pub fn run<B: AutodiffBackend>(
     let tokenizer_dir = tokenizer_dir(&config.model)?;
     let tokenizer = Tokenizer::from_file(&tokenizer_dir)?;
     let pad_id = tokenizer.pad_id().or_else(|| tokenizer.eos_id()).unwrap_or(0);
-    let (samples, data_report) = training_samples(&config.data, &tokenizer, config.train.seed)?;
+    let task = config.task.build()?;
+    let (samples, data_report) = training_samples(task.as_ref(), &config.data, &tokenizer, config.train.seed)?;
 
     let t = &config.train;
     let samples_per_step = t.micro_batch * t.grad_accum;
@@ -280,7 +282,7 @@ pub fn run<B: AutodiffBackend>(
     };
     let mut objective = NextTokenLoss::new(samples, t.micro_batch, t.grad_accum, pad_id, t.seed)?;
     let start = Start::<B>::new(&loop_config, resume, &mut objective, device, || fresh_model(&config.model, device))?;
-    let mut evaluator = Evaluator::new(config, &tokenizer, pad_id)?;
+    let mut evaluator = Evaluator::new(task, config, &tokenizer, pad_id)?;
     let (_, summary) = train(start, &mut objective, &loop_config, |model| evaluator.evaluate(model), on_record)?;
     Ok(summary)
 }
@@ -293,7 +295,7 @@ fn fresh_model<B: Backend>(model: &ModelSection, device: &B::Device) -> Result<Q
     }
 }
 
-fn training_samples(data: &DataSection, tokenizer: &Tokenizer, seed: u64) -> Result<(Vec<Sample>, Value)> {
+fn training_samples(task: &dyn Task, data: &DataSection, tokenizer: &Tokenizer, seed: u64) -> Result<(Vec<Sample>, Value)> {
     match (&data.interplay, &data.sft) {
         (Some(root), None) => {
             let typo = match data.typo {
@@ -316,7 +318,7 @@ fn training_samples(data: &DataSection, tokenizer: &Tokenizer, seed: u64) -> Res
                 Some(TokenCount::Text(t)) => readable_to_number(t).ok_or_else(|| Error::InvalidInput(format!("[data] tokens: cannot read {t:?}")))?,
                 None => return Err(Error::InvalidInput("[data] interplay needs `tokens` (the mixture's token budget)".into())),
             };
-            let (samples, report) = pretrain_samples(root, &preset, budget, tokenizer, data.cutoff_len, seed)?;
+            let (samples, report) = pretrain_samples(task, root, &preset, budget, tokenizer, data.cutoff_len, seed)?;
             Ok((samples, json!({ "mixture": report })))
         }
         (None, Some(path)) => {
@@ -355,18 +357,20 @@ fn schedule(t: &TrainSection, total_steps: u64) -> Result<Schedule> {
     Ok(Schedule { base_lr: t.lr, warmup_steps, total_steps, decay })
 }
 
-/// Held-out loss and greedy answer accuracy during pre-training.
+/// Held-out loss and greedy answer accuracy during pre-training, on rows of the run's task.
 struct Evaluator {
+    task: Arc<dyn Task>,
     heldout: Vec<Sample>,
-    prompts: Vec<(u32, Vec<u32>, String)>,
+    prompts: Vec<(Vec<u32>, Item)>,
     tokenizer: Tokenizer,
     pad_id: u32,
     max_new_tokens: usize,
 }
 
 impl Evaluator {
-    fn new(config: &RunConfig, tokenizer: &Tokenizer, pad_id: u32) -> Result<Self> {
+    fn new(task: Arc<dyn Task>, config: &RunConfig, tokenizer: &Tokenizer, pad_id: u32) -> Result<Self> {
         let mut evaluator = Self {
+            task,
             heldout: Vec::new(),
             prompts: Vec::new(),
             tokenizer: tokenizer.clone(),
@@ -385,21 +389,20 @@ impl Evaluator {
         } else {
             vec![path.clone()]
         };
-        let per_op = config.eval.accuracy_rows.unwrap_or(20);
+        let per_level = config.eval.accuracy_rows.unwrap_or(20);
         let cutoff = config.data.cutoff_len;
         for file in files {
-            for record in jsonl_records(&file)? {
-                let record = record?;
-                let field = |k: &str| record.str_field(&file, k);
-                let (problem, question, solution) = (field("problem")?, field("question")?, field("solution")?);
-                let op = record.int_field(&file, "op")? as u32;
-                let Some(text) = compose_text(problem, question, solution) else { continue };
-                let mut ids = tokenizer.encode(&format!("{text}{EOS}"))?;
-                ids.truncate(cutoff);
-                evaluator.heldout.push(Sample::all_targets(ids));
-                let taken = evaluator.prompts.iter().filter(|(o, _, _)| *o == op).count();
-                if config.eval.accuracy_ops.contains(&op) && taken < per_op {
-                    evaluator.prompts.push((op, tokenizer.encode(&prompt_of(&text))?, gold_answer(solution)));
+            for item in evaluator.task.items(&file)? {
+                let item = item?;
+                if let Some(reference) = &item.reference {
+                    let mut ids = tokenizer.encode(reference)?;
+                    ids.truncate(cutoff);
+                    evaluator.heldout.push(Sample::all_targets(ids));
+                }
+                let level = item.level.and_then(|l| u32::try_from(l).ok());
+                let taken = evaluator.prompts.iter().filter(|(_, i)| i.level == item.level).count();
+                if level.is_some_and(|l| config.eval.accuracy_ops.contains(&l)) && taken < per_level {
+                    evaluator.prompts.push((tokenizer.encode(&item.prompt)?, item));
                 }
             }
         }
@@ -415,22 +418,19 @@ impl Evaluator {
             let params = SamplingParams {
                 sampler: Sampler::greedy(),
                 max_new_tokens: self.max_new_tokens,
-                stop: StopCriteria { token_ids: self.tokenizer.eos_id().into_iter().collect(), strings: vec!["</answer>".into()] },
+                stop: StopCriteria { token_ids: self.tokenizer.eos_id().into_iter().collect(), strings: self.task.stop_strings() },
                 ..Default::default()
             };
-            let prompts: Vec<Vec<u32>> = self.prompts.iter().map(|(_, ids, _)| ids.clone()).collect();
+            let prompts: Vec<Vec<u32>> = self.prompts.iter().map(|(ids, _)| ids.clone()).collect();
             let outputs = Engine::new(model, Some(&self.tokenizer)).generate(&prompts, &params, |_| {})?;
-            let mut per_op: std::collections::BTreeMap<u32, (usize, usize)> = Default::default();
-            for ((op, _, gold), samples) in self.prompts.iter().zip(outputs) {
-                let correct = exact_match(&extract_tagged_answer(&samples[0].text), gold);
-                let entry = per_op.entry(*op).or_default();
-                entry.0 += correct as usize;
-                entry.1 += 1;
+            let batch: Vec<(&str, &Item)> = self.prompts.iter().zip(&outputs).map(|((_, item), samples)| (samples[0].text.as_str(), item)).collect();
+            let mut scores = GroupScores::new(None);
+            for ((_, item), verdict) in batch.iter().zip(self.task.evaluate_batch(&batch)?) {
+                scores.add(item, verdict);
             }
-            let (correct, total) = per_op.values().fold((0, 0), |(c, t), (a, b)| (c + a, t + b));
-            record.insert("eval_accuracy".into(), json!(correct as f64 / total as f64));
-            for (op, (c, t)) in per_op {
-                record.insert(format!("eval_accuracy_op{op}"), json!(c as f64 / t as f64));
+            record.insert("eval_accuracy".into(), json!(scores.all.value().unwrap_or(0.0)));
+            for (name, value) in scores.per_group("eval_accuracy") {
+                record.insert(name, json!(value));
             }
         }
         Ok(record)

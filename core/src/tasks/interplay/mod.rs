@@ -10,7 +10,8 @@
 //! - [`graph`], [`gold`], [`scoring`], [`graph_passk`]: the solution parser, gold graphs, strict
 //!   scoring and the ordered pass@k of `results.json` (§8.2–8.5).
 //! - [`rewards`]: the RL rewards (§6.4).
-//! - [`task`]: all of it behind the [`Task`](crate::tasks::Task) interface.
+//! - [`task`]: all of it behind the [`Task`](crate::tasks::Task) interface, and [`eval`]: the
+//!   reference's evaluation files behind [`Evaluation`](crate::tasks::Evaluation).
 //! - [`tiny_model`]: the tiny Qwen2 with the paper's tokenizer that minute-scale pipelines train.
 //!
 //! Output files are written byte-for-byte like the reference's ([`crate::io::pyjson`]).
@@ -18,6 +19,7 @@
 pub mod answer;
 pub mod answer_metrics;
 pub mod dataset;
+pub mod eval;
 pub mod generator;
 #[cfg(test)]
 mod generator_tests;

@@ -5,8 +5,8 @@
 //! `template`; written with `json.dumps(record, ensure_ascii=False)`.
 
 use super::data::EvalRow;
-use crate::tasks::interplay::answer::{exact_match, extract_tagged_answer};
 use crate::io::pyjson::{Json, Style};
+use crate::tasks::interplay::answer::{exact_match, extract_tagged_answer};
 use crate::tasks::interplay::pystr::strip;
 
 /// The generations-file line of one sample of `row`: `text` is the completion (stop string
