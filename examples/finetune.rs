@@ -19,7 +19,7 @@ use kiln::generate::{Engine, Sampler, SamplingParams, StopCriteria};
 use kiln::model::hf::{self, SaveDtype};
 use kiln::model::{Qwen2, Qwen2Config};
 use kiln::tokenizer::Tokenizer;
-use kiln::train::recipes::{self, RunConfig};
+use kiln::train::RunConfig;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -151,7 +151,7 @@ save_steps = 0.5
     std::fs::write(&config_path, &run_toml)?;
     let run = RunConfig::from_toml(&config_path, &run_toml)?;
     let mut last = None;
-    let summary = recipes::run::<Autodiff<Cpu>>(
+    let summary = kiln::train::run::<Autodiff<Cpu>>(
         &run,
         &device,
         true,

@@ -20,7 +20,7 @@ use kiln::generate::Sampler;
 use kiln::tasks::interplay::dataset::{Split, write_split};
 use kiln::tasks::interplay::eval::{EvalData, metrics_path};
 use kiln::tasks::interplay::tiny_model::write_tiny_model;
-use kiln::train::recipes::{self, RunConfig};
+use kiln::train::RunConfig;
 use serde_json::Value;
 
 use super::progress;
@@ -76,7 +76,7 @@ impl TrainJob for QuickstartJob {
         let config = RunConfig::from_toml(&config_path, &toml)?;
         let bar = progress::bar(args.steps, "steps");
         let mut accuracy: Vec<(u64, f64)> = Vec::new();
-        let summary = recipes::run::<B>(
+        let summary = kiln::train::run::<B>(
             &config,
             &device,
             true,

@@ -279,8 +279,8 @@ fn evaluate_model<B: Backend>(
     store.remove()
 }
 
-/// The teacher-forced loss of every item of every part (`None` for items without a loss text
-/// count as 0), computed shard by shard and kept in loss shards.
+/// The teacher-forced loss of every item of every part, computed shard by shard and kept in
+/// loss shards (an item without a loss text scores an empty text: 0).
 fn losses<B: Backend>(
     model: &crate::model::Qwen2<B>,
     tokenizer: &Tokenizer,

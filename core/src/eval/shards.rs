@@ -75,9 +75,9 @@ impl ShardStore {
     }
 }
 
-/// The sampling seed of one shard: `seed` mixed with the part's position (Interplay: ID 0, OOD
-/// 1) and the shard index (SplitMix64), so that shards draw from unrelated streams and a resumed
-/// shard redraws exactly.
+/// The sampling seed of one shard: `seed` mixed with the part's position (Interplay: ID is part
+/// 0, OOD part 1) and the shard index (SplitMix64), so that shards draw from unrelated streams
+/// and a resumed shard redraws exactly.
 pub fn shard_seed(seed: u64, part: usize, index: usize) -> u64 {
     splitmix64(seed ^ splitmix64(((part as u64) << 40) ^ index as u64))
 }

@@ -2,7 +2,7 @@
 //! validation files, scored with the task's outcome reward (for Interplay, exact string match),
 //! reported per group (`val_accuracy_op<N>`) and as ID (level ≤ `id_max_op`) and OOD accuracy.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
@@ -51,7 +51,12 @@ impl Validator {
 
     /// The items `task` makes of every `*.jsonl` of `dir`; `eos_ids` stop generation.
     pub fn from_task(task: Arc<dyn Task>, dir: &Path, tokenizer: &Tokenizer, eos_ids: Vec<u32>, settings: &ValidationSettings) -> Result<Self> {
-        let prompts = PromptSet::from_task(task.as_ref(), &jsonl_files(dir)?, tokenizer, settings.max_prompt_length, settings.rows_per_op)?;
+        Self::from_files(task, &jsonl_files(dir)?, tokenizer, eos_ids, settings)
+    }
+
+    /// The items `task` makes of `files`; `eos_ids` stop generation.
+    pub fn from_files(task: Arc<dyn Task>, files: &[PathBuf], tokenizer: &Tokenizer, eos_ids: Vec<u32>, settings: &ValidationSettings) -> Result<Self> {
+        let prompts = PromptSet::from_task(task.as_ref(), files, tokenizer, settings.max_prompt_length, settings.rows_per_op)?;
         let reward = task.reward(&RewardConfig::Outcome)?;
         let rollout = RolloutSettings { n: 1, sampler: Sampler::greedy(), max_response_length: settings.max_new_tokens, batch_size: settings.batch_size };
         Ok(Self { prompts, reward, tokenizer: tokenizer.clone(), eos_ids, id_max_op: settings.id_max_op, rollout })
