@@ -10,7 +10,7 @@
 //!   KL estimators (spec `interplay.md` §6.2), the OPD advantage and full-vocabulary KL.
 //! - [`batch`], [`objective`]: the learner's layout and the [`Objective`](crate::train::Objective)
 //!   that rolls out, scores and splits a step into optimizer updates.
-//! - [`validate`], [`config`], [`run`]: greedy per-group and ID/OOD validation, the TOML config
+//! - [`validate`], [`config`], [`run`](mod@run): greedy per-group and ID/OOD validation, the TOML config
 //!   and the run.
 
 pub mod advantage;

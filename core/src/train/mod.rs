@@ -1,6 +1,6 @@
 //! Training: the optimizer, learning-rate schedules, objectives, checkpoints, metrics and the
 //! loop that ties them together; the one run-config schema ([`config`]) and the pre-training
-//! and SFT runs ([`run`], beside [`crate::rl::run`]). Nothing here names a concrete task: the
+//! and SFT runs ([`run`](mod@run), beside [`crate::rl::run`](mod@crate::rl::run)). Nothing here names a concrete task: the
 //! run's `[task]` is built through [`crate::tasks::TaskConfig`].
 
 pub mod adamw;
@@ -13,7 +13,7 @@ pub mod run;
 pub mod schedule;
 pub mod trainer;
 
-/// The old name of [`run`] (the pre-training and SFT runs), kept for existing code.
+/// The old name of [`run`](mod@run) (the pre-training and SFT runs), kept for existing code.
 pub mod recipes {
     pub use super::config::{DataSection, EvalSection, ModelSection, OutputSection, TrainSection};
     pub use super::run::{RunConfig, run, tokenizer_dir};
