@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use burn::tensor::TensorData;
 use burn::tensor::backend::Backend;
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors, View};
@@ -164,14 +165,14 @@ impl SafetensorsDir {
 }
 
 impl WeightSource for SafetensorsDir {
-    fn tensor(&mut self, spec: &TensorSpec) -> Result<Vec<f32>> {
+    fn tensor(&mut self, spec: &TensorSpec) -> Result<TensorData> {
         let (path, view) = self.view(&spec.name)?;
         let values = decode(&view)
             .ok_or_else(|| Error::checkpoint(path, format!("tensor {} has unsupported dtype {:?}", spec.name, view.dtype())))?;
         if values.len() != spec.shape.iter().product::<usize>() {
             return Err(Error::checkpoint(path, format!("tensor {} has the wrong number of elements", spec.name)));
         }
-        Ok(values)
+        Ok(TensorData::new(values, spec.shape.clone()))
     }
 }
 
