@@ -18,7 +18,7 @@ use crate::tokenizer::Tokenizer;
 /// The mean token loss of each of `rows`, in order. Texts are cut to the model's context; rows
 /// are scored `batch` at a time, shortest first, to keep padding low.
 pub fn row_losses<B: Backend>(model: &Qwen2<B>, tokenizer: &Tokenizer, rows: &[EvalRow], batch: usize) -> Result<Vec<f64>> {
-    let context = model.rope.max_positions();
+    let context = model.context_len();
     let mut sequences = Vec::with_capacity(rows.len());
     for row in rows {
         let mut ids = tokenizer.encode(&row.text)?;

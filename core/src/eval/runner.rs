@@ -236,7 +236,7 @@ fn evaluate_model<B: Backend>(
     let name = entry.name.as_str();
     let model = hf::load::<B>(&entry.path, device)?;
     let tokenizer = Tokenizer::from_file(&entry.path)?;
-    let context = model.rope.max_positions();
+    let context = model.context_len();
     let prompts = [encode_prompts(&data.id, &tokenizer, context)?, encode_prompts(&data.ood, &tokenizer, context)?];
     let shard_dir = ShardStore::dir_for(out, name);
     if settings.overwrite {

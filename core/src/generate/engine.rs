@@ -114,7 +114,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         if !params.stop.strings.is_empty() && self.tokenizer.is_none() {
             return Err(Error::InvalidInput("stop strings need a tokenizer".into()));
         }
-        let context = self.model.rope.max_positions();
+        let context = self.model.context_len();
         for (i, prompt) in prompts.iter().enumerate() {
             if prompt.is_empty() {
                 return Err(Error::InvalidInput(format!("prompt {i} is empty")));
@@ -153,9 +153,9 @@ impl<'a, B: Backend> Engine<'a, B> {
         progress: &mut impl FnMut(Progress),
     ) -> Result<Vec<(usize, Vec<Completion>)>> {
         let model = self.model;
-        let device = model.embed_tokens.weight.device();
+        let device = model.device();
         let vocab = model.config().vocab_size;
-        let context = model.rope.max_positions();
+        let context = model.context_len();
         let n = params.n;
 
         let rows: Vec<Vec<u32>> = indices.iter().map(|&i| prompts[i].clone()).collect();
