@@ -25,7 +25,7 @@ use super::shards::{ShardKind, ShardStore, remove_dir, shard_seed};
 use super::summary::{summary_record, write_summary, write_weighting_summary};
 use super::weighting::id_weighting;
 use crate::error::{Error, Result};
-use crate::generate::{Engine, Sampler, SamplingParams, StopCriteria, model_eos_ids};
+use crate::generate::{Engine, Sampler, SamplingParams, StopCriteria};
 use crate::model::hf;
 use crate::tasks::interplay::answer_metrics::{Losses, answer_metrics_with_loss, read_samples};
 use crate::tasks::interplay::files::{AtomicFile, jsonl_records, write_atomic};
@@ -247,7 +247,6 @@ fn evaluate_model<B: Backend>(
     }
     let store = ShardStore::open(&shard_dir, &settings.shard_settings(data))?;
 
-    let stop = StopCriteria { token_ids: model_eos_ids(&entry.path, model.config(), Some(&tokenizer))?, strings: settings.stop.clone() };
     let mut engine = Engine::new(&model, Some(&tokenizer));
     engine.max_batch_size = settings.batch_size.max(1);
     let n = settings.samples;
@@ -275,7 +274,8 @@ fn evaluate_model<B: Backend>(
                 n,
                 sampler: settings.sampler,
                 max_new_tokens: settings.max_new_tokens,
-                stop: stop.clone(),
+                stop: StopCriteria { token_ids: Vec::new(), strings: settings.stop.clone() },
+                ignore_eos: false, // the model's EOS ids stop too
                 seed: shard_seed(settings.seed, subset, index),
                 skip_special_tokens: false,
             };

@@ -187,6 +187,9 @@ pub struct Qwen2<B: Backend> {
     pub rope: RotaryEmbedding<B>,
     #[module(skip)]
     pub config: Qwen2Config,
+    /// Token ids that end generation by default (see [`Qwen2::eos_token_ids`]).
+    #[module(skip)]
+    pub eos_token_ids: Vec<u32>,
 }
 
 impl<B: Backend> Qwen2<B> {
@@ -208,6 +211,7 @@ impl<B: Backend> Qwen2<B> {
             },
             rope: RotaryEmbedding::new(config.head_dim(), config.rope_theta(), config.max_position_embeddings, vb.device()),
             config: config.clone(),
+            eos_token_ids: config.eos_token_ids(),
         })
     }
 
@@ -272,5 +276,11 @@ impl<B: Backend> Qwen2<B> {
     /// The longest sequence the model can process (`max_position_embeddings`).
     pub fn context_len(&self) -> usize {
         self.rope.max_positions()
+    }
+
+    /// The end-of-sequence ids generation stops at by default: `eos_token_id` of `config.json`
+    /// and, for a model loaded from a directory, of `generation_config.json`.
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_token_ids
     }
 }
