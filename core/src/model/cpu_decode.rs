@@ -95,6 +95,8 @@ mod flex {
         let mut y = vec![0.0f32; m * n];
         let out = SharedOut(y.as_mut_ptr());
         (0..n.div_ceil(COLUMNS_PER_TASK)).into_par_iter().for_each(|task| {
+            // Captures the whole (Send) wrapper, not its raw pointer field.
+            #[allow(clippy::redundant_locals)]
             let out = out;
             let cols = task * COLUMNS_PER_TASK..((task + 1) * COLUMNS_PER_TASK).min(n);
             for row in (0..m).step_by(8) {
@@ -149,6 +151,8 @@ mod flex {
     unsafe impl Send for SharedOut {}
     unsafe impl Sync for SharedOut {}
 
+    // Register tiles index accumulators by row and column, as the arithmetic reads.
+    #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
     mod kernels {
         use std::arch::x86_64::*;
 
