@@ -29,7 +29,7 @@ pub struct Proj<B: Backend> {
 
 impl<B: Backend> Proj<B> {
     /// Reads `weight` (HF `[out, in]`) and, where the model has one, `bias` from `vb`.
-    pub fn load(vb: &Weights<B>) -> Result<Self> {
+    pub(crate) fn load(vb: &Weights<B>) -> Result<Self> {
         let weight = vb.host("weight")?;
         let bias = match vb.contains("bias") {
             true => Some(vb.host("bias")?),

@@ -29,7 +29,7 @@ pub struct RmsNorm<B: Backend> {
 
 impl<B: Backend> RmsNorm<B> {
     /// Reads `weight`.
-    pub fn load(vb: &Weights<B>, eps: f64) -> Result<Self> {
+    pub(crate) fn load(vb: &Weights<B>, eps: f64) -> Result<Self> {
         Ok(Self { weight: vb.get("weight")?, eps })
     }
 
@@ -50,7 +50,7 @@ pub struct Mlp<B: Backend> {
 }
 
 impl<B: Backend> Mlp<B> {
-    pub fn load(vb: &Weights<B>) -> Result<Self> {
+    pub(crate) fn load(vb: &Weights<B>) -> Result<Self> {
         Ok(Self {
             gate_proj: Proj::load(&vb.pp("gate_proj"))?,
             up_proj: Proj::load(&vb.pp("up_proj"))?,
@@ -77,7 +77,7 @@ pub struct Attention<B: Backend> {
 }
 
 impl<B: Backend> Attention<B> {
-    pub fn load(config: &Qwen2Config, vb: &Weights<B>) -> Result<Self> {
+    pub(crate) fn load(config: &Qwen2Config, vb: &Weights<B>) -> Result<Self> {
         Ok(Self {
             q_proj: Proj::load(&vb.pp("q_proj"))?,
             k_proj: Proj::load(&vb.pp("k_proj"))?,
@@ -155,7 +155,7 @@ pub struct DecoderLayer<B: Backend> {
 }
 
 impl<B: Backend> DecoderLayer<B> {
-    pub fn load(config: &Qwen2Config, vb: &Weights<B>) -> Result<Self> {
+    pub(crate) fn load(config: &Qwen2Config, vb: &Weights<B>) -> Result<Self> {
         Ok(Self {
             input_layernorm: RmsNorm::load(&vb.pp("input_layernorm"), config.rms_norm_eps)?,
             self_attn: Attention::load(config, &vb.pp("self_attn"))?,
@@ -195,7 +195,7 @@ pub struct Qwen2<B: Backend> {
 impl<B: Backend> Qwen2<B> {
     /// Builds the model from the checkpoint tensors under `vb` (the checkpoint's root; see
     /// [`Qwen2::from_source`]). Field names are HF's, so parameter paths are checkpoint names.
-    pub fn load(config: &Qwen2Config, vb: &Weights<B>) -> Result<Self> {
+    pub(crate) fn load(config: &Qwen2Config, vb: &Weights<B>) -> Result<Self> {
         let body = vb.pp("model");
         let embed_tokens = Embedding { weight: body.pp("embed_tokens").get("weight")? };
         let layers = (0..config.num_hidden_layers)

@@ -1,6 +1,6 @@
 //! The tensors of a Qwen2 checkpoint: one description ([`expected_tensors`]: Hugging Face names,
 //! shapes and roles), a [`WeightSource`] that supplies them (a checkpoint or [`RandomInit`]), the
-//! [`Weights`] reader the blocks are built from by name (candle's `VarBuilder` style:
+//! `Weights` reader the blocks are built from by name (candle's `VarBuilder` style:
 //! `vb.pp("self_attn").pp("q_proj")`), and the way back to named HF tensors.
 //!
 //! Nothing depends on the order of the blocks' fields or reads: the builder asks by name, and the
@@ -161,7 +161,7 @@ impl<'s> Store<'s> {
 
 /// Reads the tensors of one subtree of the checkpoint by name, relative to a prefix:
 /// `vb.pp("mlp").host("up_proj.weight")` reads `<prefix>.mlp.up_proj.weight`.
-pub struct Weights<'a, B: Backend> {
+pub(crate) struct Weights<'a, B: Backend> {
     store: &'a Store<'a>,
     prefix: String,
     device: &'a B::Device,
