@@ -1,8 +1,9 @@
 //! The CPU decoding kernel computes the same products as burn's GEMM, for every row count it
-//! accepts, for shapes with remainders (k not a multiple of 16, n not a multiple of 3 or 48), and
-//! for both weight layouts: Hugging Face's `[out, in]` (how an inference model is loaded) and
-//! burn's row-major `[in, out]` (what training leaves). A projection of a model under
-//! `Autodiff<Flex>` reaches the kernel after `.valid()`, before and after an optimizer-style update.
+//! accepts, for shapes with remainders (k not a multiple of 16 or of the parts it is split into,
+//! n not a multiple of 3 or 48), and for both weight layouts: row-major `[in, out]` (every
+//! projection) and the transposed view of a row-major `[out, in]` (the tied LM head, a view of the
+//! embedding). A projection reaches the kernel when loaded for inference and, under
+//! `Autodiff<Flex>`, after `.valid()`, before and after an optimizer-style update.
 
 use burn::backend::Autodiff;
 use burn::module::{AutodiffModule, Param};
@@ -49,7 +50,7 @@ fn kernel_matches_gemm_in_both_layouts() {
         let hf = values(n * k, k + n); // [out = n, in = k]
         let hf_layout = Tensor::<Cpu, 2>::from_data(TensorData::new(hf.clone(), [n, k]), &device).transpose();
         let row_major = Tensor::<Cpu, 2>::from_data(TensorData::new(transposed(&hf, n, k), [k, n]), &device);
-        for (layout, w) in [("HF [out, in]", &hf_layout), ("row-major [in, out]", &row_major)] {
+        for (layout, w) in [("transposed [out, in]", &hf_layout), ("row-major [in, out]", &row_major)] {
             for m in [1, 3, 8, 9, MAX_ROWS] {
                 let x = Tensor::<Cpu, 2>::from_data(TensorData::new(values(m * k, m), [m, k]), &device);
                 let fast = matmul(&x, w).unwrap_or_else(|| panic!("{layout}: the kernel applies"));

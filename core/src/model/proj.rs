@@ -1,14 +1,14 @@
 //! Linear projections, `y = x·Wᵀ + b` (PyTorch's `nn.Linear`): the one place that knows how a
-//! weight is laid out in memory and how it is multiplied.
+//! weight is laid out and how it is multiplied.
 //!
-//! A [`Proj`]'s weight is `[in, out]`, as in burn's `Linear` (so gradients, optimizer state and
-//! records look the same as with burn's module). In memory it is either row-major or, on a
-//! backend where the CPU decoding kernel runs ([`cpu_decode::available`]), the transposed view
-//! of Hugging Face's row-major `[out, in]`, which the kernel reads fastest. Every product goes
-//! through [`project`]: the decoding kernel where it applies (either layout, so a model under
-//! `Autodiff<Flex>` also gets it after `.valid()`), else one burn matrix product.
+//! A [`Proj`]'s weight is `[in, out]`, row-major, as in burn's `Linear`, on every backend and
+//! under autodiff alike (so gradients, optimizer state and records look as with burn's module);
+//! checkpoints hold Hugging Face's `[out, in]`, converted by [`Proj::from_hf`] and [`to_hf`].
+//! Every product goes through [`project`]: the CPU decoding kernel where it applies (Flex, at most
+//! [`cpu_decode::MAX_ROWS`] rows, so also a model under `Autodiff<Flex>` after `.valid()`), else
+//! one burn matrix product.
 //!
-//! Precision: weights are f32 today; a half-precision weight would be cast here too.
+//! Precision: weights are f32 today; a half-precision weight would be converted and cast here.
 
 use burn::module::{Module, Param};
 use burn::tensor::module::linear;
@@ -41,26 +41,32 @@ impl<B: Backend> Proj<B> {
     /// A projection from an f32 weight in HF layout `[out, in]` and an optional bias `[out]`.
     pub fn from_hf(weight: TensorData, bias: Option<TensorData>, device: &B::Device) -> Self {
         let [out_dim, in_dim] = [weight.shape[0], weight.shape[1]];
-        let weight = if cpu_decode::available::<B>() {
-            Tensor::<B, 2>::from_data(weight, device).transpose()
-        } else {
-            let hf = weight.to_vec::<f32>().expect("f32 weight");
-            let mut transposed = vec![0.0f32; hf.len()];
-            for (o, row) in hf.chunks_exact(in_dim).enumerate() {
-                for (i, &w) in row.iter().enumerate() {
-                    transposed[i * out_dim + o] = w;
-                }
-            }
-            Tensor::from_data(TensorData::new(transposed, [in_dim, out_dim]), device)
-        };
+        let hf = weight.into_vec::<f32>().expect("f32 weight");
+        let weight = TensorData::new(transpose(&hf, out_dim, in_dim), [in_dim, out_dim]);
         let bias = bias.map(|b| Param::from_tensor(Tensor::from_data(b, device)));
-        Self { weight: Param::from_tensor(weight), bias }
+        Self { weight: Param::from_tensor(Tensor::from_data(weight, device)), bias }
     }
 
     /// `x · W + b` over the last axis of `[B, T, in]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         project(x, self.weight.val(), self.bias.as_ref().map(Param::val))
     }
+}
+
+/// `values` `[rows, cols]` as `[cols, rows]`, both row-major, in cache-sized tiles.
+fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    const TILE: usize = 32;
+    let mut out = vec![0.0f32; values.len()];
+    for r0 in (0..rows).step_by(TILE) {
+        for c0 in (0..cols).step_by(TILE) {
+            for r in r0..(r0 + TILE).min(rows) {
+                for c in c0..(c0 + TILE).min(cols) {
+                    out[c * rows + r] = values[r * cols + c];
+                }
+            }
+        }
+    }
+    out
 }
 
 /// A `[in, out]` weight in Hugging Face's layout `[out, in]`.
