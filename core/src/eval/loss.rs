@@ -17,7 +17,7 @@ use crate::tokenizer::Tokenizer;
 /// The mean token loss of each of `texts`, in order. Texts are cut to the model's context; they
 /// are scored `batch` at a time, shortest first, to keep padding low.
 pub fn text_losses<B: Backend>(model: &Qwen2<B>, tokenizer: &Tokenizer, texts: &[&str], batch: usize) -> Result<Vec<f64>> {
-    let context = model.rope.max_positions();
+    let context = model.context_len();
     let mut sequences = Vec::with_capacity(texts.len());
     for text in texts {
         let mut ids = tokenizer.encode(text)?;

@@ -21,7 +21,7 @@ use super::loss::text_losses;
 use super::release::ModelEntry;
 use super::shards::{ShardKind, ShardStore, remove_dir, shard_seed};
 use crate::error::{Error, Result};
-use crate::generate::{Engine, Sampler, SamplingParams, StopCriteria, model_eos_ids};
+use crate::generate::{Engine, Sampler, SamplingParams, StopCriteria};
 use crate::io::pyjson::{Json, Style};
 use crate::io::{AtomicFile, jsonl_records, remove_file};
 use crate::model::hf;
@@ -194,7 +194,7 @@ fn evaluate_model<B: Backend>(
     let name = entry.name.as_str();
     let model = hf::load::<B>(&entry.path, device)?;
     let tokenizer = Tokenizer::from_file(&entry.path)?;
-    let context = model.rope.max_positions();
+    let context = model.context_len();
     let parts = evaluation.parts();
     let prompts: Vec<Vec<Vec<u32>>> = parts.iter().map(|p| encode_prompts(p.items, &tokenizer, context)).collect::<Result<_>>()?;
     let shard_dir = ShardStore::dir_for(out, name);
@@ -206,7 +206,6 @@ fn evaluate_model<B: Backend>(
     }
     let store = ShardStore::open(&shard_dir, &settings.shard_settings(evaluation.fingerprint()))?;
 
-    let stop = StopCriteria { token_ids: model_eos_ids(&entry.path, model.config(), Some(&tokenizer))?, strings: settings.stop.clone() };
     let mut engine = Engine::new(&model, Some(&tokenizer));
     engine.max_batch_size = settings.batch_size.max(1);
     let n = settings.samples;
@@ -231,7 +230,8 @@ fn evaluate_model<B: Backend>(
                 n,
                 sampler: settings.sampler,
                 max_new_tokens: settings.max_new_tokens,
-                stop: stop.clone(),
+                stop: StopCriteria { token_ids: Vec::new(), strings: settings.stop.clone() },
+                ignore_eos: false, // the model's EOS ids stop too
                 seed: shard_seed(settings.seed, p, index),
                 skip_special_tokens: false,
             };

@@ -147,7 +147,7 @@ impl<B: AutodiffBackend> PolicyGradient<B> {
 
     /// Old, reference and teacher log-probs and entropies of one micro-batch (no gradients).
     fn score(&self, policy: &Qwen2<B::InnerBackend>, layout: &ResponseLayout) -> Scored {
-        let device = policy.embed_tokens.weight.device();
+        let device = policy.device();
         let batch = layout.to_device::<B::InnerBackend>(&device);
         let logprobs = |model: &Qwen2<B::InnerBackend>| host(token_logprobs(response_logits(model, &batch), batch.targets.clone()));
         let logits = response_logits(policy, &batch);
@@ -215,7 +215,7 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         let per_update = s.mini_batch * s.rollout.n;
         let micros_per_update = per_update.div_ceil(s.micro_batch);
         let total_micros = responses.len().div_ceil(per_update) * micros_per_update;
-        let device = model.embed_tokens.weight.device();
+        let device = model.device();
         let mut stats = TokenStats { advantage_min: f64::INFINITY, advantage_max: f64::NEG_INFINITY, ..Default::default() };
         let mut updates = Vec::new();
         for (u, update) in responses.chunks(per_update).enumerate() {
@@ -264,7 +264,7 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         };
         let mut loss = match &self.signal {
             Signal::Teacher { model: teacher, full_vocab: true, .. } => {
-                let inner = micro.layout.to_device::<B::InnerBackend>(&teacher.embed_tokens.weight.device());
+                let inner = micro.layout.to_device::<B::InnerBackend>(&teacher.device());
                 let teacher_logits = Tensor::from_inner(response_logits(teacher, &inner));
                 let kl = aggregate(reverse_kl(logits, teacher_logits), &batch.mask, s.agg, max_length);
                 weighted(&mut metrics, "teacher_kl_full", kl.clone().detach());

@@ -84,6 +84,7 @@ impl HeldOut {
                 sampler: Sampler::greedy(),
                 max_new_tokens: self.max_new_tokens,
                 stop: StopCriteria { token_ids: self.tokenizer.eos_id().into_iter().collect(), strings: self.task.stop_strings() },
+                ignore_eos: true, // the training texts' EOS (above), not the config's
                 ..Default::default()
             };
             let prompts: Vec<Vec<u32>> = self.prompts.iter().map(|(ids, _)| ids.clone()).collect();
