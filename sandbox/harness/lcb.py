@@ -1,4 +1,5 @@
 # kiln-sandbox harness: runs ONE LiveCodeBench test of one program, inside the sandbox.
+# Imported as the module `kiln_lcb` (so its bytecode is cached): importing it runs the test.
 #
 # It mirrors lcb_runner/evaluation/testing_util.py of LiveCodeBench (commit 28fef95):
 # `run_test`'s `reliability_guard`, `grade_stdio` (clean_if_name, make_function, call_method's
@@ -12,7 +13,8 @@
 # the expected output.
 #
 # Protocol. stdin: one JSON header line {"mode": "stdin"|"call", "fn_name": str|null,
-# "check_only": bool, "code_len": bytes, "cap": bytes}, then the program (code_len bytes), then the test input.
+# "check_only": bool, "code_len": bytes, "cap": bytes}, then the program (code_len bytes), then
+# the test input.
 # Result: on the original stdout (fd 1 is pointed at /dev/null before user code runs, as LCB's
 # captured output never includes writes that bypass sys.stdout), b"\0KILN-RESULT\0", one JSON
 # line {"status", "exc", "msg", "time", "len"} and `len` bytes of payload (the captured output,
@@ -20,7 +22,6 @@
 import sys
 import os
 import json
-import ast
 import time
 from io import StringIO
 from types import ModuleType
@@ -356,7 +357,10 @@ def main():
             report("overflow", msg="returned value over %d bytes" % _cap)
         report("ok", payload, elapsed=elapsed)
 
-    # stdin mode (LCB grade_stdio)
+    # stdin mode (LCB grade_stdio); `ast` only here (call-based tests do not need it)
+    global ast
+    import ast
+
     code = clean_if_name(code)
     code = make_function(code)
     code_obj = compile_or_report(code)
@@ -380,4 +384,5 @@ def main():
     report("ok", out, elapsed=elapsed)
 
 
+ast = None
 main()

@@ -208,8 +208,9 @@ impl Sandbox {
             stdout_bytes: limits.output_bytes + (64 << 10),
             ..RunLimits::default()
         };
-        let harness = self.harness().to_string_lossy().into_owned();
-        match self.run_python(&[&harness], &stdin, &run) {
+        let args = self.harness_args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        match self.run_python(&args, &stdin, &run) {
             Ok(out) => judge(&out, test, limits),
             Err(e) => TestResult {
                 verdict: Verdict::RuntimeError,

@@ -86,9 +86,10 @@ impl Sandbox {
         let mut sandbox_dirs = RootGuard(Some(root.clone()));
         let harness_dir = root.join("harness");
         dir(&harness_dir, 0o755)?;
-        let harness = harness_dir.join("lcb.py");
+        let harness = harness_dir.join("kiln_lcb.py");
         std::fs::write(&harness, crate::grade::HARNESS)
             .map_err(|e| SandboxError::io(&harness, e))?;
+        compile_harness(&interp.path, &harness)?;
         let work_dirs: Vec<PathBuf> = (0..slots).map(|i| root.join(format!("slot{i}"))).collect();
         for w in &work_dirs {
             dir(w, 0o700)?;
@@ -179,8 +180,15 @@ impl Sandbox {
         &self.interp.path
     }
 
-    pub(crate) fn harness(&self) -> &Path {
-        &self.harness
+    /// The arguments that run the harness (imported from its directory, so its bytecode,
+    /// compiled once here, is reused).
+    pub(crate) fn harness_args(&self) -> [String; 3] {
+        let dir = self.harness.parent().expect("harness directory");
+        [
+            "-c".to_string(),
+            "import sys; sys.path.insert(0, sys.argv[1]); import kiln_lcb".to_string(),
+            dir.to_string_lossy().into_owned(),
+        ]
     }
 
     /// Runs `python -I -S -B <args>` confined in a free slot, with `stdin` as its input.
@@ -264,6 +272,22 @@ impl Drop for RootGuard {
             let _ = std::fs::remove_dir_all(p);
         }
     }
+}
+
+/// Compiles the harness to bytecode next to it (our own file, compiled by the interpreter outside
+/// the sandbox; the runs only read it).
+fn compile_harness(python: &Path, harness: &Path) -> Result<(), SandboxError> {
+    let out = std::process::Command::new(python)
+        .args(["-I", "-S", "-c", "import py_compile, sys; py_compile.compile(sys.argv[1], doraise=True)"])
+        .arg(harness)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| SandboxError::Spawn(format!("{}: {e}", python.display())))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(SandboxError::Spawn(format!("compiling the harness: {}", err.trim())));
+    }
+    Ok(())
 }
 
 /// Removes everything inside `dir` (a plain scratch directory between runs).

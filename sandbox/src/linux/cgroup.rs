@@ -63,7 +63,9 @@ pub(crate) fn hierarchy() -> Result<Hierarchy, String> {
 pub(crate) struct SlotGroup {
     /// Group directories, removed (innermost first) on drop.
     dirs: Vec<PathBuf>,
-    /// `cgroup.procs` of every group, open for the child to write "0" (join) into.
+    /// The files the child writes "0" into to join: v1 `tasks` (moving only the calling thread —
+    /// the whole child right after fork — skips the global threadgroup lock, whose RCU grace
+    /// period costs ~10 ms per move via `cgroup.procs`), v2 `cgroup.procs`.
     procs: Vec<OwnedFd>,
     /// Where the memory limit goes.
     limit_file: PathBuf,
@@ -103,10 +105,11 @@ impl SlotGroup {
         };
         let pids_dir = g.dirs.last().expect("a group").clone();
         write(&pids_dir.join("pids.max"), &max_tasks.to_string())?;
+        let join = if matches!(h, Hierarchy::V1 { .. }) { "tasks" } else { "cgroup.procs" };
         for d in &g.dirs {
             let f = fs::OpenOptions::new()
                 .write(true)
-                .open(d.join("cgroup.procs"))
+                .open(d.join(join))
                 .map_err(|e| format!("{}: {e}", d.display()))?;
             g.procs.push(f.into());
         }
