@@ -180,6 +180,12 @@ impl Sandbox {
         &self.interp.path
     }
 
+    /// This sandbox's own directory (the harness and the slots' scratch directories); every
+    /// sandboxed process names it on its command line. Removed when the sandbox is dropped.
+    pub fn directory(&self) -> &Path {
+        &self.root
+    }
+
     /// The arguments that run the harness (imported from its directory, so its bytecode,
     /// compiled once here, is reused).
     pub(crate) fn harness_args(&self) -> [String; 3] {
@@ -278,14 +284,22 @@ impl Drop for RootGuard {
 /// the sandbox; the runs only read it).
 fn compile_harness(python: &Path, harness: &Path) -> Result<(), SandboxError> {
     let out = std::process::Command::new(python)
-        .args(["-I", "-S", "-c", "import py_compile, sys; py_compile.compile(sys.argv[1], doraise=True)"])
+        .args([
+            "-I",
+            "-S",
+            "-c",
+            "import py_compile, sys; py_compile.compile(sys.argv[1], doraise=True)",
+        ])
         .arg(harness)
         .stdin(std::process::Stdio::null())
         .output()
         .map_err(|e| SandboxError::Spawn(format!("{}: {e}", python.display())))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
-        return Err(SandboxError::Spawn(format!("compiling the harness: {}", err.trim())));
+        return Err(SandboxError::Spawn(format!(
+            "compiling the harness: {}",
+            err.trim()
+        )));
     }
     Ok(())
 }

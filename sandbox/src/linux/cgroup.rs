@@ -105,7 +105,11 @@ impl SlotGroup {
         };
         let pids_dir = g.dirs.last().expect("a group").clone();
         write(&pids_dir.join("pids.max"), &max_tasks.to_string())?;
-        let join = if matches!(h, Hierarchy::V1 { .. }) { "tasks" } else { "cgroup.procs" };
+        let join = if matches!(h, Hierarchy::V1 { .. }) {
+            "tasks"
+        } else {
+            "cgroup.procs"
+        };
         for d in &g.dirs {
             let f = fs::OpenOptions::new()
                 .write(true)

@@ -254,12 +254,13 @@ pub(crate) fn probe(
         Some(e) => Layer::off(e),
         None => {
             // exec of the interpreter itself: Landlock allows it, only seccomp can refuse
-            let check = "import os, socket, sys\nout = []\nfor f in (socket.socket, os.fork, lambda: os.execv(sys.executable, ['python', '-c', ''])):\n    try:\n        f(); out.append('allowed')\n    except PermissionError:\n        out.append('denied')\nprint(' '.join(out))";
+            // (and threads must still start)
+            let check = "import os, socket, sys, threading\nout = []\nfor f in (socket.socket, os.fork, lambda: os.execv(sys.executable, ['python', '-c', ''])):\n    try:\n        f(); out.append('allowed')\n    except PermissionError:\n        out.append('denied')\nt = threading.Thread(target=out.append, args=('thread',))\nt.start()\nt.join()\nprint(' '.join(out))";
             let r = report(
                 &mut layers,
                 &|l| l.seccomp = true,
                 check,
-                &|o| o == "denied denied denied",
+                &|o| o == "denied denied denied thread",
                 &slots,
             );
             verdict(r, "allow-list: no sockets, no fork/clone of processes, no exec, no ptrace/mount/unshare/setns, signals only to itself".into())

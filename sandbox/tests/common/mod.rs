@@ -35,3 +35,41 @@ pub fn expect_layer(name: &str) -> bool {
         _ => true,
     }
 }
+
+/// Processes still running that belong to this sandbox (their command line names its directory).
+pub fn leftovers() -> Vec<String> {
+    let marker = sandbox().directory().to_string_lossy().into_owned();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(&marker) {
+            found.push(format!("{name}: {cmd}"));
+        }
+    }
+    found
+}
+
+/// A unique name for files a test plants or checks.
+pub fn unique(tag: &str) -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "kiln-test-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Serialises tests that check for leftover processes (tests of one binary run in parallel and
+/// share the sandbox).
+pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
