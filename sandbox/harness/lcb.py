@@ -319,7 +319,8 @@ def main():
     _cap = head["cap"]
     mode = head["mode"]
 
-    sys.set_int_max_str_digits(50000)
+    if hasattr(sys, "set_int_max_str_digits"):  # Python 3.11+ (and late 3.9/3.10 releases)
+        sys.set_int_max_str_digits(50000)
     reliability_guard()
 
     check_only = head["check_only"]

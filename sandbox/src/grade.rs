@@ -24,7 +24,9 @@ pub enum TestCase {
     /// The program reads `input` on stdin and must print `output`.
     Stdin { input: String, output: String },
     /// `fn_name` (a method of `class Solution`, or a function) is called with one argument per
-    /// line of `input` (each a JSON value) and must return the JSON value `output`.
+    /// line of `input` (each a JSON value) and must return the JSON value `output`. (LCB's
+    /// `testtype` "functional".)
+    #[serde(rename = "functional")]
     Call {
         fn_name: String,
         input: String,
@@ -395,4 +397,45 @@ fn check_answer(payload: &[u8], test: Option<&TestCase>) -> (Verdict, String) {
 
 fn truncate(s: &str, n: usize) -> String {
     s.chars().take(n).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdicts_serialise_as_snake_case() {
+        for v in [
+            Verdict::Accepted,
+            Verdict::WrongAnswer,
+            Verdict::TimeLimit,
+            Verdict::MemoryLimit,
+            Verdict::RuntimeError,
+            Verdict::CompileError,
+            Verdict::NoCode,
+        ] {
+            assert_eq!(
+                serde_json::to_string(&v).unwrap(),
+                format!("\"{}\"", v.as_str())
+            );
+            assert_eq!(
+                serde_json::from_str::<Verdict>(&format!("\"{v}\"")).unwrap(),
+                v
+            );
+        }
+        assert_eq!(Verdict::WrongAnswer.as_str(), "wrong_answer");
+    }
+
+    #[test]
+    fn the_result_frame_is_the_last_one_that_ends_the_output() {
+        let mut out = b"junk\0KILN-RESULT\0{bad\n".to_vec();
+        out.extend_from_slice(b"\0KILN-RESULT\0{\"status\":\"ok\",\"exc\":null,\"msg\":\"\",\"time\":0.5,\"len\":3}\nabc");
+        let (frame, payload) = parse_frame(&out).unwrap();
+        assert_eq!(
+            (frame.status.as_str(), frame.time, payload),
+            ("ok", Some(0.5), &b"abc"[..])
+        );
+        out.push(b'x'); // payload longer than announced: no frame
+        assert!(parse_frame(&out).is_none());
+    }
 }

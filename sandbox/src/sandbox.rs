@@ -72,6 +72,7 @@ impl Sandbox {
             std::process::id(),
             SANDBOXES.fetch_add(1, Ordering::Relaxed)
         );
+        remove_stale_dirs(&std::env::temp_dir());
         let root = std::env::temp_dir().join(&name);
         let dir = |p: &Path, mode: u32| -> Result<(), SandboxError> {
             use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -103,7 +104,7 @@ impl Sandbox {
         let (linux, protections) = {
             let p = linux::probe::probe(
                 &interp,
-                &[harness_dir.clone()],
+                std::slice::from_ref(&harness_dir),
                 &work_dirs,
                 opts.uid_base,
                 &name,
@@ -146,9 +147,7 @@ impl Sandbox {
             cgroup: off("Linux only"),
         };
         let _ = off;
-        if !protections.confined() && !opts.allow_unsafe {
-            return Err(SandboxError::Unconfined(protections.summary()));
-        }
+        refuse_unconfined(&protections, opts.allow_unsafe)?;
         sandbox_dirs.0 = None;
         let sandbox = Sandbox {
             protections,
@@ -304,6 +303,37 @@ fn compile_harness(python: &Path, harness: &Path) -> Result<(), SandboxError> {
     Ok(())
 }
 
+/// The pid in a name `kiln-sandbox-<pid>-...` if that process is gone (a sandbox that was never
+/// dropped: killed, or held in a static). Only where `/proc` tells.
+pub(crate) fn stale_owner(name: &str) -> Option<u32> {
+    let pid: u32 = name
+        .strip_prefix("kiln-sandbox-")?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()?;
+    let proc_fs = Path::new("/proc/self").exists();
+    (proc_fs && !Path::new(&format!("/proc/{pid}")).exists()).then_some(pid)
+}
+
+/// The rule: no untrusted code without file-system or syscall confinement, unless asked.
+fn refuse_unconfined(p: &Protections, allow_unsafe: bool) -> Result<(), SandboxError> {
+    if p.confined() || allow_unsafe {
+        Ok(())
+    } else {
+        Err(SandboxError::Unconfined(p.summary()))
+    }
+}
+
+/// Removes the directories of sandboxes whose process is gone.
+fn remove_stale_dirs(temp: &Path) {
+    for entry in std::fs::read_dir(temp).into_iter().flatten().flatten() {
+        if stale_owner(&entry.file_name().to_string_lossy()).is_some() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// Removes everything inside `dir` (a plain scratch directory between runs).
 pub(crate) fn empty_dir(dir: &Path) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
@@ -357,5 +387,58 @@ impl Drop for SlotGuard<'_> {
             .unwrap_or_else(|e| e.into_inner())
             .push(self.index);
         self.pool.ready.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn protections(landlock: bool, seccomp: bool) -> Protections {
+        let l = |on: bool| {
+            if on {
+                Layer::on("x")
+            } else {
+                Layer::off("unavailable")
+            }
+        };
+        Protections {
+            python: "python3".into(),
+            unsafe_mode: false,
+            rlimits: l(true),
+            process_group: l(true),
+            clean_start: l(true),
+            scratch: l(true),
+            landlock: l(landlock),
+            seccomp: l(seccomp),
+            net_namespace: l(true),
+            user_namespace: l(true),
+            uid: l(true),
+            cgroup: l(true),
+        }
+    }
+
+    #[test]
+    fn refuses_without_file_system_and_syscall_confinement() {
+        let none = protections(false, false);
+        let err = refuse_unconfined(&none, false).unwrap_err();
+        assert!(matches!(err, SandboxError::Unconfined(_)));
+        assert!(err.to_string().contains("--unsafe-no-sandbox"), "{err}");
+        assert!(refuse_unconfined(&none, true).is_ok());
+        assert!(refuse_unconfined(&protections(true, false), false).is_ok());
+        assert!(refuse_unconfined(&protections(false, true), false).is_ok());
+    }
+
+    #[test]
+    fn stale_sandboxes_are_recognised_by_a_dead_pid() {
+        assert_eq!(
+            stale_owner(&format!("kiln-sandbox-{}-0", std::process::id())),
+            None
+        );
+        assert_eq!(
+            stale_owner("kiln-sandbox-4000000000-3-slot1"),
+            Some(4_000_000_000)
+        );
+        assert_eq!(stale_owner("other-123"), None);
     }
 }

@@ -58,6 +58,21 @@ pub(crate) fn hierarchy() -> Result<Hierarchy, String> {
     Ok(Hierarchy::V2 { base })
 }
 
+/// Removes the groups of sandboxes whose process is gone (they were never dropped).
+pub(crate) fn remove_stale(h: &Hierarchy) {
+    let bases: Vec<&PathBuf> = match h {
+        Hierarchy::V1 { memory, pids } => vec![memory, pids],
+        Hierarchy::V2 { base } => vec![base],
+    };
+    for base in bases {
+        for entry in fs::read_dir(base).into_iter().flatten().flatten() {
+            if crate::sandbox::stale_owner(&entry.file_name().to_string_lossy()).is_some() {
+                let _ = fs::remove_dir(entry.path());
+            }
+        }
+    }
+}
+
 /// The groups of one slot. Dropping removes them.
 #[derive(Debug)]
 pub(crate) struct SlotGroup {

@@ -80,192 +80,138 @@ pub(crate) fn probe(
         });
     }
 
-    let mut layers = Layers::default();
-    let report = |layers: &mut Layers,
-                  set: &dyn Fn(&mut Layers),
-                  check: &str,
-                  expect: &dyn Fn(&str) -> bool,
-                  slots: &[SlotResources]|
-     -> Result<(), String> {
-        let mut trial = layers.clone();
-        set(&mut trial);
-        let out = run_check(&platform, &trial, &slots[0], check)?;
-        if !expect(&out) {
-            return Err(format!("not enforced (check printed {out:?})"));
-        }
-        *layers = trial;
-        Ok(())
+    let mut t = Trials {
+        platform: &platform,
+        layers: Layers::default(),
     };
-    let verdict = |r: Result<(), String>, on: String| match r {
-        Ok(()) => Layer::on(on),
-        Err(e) => Layer::off(e),
-    };
-    let base_ok = run_check(&platform, &layers, &slots[0], "print('ok')");
-    if let Err(e) = base_ok {
+    let slot0 = &slots[0];
+    if let Err(e) = run_check(&platform, &t.layers, slot0, "print('ok')") {
+        let python = interp.path.display();
         return Err(SandboxError::Spawn(format!(
-            "{} does not run even unconfined: {e}",
-            interp.path.display()
+            "{python} does not run even unconfined: {e}"
         )));
     }
-
-    let uid_check = "import os; print(os.getuid(), os.getgid(), os.getgroups())";
     let mut uid = Layer::off("kiln does not run as root (programs run under its own uid)");
-    let mut user_ns = Layer::off("not tried");
+    let mut user_ns = Layer::off("needs the uid drop");
     if !is_root {
-        let r = report(
-            &mut layers,
-            &|l| l.user_ns = true,
-            "print(open('/proc/self/uid_map').read().split()[2])",
-            &|o| o == "1",
-            &slots,
+        // (a user namespace first: it grants the right to make the others)
+        user_ns = t.add(
+            |l| l.user_ns = true,
+            slot0,
+            USERNS_CHECK,
+            |o| o == "1",
+            "own user namespace (ids mapped to themselves)",
         );
-        user_ns = verdict(r, "own user namespace (ids mapped to themselves)".into());
     }
-    let needs_userns = !is_root && !layers.user_ns;
+    let needs_userns = !is_root && !t.layers.user_ns;
     let net_ns = if needs_userns {
         Layer::off("needs a user namespace (not root)")
     } else {
-        let check = "import socket; print(','.join(n for _, n in socket.if_nameindex()))";
-        let r = report(
-            &mut layers,
-            &|l| l.net_ns = true,
-            check,
-            &|o| o == "lo",
-            &slots,
-        );
-        verdict(
-            r,
-            "empty network namespace (loopback only, down); IPC and UTS namespaces".into(),
-        )
+        let on = "empty network namespace (loopback only, down); IPC and UTS namespaces";
+        t.add(|l| l.net_ns = true, slot0, NETNS_CHECK, |o| o == "lo", on)
     };
-    let scratch_bytes = RunLimits::default().file_bytes;
+    let plain = "plain directory, emptied after each run";
     let scratch = if needs_userns {
-        Layer::off(
-            "plain directory, emptied after each run (a private tmpfs needs a user namespace)",
-        )
+        Layer::off(format!("{plain} (a private tmpfs needs a user namespace)"))
     } else {
-        let check = format!(
-            "import os; s = os.statvfs('.'); open('w', 'w').write('x'); print(s.f_blocks * s.f_frsize <= {scratch_bytes})"
-        );
-        let r = report(
-            &mut layers,
-            &|l| l.tmpfs = true,
-            &check,
-            &|o| o == "True",
-            &slots,
-        );
-        match r {
-            Ok(()) => Layer::on(
-                "private tmpfs per run (size = the file-size limit, 4096 inodes), in a mount namespace",
-            ),
-            Err(e) => Layer::off(format!(
-                "plain directory, emptied after each run (tmpfs: {e})"
-            )),
+        let check = TMPFS_CHECK.replace("SIZE", &RunLimits::default().file_bytes.to_string());
+        let on =
+            "private tmpfs per run (size = the file-size limit, 4096 inodes), in a mount namespace";
+        let layer = t.add(|l| l.tmpfs = true, slot0, &check, |o| o == "True", on);
+        if layer.active {
+            layer
+        } else {
+            Layer::off(format!("{plain} (tmpfs: {})", layer.detail))
         }
     };
     if is_root {
-        let expect = format!("{} {} []", slots[0].uid, slots[0].gid);
-        let r = report(
-            &mut layers,
-            &|l| l.drop_uid = true,
-            uid_check,
-            &|o| o == expect,
-            &slots,
+        let want = format!("{} {} []", slot0.uid, slot0.gid);
+        uid = t.add(
+            |l| l.drop_uid = true,
+            slot0,
+            UID_CHECK,
+            |o| o == want,
+            &format!("uid/gid {uid_base}+slot, no groups"),
         );
-        uid = verdict(r, format!("uid/gid {}+slot, no groups", uid_base));
-        user_ns = if layers.drop_uid {
-            let r = report(
-                &mut layers,
-                &|l| l.user_ns = true,
-                "print(open('/proc/self/uid_map').read().split()[2])",
-                &|o| o == "1",
-                &slots,
+        if t.layers.drop_uid {
+            user_ns = t.add(
+                |l| l.user_ns = true,
+                slot0,
+                USERNS_CHECK,
+                |o| o == "1",
+                "user namespace entered after the uid drop",
             );
-            verdict(r, "user namespace entered after the uid drop".into())
-        } else {
-            Layer::off("needs the uid drop")
-        };
+        }
     }
     let cgroup = match cgroup::hierarchy() {
         Err(e) => Layer::off(e),
         Ok(h) => {
-            let mut err = None;
-            for (i, s) in slots.iter_mut().enumerate() {
-                match cgroup::SlotGroup::create(
-                    &h,
-                    &format!("{name}-slot{i}"),
-                    RunLimits::default().tasks,
-                ) {
-                    Ok(g) => s.cgroup = Some(g),
-                    Err(e) => err = Some(e),
-                }
-            }
-            let r = match err {
-                Some(e) => Err(e),
-                None => {
+            cgroup::remove_stale(&h);
+            let tasks = RunLimits::default().tasks;
+            let groups: Result<Vec<_>, String> = (0..slots.len())
+                .map(|i| cgroup::SlotGroup::create(&h, &format!("{name}-slot{i}"), tasks))
+                .collect();
+            match groups {
+                Err(e) => Layer::off(e),
+                Ok(groups) => {
+                    for (s, g) in slots.iter_mut().zip(groups) {
+                        s.cgroup = Some(g);
+                    }
                     let want = format!("{name}-slot0");
-                    report(
-                        &mut layers,
-                        &|l| l.cgroup = true,
-                        "print(open('/proc/self/cgroup').read())",
-                        &|o| o.contains(&want),
-                        &slots,
+                    let kind = if matches!(h, cgroup::Hierarchy::V1 { .. }) {
+                        "v1"
+                    } else {
+                        "v2"
+                    };
+                    let on = format!(
+                        "cgroup {kind} per slot: memory (limit + 128 MiB, an OOM kill is memory_limit) and tasks"
+                    );
+                    t.add(
+                        |l| l.cgroup = true,
+                        &slots[0],
+                        CGROUP_CHECK,
+                        |o| o.contains(&want),
+                        &on,
                     )
                 }
-            };
-            let kind = if matches!(h, cgroup::Hierarchy::V1 { .. }) {
-                "v1"
-            } else {
-                "v2"
-            };
-            verdict(
-                r,
-                format!(
-                    "cgroup {kind} per slot: memory (limit + 128 MiB, OOM kill = memory_limit) and pids"
-                ),
-            )
+            }
         }
     };
-    if !layers.cgroup {
+    if !t.layers.cgroup {
         for s in &mut slots {
             s.cgroup = None;
         }
     }
+    let slot0 = &slots[0];
     let landlock = match landlock_err {
         Some(e) => Layer::off(e),
         None => {
-            let check = "try:\n    open('/etc/passwd').read(); print('read')\nexcept PermissionError:\n    open('probe', 'w').write('x'); print('denied')";
-            let r = report(
-                &mut layers,
-                &|l| l.landlock = true,
-                check,
-                &|o| o == "denied",
-                &slots,
+            let on = format!(
+                "ABI {abi}: read-only system and interpreter paths, scratch read-write, no /proc, no TCP, no signals out"
             );
-            verdict(
-                r,
-                format!(
-                    "ABI {abi}: read-only system and interpreter paths, scratch read-write, no /proc, no TCP, no signals out"
-                ),
+            t.add(
+                |l| l.landlock = true,
+                slot0,
+                LANDLOCK_CHECK,
+                |o| o == "denied",
+                &on,
             )
         }
     };
     let seccomp = match seccomp_err {
         Some(e) => Layer::off(e),
         None => {
-            // exec of the interpreter itself: Landlock allows it, only seccomp can refuse
-            // (and threads must still start)
-            let check = "import os, socket, sys, threading\nout = []\nfor f in (socket.socket, os.fork, lambda: os.execv(sys.executable, ['python', '-c', ''])):\n    try:\n        f(); out.append('allowed')\n    except PermissionError:\n        out.append('denied')\nt = threading.Thread(target=out.append, args=('thread',))\nt.start()\nt.join()\nprint(' '.join(out))";
-            let r = report(
-                &mut layers,
-                &|l| l.seccomp = true,
-                check,
-                &|o| o == "denied denied denied thread",
-                &slots,
-            );
-            verdict(r, "allow-list: no sockets, no fork/clone of processes, no exec, no ptrace/mount/unshare/setns, signals only to itself".into())
+            let on = "allow-list: no sockets, no fork/clone of processes, no exec, no ptrace/mount/unshare/setns, signals only to itself";
+            t.add(
+                |l| l.seccomp = true,
+                slot0,
+                SECCOMP_CHECK,
+                |o| o == "denied denied denied thread",
+                on,
+            )
         }
     };
+    let layers = t.layers;
     Ok(Probed {
         platform,
         layers,
@@ -278,6 +224,50 @@ pub(crate) fn probe(
         landlock,
         seccomp,
     })
+}
+
+/// Reads the user namespace's uid map: one id mapped (not the whole range of the host's).
+const USERNS_CHECK: &str = "print(open('/proc/self/uid_map').read().split()[2])";
+/// Lists the network interfaces: only the (down) loopback.
+const NETNS_CHECK: &str = "import socket; print(','.join(n for _, n in socket.if_nameindex()))";
+/// The working directory is writable and no larger than the file-size limit.
+const TMPFS_CHECK: &str = "import os; s = os.statvfs('.'); open('w', 'w').write('x'); print(s.f_blocks * s.f_frsize <= SIZE)";
+const UID_CHECK: &str = "import os; print(os.getuid(), os.getgid(), os.getgroups())";
+const CGROUP_CHECK: &str = "print(open('/proc/self/cgroup').read())";
+/// /etc/passwd (world-readable) must be denied, the scratch directory writable.
+const LANDLOCK_CHECK: &str = "try:\n    open('/etc/passwd').read(); print('read')\nexcept PermissionError:\n    open('probe', 'w').write('x'); print('denied')";
+/// socket, fork and exec of the interpreter itself (which Landlock allows: only seccomp can
+/// refuse it) must be denied; threads must still start.
+const SECCOMP_CHECK: &str = "import os, socket, sys, threading\nout = []\nfor f in (socket.socket, os.fork, lambda: os.execv(sys.executable, ['python', '-c', ''])):\n    try:\n        f(); out.append('allowed')\n    except PermissionError:\n        out.append('denied')\nt = threading.Thread(target=out.append, args=('thread',))\nt.start()\nt.join()\nprint(' '.join(out))";
+
+/// The layers found to work so far; each trial adds one on top.
+struct Trials<'a> {
+    platform: &'a Platform,
+    layers: Layers,
+}
+
+impl Trials<'_> {
+    /// Tries the current layers plus `set`: kept (and reported on) if `check` runs under them in
+    /// `slot` and its output passes `expect`.
+    fn add(
+        &mut self,
+        set: impl Fn(&mut Layers),
+        slot: &SlotResources,
+        check: &str,
+        expect: impl Fn(&str) -> bool,
+        on: &str,
+    ) -> Layer {
+        let mut trial = self.layers.clone();
+        set(&mut trial);
+        match run_check(self.platform, &trial, slot, check) {
+            Ok(out) if expect(&out) => {
+                self.layers = trial;
+                Layer::on(on)
+            }
+            Ok(out) => Layer::off(format!("not enforced (the check printed {out:?})")),
+            Err(e) => Layer::off(e),
+        }
+    }
 }
 
 /// What one slot may touch (see `landlock`).
