@@ -53,7 +53,12 @@
 //! # Grading, and how it differs from LiveCodeBench
 //!
 //! [`Sandbox::grade`] follows LiveCodeBench's `lcb_runner/evaluation/testing_util.py` (commit
-//! 28fef95): the harness (`harness/lcb.py`, embedded) applies `reliability_guard`, for stdin
+//! 28fef95). Each test is one sandboxed process running the harness (`harness/lcb.py`, embedded
+//! and written, with its bytecode, into the sandbox's own read-only directory); it reads the
+//! program and the test input from stdin, compiles the program with `compile()` before running
+//! any of it (a failure is `compile_error`) and reports what the program printed or returned.
+//! `tests/lcb_parity.rs` checks the verdicts against LCB's own grader on a table of programs.
+//! The harness applies `reliability_guard`, for stdin
 //! problems `clean_if_name` + `make_function` (code wrapped into `wrapped_function`, imports
 //! hoisted, LCB's `import_string` prepended) and the same stdin patches (so LCB's quirks stay:
 //! `sys.stdin.readlines()` returns `input.split("\n")`, `for line in sys.stdin` fails,
@@ -78,9 +83,14 @@
 //! - **Time**: the host kills a test at `per_test + startup_grace` wall or CPU time, and a test
 //!   whose own run (measured by the harness like LCB's) exceeds `per_test` is `time_limit`; LCB
 //!   uses `signal.alarm`, which a program can catch or block.
+//! - **Parallelism**: tests of one program may run at the same time on different slots;
+//!   results are cut at the first failure as if they had run in order
+//!   ([`Limits::stop_at_first_failure`] `= false` runs them all, for partial-credit rewards).
 //! - **Environment**: only the standard library is importable (`-S`: no site-packages; LCB's
 //!   process has whatever is installed, e.g. numpy); no network, no files outside the scratch
-//!   directory; `shutil`/`subprocess` functions are not nulled (the sandbox denies what they do).
+//!   directory, no child processes (so `multiprocessing`, `subprocess` and `asyncio`, which needs
+//!   a socket pair, fail where LCB lets them run); `shutil`/`subprocess` functions are not nulled
+//!   (the sandbox denies what they would do).
 //! - **Memory**: 4 GiB of data per test by default (LCB sets none).
 
 mod compare;

@@ -134,8 +134,13 @@ pub(crate) fn supervise(
         let ms = wait.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
         // SAFETY: `fds` is a valid array of pollfd.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-        if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            return Err(std::io::Error::last_os_error());
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                kill_group(pid);
+                let _ = reap(pid);
+                return Err(e);
+            }
         }
         let ready = |i: usize| fds[i].fd >= 0 && fds[i].revents != 0;
         if ready(0) {

@@ -22,16 +22,37 @@ pub fn sandbox() -> &'static Sandbox {
     })
 }
 
-/// Whether a layer must be active here: Linux, and for uid/cgroup, root.
+/// Whether a layer must be active here, from what the kernel and kiln's privileges allow
+/// (on the development machine — root, Landlock ABI 7, cgroup v1 — all of them).
 pub fn expect_layer(name: &str) -> bool {
     if !cfg!(target_os = "linux") {
         return matches!(name, "rlimits" | "process_group" | "clean_start");
     }
     // SAFETY: plain getter.
     let root = unsafe { libc::geteuid() } == 0;
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let userns = root
+        || (read("/proc/sys/user/max_user_namespaces")
+            .trim()
+            .parse::<u64>()
+            .unwrap_or(0)
+            > 0
+            && read("/proc/sys/kernel/unprivileged_userns_clone").trim() != "0"
+            && read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").trim() != "1");
     match name {
+        // SAFETY: with a null attribute and size 0 this only returns the ABI version.
+        "landlock" => unsafe {
+            libc::syscall(
+                libc::SYS_landlock_create_ruleset,
+                std::ptr::null::<u8>(),
+                0usize,
+                1u32,
+            ) >= 1
+        },
+        "seccomp" => read("/proc/self/status").contains("Seccomp:"),
+        "net_namespace" | "user_namespace" | "scratch" => userns,
         "uid" => root,
-        "cgroup" => root && std::path::Path::new("/sys/fs/cgroup/memory").exists(),
+        "cgroup" => root && std::path::Path::new("/sys/fs/cgroup/memory/tasks").exists(),
         _ => true,
     }
 }
