@@ -304,7 +304,11 @@ fn has_exited(pid: libc::pid_t) -> bool {
             &mut info,
             libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
         );
-        rc == 0 && info.si_pid() != 0
+        #[cfg(target_os = "linux")]
+        let waited = info.si_pid();
+        #[cfg(not(target_os = "linux"))]
+        let waited = info.si_pid;
+        rc == 0 && waited != 0
     }
 }
 

@@ -71,6 +71,12 @@ impl Step {
     }
 }
 
+/// The type of `setrlimit`'s resource argument (glibc has its own).
+#[cfg(target_env = "gnu")]
+pub(crate) type Resource = libc::__rlimit_resource_t;
+#[cfg(not(target_env = "gnu"))]
+pub(crate) type Resource = libc::c_int;
+
 /// The contents of `/proc/self/{uid,gid}_map` for a user namespace that maps ids to themselves.
 pub(crate) struct IdMaps {
     pub uid_map: Vec<u8>,
@@ -107,7 +113,7 @@ pub(crate) struct ChildPlan {
     /// A user namespace after dropping the uid (root).
     pub userns_after: Option<IdMaps>,
     /// (resource, soft, hard).
-    pub rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
+    pub rlimits: Vec<(Resource, u64, u64)>,
     pub workdir: CString,
     /// The Landlock ruleset and the access bits for the scratch directory's rule.
     pub landlock: Option<(RawFd, u64)>,
