@@ -41,7 +41,7 @@ fn bench(c: &mut Criterion) {
         group.bench_function("prefill_8x64", |b| b.iter(|| model.forward_hidden(&inputs, None).into_data()));
 
         group.throughput(Throughput::Elements((batch * new_tokens) as u64));
-        let params = SamplingParams { sampler: Sampler::greedy(), max_new_tokens: new_tokens, ..Default::default() };
+        let params = SamplingParams { sampler: Sampler::greedy(), max_new_tokens: new_tokens, ignore_eos: true, ..Default::default() };
         let engine = Engine::new(&model, None);
         group.bench_function("generate_8x64_to_32", |b| b.iter(|| engine.generate(&prompts, &params, |_| {}).unwrap()));
         group.finish();

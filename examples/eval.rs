@@ -18,10 +18,11 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Parser;
 use kiln::backends::Cpu;
-use kiln::eval::{EvalData, EvalEvent, EvalSettings, evaluate, named_models, release_models};
+use kiln::eval::{EvalEvent, EvalSettings, evaluate, named_models, release_models};
 use kiln::model::hf::{self, SaveDtype};
 use kiln::model::{Qwen2, Qwen2Config};
 use kiln::tasks::interplay::dataset::{Split, write_split};
+use kiln::tasks::interplay::eval::EvalData;
 
 #[derive(Debug, Parser)]
 struct Args {

@@ -15,11 +15,11 @@ use std::path::PathBuf;
 use burn::backend::Autodiff;
 use kiln::backends::Cpu;
 use kiln::data::chat::{Message, QWEN_DEFAULT_SYSTEM};
-use kiln::generate::{Engine, Sampler, SamplingParams, StopCriteria};
+use kiln::generate::{Engine, Sampler, SamplingParams};
 use kiln::model::hf::{self, SaveDtype};
 use kiln::model::{Qwen2, Qwen2Config};
 use kiln::tokenizer::Tokenizer;
-use kiln::train::recipes::{self, RunConfig};
+use kiln::train::RunConfig;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -78,7 +78,6 @@ fn accuracy(model: &Qwen2<Cpu>, tokenizer: &Tokenizer, tasks: &[Task]) -> anyhow
     let params = SamplingParams {
         sampler: Sampler::greedy(),
         max_new_tokens: 64,
-        stop: StopCriteria { token_ids: vec![tokenizer.token_id("<|im_end|>").expect("chat token")], strings: vec![] },
         ..Default::default()
     };
     let outputs = Engine::new(model, Some(tokenizer)).generate(&prompts, &params, |_| {})?;
@@ -151,7 +150,7 @@ save_steps = 0.5
     std::fs::write(&config_path, &run_toml)?;
     let run = RunConfig::from_toml(&config_path, &run_toml)?;
     let mut last = None;
-    let summary = recipes::run::<Autodiff<Cpu>>(
+    let summary = kiln::train::run::<Autodiff<Cpu>>(
         &run,
         &device,
         true,

@@ -25,7 +25,7 @@ use kiln::rl::{Method, PgConfig};
 use kiln::tasks::interplay::dataset::{Split, write_split};
 use kiln::tasks::interplay::tiny_model::write_tiny_model;
 use kiln::train::checkpoint::latest_named;
-use kiln::train::recipes::{self, RunConfig};
+use kiln::train::RunConfig;
 use kiln::train::trainer::read_metrics;
 use serde_json::Value;
 
@@ -119,7 +119,7 @@ save_steps = 0.5
     );
     std::fs::write(&path, &text)?;
     let config = RunConfig::from_toml(&path, &text)?;
-    recipes::run::<Autodiff<Cpu>>(&config, &Default::default(), true, |_| {}, |record| {
+    kiln::train::run::<Autodiff<Cpu>>(&config, &Default::default(), true, |_| {}, |record| {
         if let (Some(step), Some(loss)) = (record["step"].as_u64(), record.get("loss").and_then(Value::as_f64))
             && step % 25 == 0
         {

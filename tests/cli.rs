@@ -133,3 +133,23 @@ fn bad_input_is_one_clear_line() {
     let err = one_line_error(&kiln(&["generate", "--model", model, "--prompt-ids", "1,2", "--backend", "tpu"]));
     assert!(err.contains("unknown backend"), "{err}");
 }
+
+/// Run configs through `kiln pretrain` / `kiln sft`: a config error is one line naming the file
+/// and the line (an old key beside its new place included), and a config of the wrong kind
+/// names what the command needs.
+#[test]
+fn config_errors_are_one_line_naming_file_and_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("run.toml");
+    let good = "[model]\ninit = \"c.json\"\n\n[data]\ninterplay = \"d\"\nops = [2]\nprobs = [1.0]\ntokens = 1e3\n\n[train]\nsteps = 1\nmicro_batch = 1\nlr = 1e-3\n\n[output]\ndir = \"o\"\n";
+    let p = path.to_str().unwrap();
+    for (command, text, expected) in [
+        ("pretrain", format!("{good}\n[optimizer]\nlr = 1e-4\n"), "run.toml line 13: [train] lr is the old place of [optimizer] lr"),
+        ("pretrain", good.replace("steps = 1", "steps = \"one\""), "run.toml line 11: invalid type"),
+        ("sft", good.to_string(), "`kiln sft` needs [data] kind = \"sft\""),
+    ] {
+        std::fs::write(&path, &text).unwrap();
+        let line = one_line_error(&kiln(&[command, "--config", p]));
+        assert!(line.contains(p) && line.contains(expected), "{line}");
+    }
+}

@@ -1,32 +1,97 @@
-//! The CPU decoding fast path computes the same products as burn's GEMM, for every row count it
-//! accepts and for shapes with remainders (k not a multiple of 16, n not a multiple of 3).
+//! The CPU decoding kernel computes the same products as burn's GEMM, for every row count it
+//! accepts, for shapes with remainders (k not a multiple of 16 or of the parts it is split into,
+//! n not a multiple of 3 or 48), and for both weight layouts: row-major `[in, out]` (every
+//! projection) and the transposed view of a row-major `[out, in]` (the tied LM head, a view of the
+//! embedding). A projection reaches the kernel when loaded for inference and, under
+//! `Autodiff<Flex>`, after `.valid()`, before and after an optimizer-style update.
 
+use burn::backend::Autodiff;
+use burn::module::{AutodiffModule, Param};
 use burn::tensor::{Tensor, TensorData};
 use kiln::backends::Cpu;
-use kiln::model::cpu_decode::{MAX_ROWS, linear_weight, matmul};
+use kiln::model::Proj;
+use kiln::model::cpu_decode::{MAX_ROWS, available, matmul};
 
 fn values(len: usize, seed: usize) -> Vec<f32> {
     (0..len).map(|i| (((i * 7919 + seed * 104_729) % 2003) as f32 / 1001.0 - 1.0) * 0.5).collect()
 }
 
-#[test]
-fn fast_path_matches_gemm() {
-    let device = Default::default();
-    for (k, n) in [(64, 96), (67, 31), (768, 257)] {
-        let hf = values(n * k, k + n); // [out = n, in = k], HF layout
-        let Some(w) = linear_weight::<Cpu>(&hf, n, k, &device) else {
-            eprintln!("fast path unavailable on this CPU (needs AVX-512); nothing to compare");
-            return;
-        };
-        for m in [1, 3, 8, 9, MAX_ROWS] {
-            let x = Tensor::<Cpu, 2>::from_data(TensorData::new(values(m * k, m), [m, k]), &device);
-            let fast = matmul(&x, &w).expect("fast path applies");
-            let reference = x.clone().matmul(w.clone());
-            let (a, b) = (fast.into_data().to_vec::<f32>().unwrap(), reference.into_data().to_vec::<f32>().unwrap());
-            let err = a.iter().zip(&b).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max);
-            assert!(err < 1e-4, "m={m} k={k} n={n}: max |Δ| = {err}");
+/// `[out, in]` → `[in, out]`, row-major.
+fn transposed(hf: &[f32], out_dim: usize, in_dim: usize) -> Vec<f32> {
+    let mut t = vec![0.0; hf.len()];
+    for o in 0..out_dim {
+        for i in 0..in_dim {
+            t[i * out_dim + o] = hf[o * in_dim + i];
         }
-        let too_many = Tensor::<Cpu, 2>::zeros([MAX_ROWS + 1, k], &device);
-        assert!(matmul(&too_many, &w).is_none(), "more than MAX_ROWS rows take the GEMM path");
     }
+    t
+}
+
+fn max_diff(a: Tensor<Cpu, 2>, b: Tensor<Cpu, 2>) -> f32 {
+    let (a, b) = (a.into_data().to_vec::<f32>().unwrap(), b.into_data().to_vec::<f32>().unwrap());
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(&b).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max)
+}
+
+fn require_kernel() -> bool {
+    if !available::<Cpu>() {
+        eprintln!("the decoding kernel needs x86-64 with AVX-512; nothing to compare on this CPU");
+    }
+    available::<Cpu>()
+}
+
+#[test]
+fn kernel_matches_gemm_in_both_layouts() {
+    if !require_kernel() {
+        return;
+    }
+    let device = Default::default();
+    for (k, n) in [(64, 96), (67, 31), (768, 257), (300, 50)] {
+        let hf = values(n * k, k + n); // [out = n, in = k]
+        let hf_layout = Tensor::<Cpu, 2>::from_data(TensorData::new(hf.clone(), [n, k]), &device).transpose();
+        let row_major = Tensor::<Cpu, 2>::from_data(TensorData::new(transposed(&hf, n, k), [k, n]), &device);
+        for (layout, w) in [("transposed [out, in]", &hf_layout), ("row-major [in, out]", &row_major)] {
+            for m in [1, 3, 8, 9, MAX_ROWS] {
+                let x = Tensor::<Cpu, 2>::from_data(TensorData::new(values(m * k, m), [m, k]), &device);
+                let fast = matmul(&x, w).unwrap_or_else(|| panic!("{layout}: the kernel applies"));
+                let err = max_diff(fast, x.clone().matmul(w.clone()));
+                assert!(err < 1e-4, "{layout} m={m} k={k} n={n}: max |Δ| = {err}");
+            }
+            let too_many = Tensor::<Cpu, 2>::zeros([MAX_ROWS + 1, k], &device);
+            assert!(matmul(&too_many, w).is_none(), "more than MAX_ROWS rows take the GEMM path");
+        }
+        let sliced = row_major.clone().narrow(0, 1, k - 1);
+        let x = Tensor::<Cpu, 2>::ones([2, k - 1], &device);
+        assert!(matmul(&x, &sliced).is_none(), "a weight with an offset is not read by the kernel");
+    }
+}
+
+#[test]
+fn projections_take_the_kernel_for_inference_and_after_training() {
+    if !require_kernel() {
+        return;
+    }
+    type Train = Autodiff<Cpu>;
+    let device = Default::default();
+    let (k, n) = (67, 45);
+    let hf = TensorData::new(values(n * k, 1), [n, k]);
+    let bias = TensorData::new(values(n, 2), [n]);
+    let x = Tensor::<Cpu, 2>::from_data(TensorData::new(values(3 * k, 3), [3, k]), &device);
+
+    let inference = Proj::<Cpu>::from_hf(hf.clone(), Some(bias.clone()), &device);
+    let reference = x.clone().matmul(inference.weight.val()) + inference.bias.as_ref().unwrap().val().unsqueeze();
+    let y = inference.forward(x.clone().unsqueeze()).squeeze_dim::<2>(0);
+    assert!(max_diff(y, reference.clone()) < 1e-4);
+    assert!(matmul(&x, &inference.weight.val()).is_some(), "a loaded model's weights are read by the kernel");
+
+    let training = Proj::<Train>::from_hf(hf, Some(bias), &device);
+    let valid = training.valid();
+    assert!(matmul(&x, &valid.weight.val()).is_some(), "an Autodiff model's weights reach the kernel after .valid()");
+    assert!(max_diff(valid.forward(x.clone().unsqueeze()).squeeze_dim::<2>(0), reference) < 1e-4);
+
+    // An optimizer update leaves a contiguous [in, out] weight (AdamW reshapes to 1-D and back).
+    let (id, tensor, _) = training.weight.consume();
+    let updated = Tensor::<Train, 1>::from_inner(tensor.inner().reshape([k * n]).mul_scalar(0.5)).reshape([k, n]);
+    let stepped = Proj { weight: Param::initialized(id, updated), bias: training.bias }.valid();
+    assert!(matmul(&x, &stepped.weight.val()).is_some(), "an updated weight still reaches the kernel");
 }

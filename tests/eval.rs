@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use burn::module::Param;
-use burn::nn::Linear;
 use burn::tensor::{Tensor, TensorData};
 use common::fixture;
 use kiln::backends::Cpu;
@@ -16,7 +15,7 @@ use kiln::eval::runner::{generations_path, write_model_files};
 use kiln::eval::{EvalData, EvalEvent, EvalSettings, ModelEntry, Subset, evaluate};
 use kiln::generate::Sampler;
 use kiln::model::hf::{self, SaveDtype};
-use kiln::model::{Qwen2, Qwen2Config};
+use kiln::model::{Proj, Qwen2, Qwen2Config};
 use kiln::tasks::interplay::dataset::{Split, write_split};
 use serde_json::Value;
 
@@ -61,7 +60,7 @@ fn digit_answer_model(dir: &Path) {
     head[3 * v + 3] = 2.5;
     let matrix = |values: Vec<f32>, shape: [usize; 2]| Param::from_tensor(Tensor::from_data(TensorData::new(values, shape), &device));
     model.embed_tokens.weight = matrix(embed, [v, d]);
-    model.lm_head = Some(Linear { weight: matrix(head, [d, v]), bias: None });
+    model.lm_head = Some(Proj { weight: matrix(head, [d, v]), bias: None });
     for layer in &mut model.layers {
         let [i, o] = layer.self_attn.o_proj.weight.dims();
         layer.self_attn.o_proj.weight = matrix(vec![0.0; i * o], [i, o]);

@@ -116,3 +116,50 @@ fn n_samples_are_seeded_and_reproducible() {
         assert!(sample.logprobs.iter().zip(&sample.raw_logprobs).all(|(lp, raw)| *lp <= 0.0 && *raw <= 0.0));
     }
 }
+
+/// A model loaded from a directory stops at its EOS ids by default: `eos_token_id` of
+/// `generation_config.json` (here a list) and of `config.json`. `ignore_eos` runs to the limit.
+#[test]
+fn generation_stops_at_the_models_eos_by_default() {
+    use kiln::generate::model_eos_ids;
+    use kiln::model::hf::{self, SaveDtype};
+
+    let (model, tokenizer) = setup();
+    let prompts = [prompt(&tokenizer)];
+    let free = run(&model, &tokenizer, &prompts, &greedy(40, StopCriteria::default())).remove(0).remove(0);
+    assert_eq!(free.token_ids.len(), 40, "the random model's config names no EOS");
+    let (early, late) = (free.token_ids[4], free.token_ids[9]);
+    let first = |t: u32| free.token_ids.iter().position(|&x| x == t).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("model");
+    hf::save(&model, &dir, SaveDtype::F32, None).unwrap();
+    let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    config["eos_token_id"] = late.into();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+
+    // config.json alone.
+    let loaded = hf::load::<Cpu>(&dir, &Default::default()).unwrap();
+    assert_eq!(loaded.eos_token_ids(), [late]);
+    let out = Engine::new(&loaded, None).generate(&prompts, &greedy(40, StopCriteria::default()), |_| {}).unwrap();
+    assert_eq!(out[0][0].token_ids, free.token_ids[..=first(late)]);
+    assert_eq!((out[0][0].finish_reason, out[0][0].stop_reason.clone()), (FinishReason::Stop, Some(StopReason::Token(late))));
+
+    // generation_config.json adds its list.
+    std::fs::write(dir.join("generation_config.json"), format!(r#"{{"eos_token_id": [{early}, 7]}}"#)).unwrap();
+    let loaded = hf::load::<Cpu>(&dir, &Default::default()).unwrap();
+    let mut expected = vec![early, late, 7];
+    expected.sort_unstable();
+    assert_eq!(loaded.eos_token_ids(), expected);
+    let engine = Engine::new(&loaded, Some(&tokenizer));
+    let config = loaded.config().clone();
+    assert_eq!(engine.eos_ids, model_eos_ids(&dir, &config, Some(&tokenizer)).unwrap(), "the engine stops where `kiln generate` did");
+    let out = engine.generate(&prompts, &greedy(40, StopCriteria::default()), |_| {}).unwrap();
+    assert_eq!(out[0][0].token_ids, free.token_ids[..=first(early).min(first(late))]);
+
+    let ignoring = SamplingParams { ignore_eos: true, ..greedy(40, StopCriteria::default()) };
+    let out = engine.generate(&prompts, &ignoring, |_| {}).unwrap();
+    assert_eq!(out[0][0].token_ids, free.token_ids, "ignore_eos runs to the length limit");
+    let stop_late = SamplingParams { ignore_eos: true, ..greedy(40, StopCriteria { token_ids: vec![late], strings: vec![] }) };
+    let out = engine.generate(&prompts, &stop_late, |_| {}).unwrap();
+    assert_eq!(out[0][0].token_ids, free.token_ids[..=first(late)], "explicit stop ids still apply");
+}

@@ -2,13 +2,16 @@
 //!
 //! Everything here is generic over burn's [`Backend`](burn::tensor::backend::Backend): the Qwen2
 //! model and its Hugging Face checkpoints ([`model`]), the tokenizer ([`tokenizer`]) and the
-//! batched generation engine ([`generate`]), checkpoint evaluation ([`eval`]) and SVG charts
-//! ([`plot`]).
+//! batched generation engine ([`generate`]), training ([`train`], [`rl`]) on tasks behind one
+//! interface ([`tasks`]), checkpoint evaluation ([`eval`]), files ([`io`]), pass@k
+//! ([`metrics`]) and SVG charts ([`plot`]).
 
 pub mod data;
 pub mod error;
 pub mod eval;
 pub mod generate;
+pub mod io;
+pub mod metrics;
 pub mod model;
 pub mod plot;
 pub mod rl;

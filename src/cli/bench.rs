@@ -124,7 +124,8 @@ impl Job for BenchJob {
         let mut engine = Engine::new(&model, None);
         engine.max_batch_size = args.batch;
         let time = |new_tokens: usize| -> Result<f64> {
-            let params = SamplingParams { sampler: Sampler::greedy(), max_new_tokens: new_tokens, ..Default::default() };
+            let params =
+                SamplingParams { sampler: Sampler::greedy(), max_new_tokens: new_tokens, ignore_eos: true, ..Default::default() };
             let start = Instant::now();
             let out = engine.generate(&prompts, &params, |_| {})?;
             assert!(out.iter().flatten().all(|c| c.token_ids.len() == new_tokens));

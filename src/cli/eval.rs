@@ -8,13 +8,14 @@ use anyhow::{Result, bail};
 use burn::tensor::backend::Backend;
 use clap::{Args, Subcommand};
 use kiln::backends::{DeviceSpec, Job};
-use kiln::eval::{EvalData, EvalEvent, EvalSettings, ModelEntry, evaluate, named_models, release_models};
+use kiln::eval::{EvalEvent, EvalSettings, ModelEntry, evaluate, named_models, release_models};
 use kiln::generate::Sampler;
 use kiln::tasks::interplay::answer_metrics::{answer_metrics, read_samples};
-use kiln::tasks::interplay::files::write_atomic;
+use kiln::tasks::interplay::eval::EvalData;
+use kiln::io::write_atomic;
 use kiln::tasks::interplay::gold::build_gold_dir;
 use kiln::tasks::interplay::graph_passk::{DEFAULT_PASS_AT, aggregate};
-use kiln::tasks::interplay::pyjson::Style;
+use kiln::io::pyjson::Style;
 use kiln::tasks::interplay::scoring::{ScoreOptions, score};
 
 use super::progress;

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use burn::tensor::backend::Backend;
 use clap::Args;
 use kiln::backends::{DeviceSpec, Job};
-use kiln::generate::{Engine, Sampler, SamplingParams, StopCriteria, model_eos_ids};
+use kiln::generate::{Engine, Sampler, SamplingParams, StopCriteria};
 use kiln::model::hf;
 use kiln::tokenizer::Tokenizer;
 use serde::Deserialize;
@@ -136,13 +136,10 @@ impl Job for GenerateJob {
             .collect::<Result<_, _>>()?;
 
         let model = hf::load::<B>(&args.model, &device)?;
-        let mut stop = StopCriteria { token_ids: Vec::new(), strings: args.stop.clone() };
-        if !args.ignore_eos {
-            stop.token_ids = model_eos_ids(&args.model, model.config(), tokenizer.as_ref())?;
-        }
-        if let Some(ids) = &args.stop_token_ids {
-            stop.token_ids.extend(super::parse_ids(ids)?);
-        }
+        let token_ids = match &args.stop_token_ids {
+            Some(ids) => super::parse_ids(ids)?,
+            None => Vec::new(),
+        };
         let seed = args.seed.unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
         });
@@ -150,7 +147,8 @@ impl Job for GenerateJob {
             n: args.n,
             sampler: Sampler { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p },
             max_new_tokens: args.max_new_tokens,
-            stop,
+            stop: StopCriteria { token_ids, strings: args.stop.clone() },
+            ignore_eos: args.ignore_eos,
             seed,
             skip_special_tokens: args.skip_special_tokens,
         };

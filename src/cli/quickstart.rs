@@ -15,11 +15,12 @@ use anyhow::{Context, Result};
 use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
 use kiln::backends::{DeviceSpec, TrainJob};
-use kiln::eval::{EvalData, EvalSettings, evaluate, named_models};
+use kiln::eval::{EvalSettings, evaluate, named_models};
 use kiln::generate::Sampler;
 use kiln::tasks::interplay::dataset::{Split, write_split};
+use kiln::tasks::interplay::eval::{EvalData, metrics_path};
 use kiln::tasks::interplay::tiny_model::write_tiny_model;
-use kiln::train::recipes::{self, RunConfig};
+use kiln::train::RunConfig;
 use serde_json::Value;
 
 use super::progress;
@@ -75,7 +76,7 @@ impl TrainJob for QuickstartJob {
         let config = RunConfig::from_toml(&config_path, &toml)?;
         let bar = progress::bar(args.steps, "steps");
         let mut accuracy: Vec<(u64, f64)> = Vec::new();
-        let summary = recipes::run::<B>(
+        let summary = kiln::train::run::<B>(
             &config,
             &device,
             true,
@@ -121,8 +122,8 @@ impl TrainJob for QuickstartJob {
             }
         })?;
         bar.finish_and_clear();
-        let metrics_path = kiln::eval::runner::metrics_path(&evals, &outcomes[0].name);
-        let metrics: Value = serde_json::from_str(&std::fs::read_to_string(&metrics_path)?)?;
+        let metrics_file = metrics_path(&evals, &outcomes[0].name);
+        let metrics: Value = serde_json::from_str(&std::fs::read_to_string(&metrics_file)?)?;
         let id = &metrics["id"];
         println!("kiln quickstart: a {}-step tiny Qwen2 on Interplay op 2-4", summary.steps.max(accuracy.last().map_or(0, |a| a.0)));
         if let (Some(first), Some(final_)) = (accuracy.first(), accuracy.last()) {

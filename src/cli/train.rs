@@ -6,7 +6,8 @@ use anyhow::{Context, Result, bail};
 use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
 use kiln::backends::{DeviceSpec, TrainJob};
-use kiln::train::recipes::{self, RunConfig};
+use kiln::train::RunConfig;
+use kiln::train::config::DataSection;
 use serde_json::Value;
 
 use super::progress;
@@ -33,10 +34,10 @@ pub enum Kind {
 pub fn run(kind: Kind, args: TrainArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.config).with_context(|| format!("{}", args.config.display()))?;
     let config = RunConfig::from_toml(&args.config, &text)?;
-    match (kind, config.data.interplay.is_some(), config.data.sft.is_some()) {
-        (Kind::Pretrain, true, false) | (Kind::Sft, false, true) => {}
-        (Kind::Pretrain, ..) => bail!("{}: `kiln pretrain` needs [data] interplay = …", args.config.display()),
-        (Kind::Sft, ..) => bail!("{}: `kiln sft` needs [data] sft = …", args.config.display()),
+    match (kind, &config.data) {
+        (Kind::Pretrain, DataSection::Mixture(_)) | (Kind::Sft, DataSection::Sft(_)) => {}
+        (Kind::Pretrain, _) => bail!("{}: `kiln pretrain` needs [data] kind = \"mixture\" (or the old `interplay = …`)", args.config.display()),
+        (Kind::Sft, _) => bail!("{}: `kiln sft` needs [data] kind = \"sft\" (or the old `sft = …`)", args.config.display()),
     }
     let backend = args.backend;
     kiln::backends::run_training(backend, RunJob { config, resume: args.resume })?
@@ -52,7 +53,7 @@ impl TrainJob for RunJob {
 
     fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<()> {
         let bar = progress::bar(0, "steps");
-        let summary = recipes::run::<B>(
+        let summary = kiln::train::run::<B>(
             &self.config,
             &device,
             self.resume,

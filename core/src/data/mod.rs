@@ -1,11 +1,11 @@
-//! Training data: samples and batches, pre-training packing and mixtures, SFT chat rows and their
-//! sources (JSONL or Parquet, chosen columns, the held-out split).
+//! Training data: samples and batches, pre-training packing and mixtures (rows read through the
+//! [`Task`](crate::tasks::Task) interface), SFT chat rows and their sources (JSONL or Parquet,
+//! chosen columns, the held-out split).
 
 pub mod chat;
-pub mod interplay;
+pub mod corpus;
 pub mod mixture;
 pub mod packing;
-pub mod parquet;
 pub mod sample;
 pub mod sft_source;
 

@@ -24,9 +24,9 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::chat::{Message, SftRow};
-use super::parquet::read_parquet_columns;
 use crate::error::{Error, Result};
-use crate::tasks::interplay::files::jsonl_records;
+use crate::io::parquet::read_parquet_columns;
+use crate::io::jsonl_records;
 
 /// The columns that make a conversation.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

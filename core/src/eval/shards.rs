@@ -1,15 +1,16 @@
-//! Work on disk between runs: a model's prompts are cut into shards of consecutive `__idx`, and
-//! every finished shard is a file under `<out>/.shards/<model>/<id|ood>/` that appears whole or
-//! not at all. A killed evaluation restarts at the first missing shard. `settings.json` records
+//! Work on disk between runs: the items of each part of an evaluation are cut into shards of
+//! consecutive items, and every finished shard is a file under `<out>/.shards/<model>/<part>/`
+//! (Interplay: `id`, `ood`) that appears whole or not at all. A killed evaluation restarts at the first missing shard. `settings.json` records
 //! what the shards were made with; shards made with other settings or other data are never
 //! mixed in.
 
 use std::path::{Path, PathBuf};
 
-use super::data::Subset;
 use crate::error::{Error, Result};
-use crate::tasks::interplay::files::write_atomic;
-use crate::tasks::interplay::pyjson::{Json, Style};
+use crate::io::pyjson::{Json, Style};
+use crate::io::write_atomic;
+
+pub use crate::io::remove_dir;
 
 /// What a shard file holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,13 +55,13 @@ impl ShardStore {
         Ok(ShardStore { dir: dir.to_path_buf() })
     }
 
-    /// The file of shard `index` of `subset`.
-    pub fn path(&self, kind: ShardKind, subset: Subset, index: usize) -> PathBuf {
+    /// The file of shard `index` of `part` (`id`, `ood`, …).
+    pub fn path(&self, kind: ShardKind, part: impl AsRef<str>, index: usize) -> PathBuf {
         let prefix = match kind {
             ShardKind::Generations => "generations",
             ShardKind::Loss => "loss",
         };
-        self.dir.join(subset.name()).join(format!("{prefix}-{index:05}.jsonl"))
+        self.dir.join(part.as_ref()).join(format!("{prefix}-{index:05}.jsonl"))
     }
 
     /// Deletes the store, and `.shards/` when no other model's store is left in it.
@@ -74,22 +75,11 @@ impl ShardStore {
     }
 }
 
-/// Removes `dir` and everything in it; a missing directory is fine.
-pub fn remove_dir(dir: &Path) -> Result<()> {
-    match std::fs::remove_dir_all(dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(dir, e)),
-        _ => Ok(()),
-    }
-}
-
-/// The sampling seed of one shard: `seed` mixed with the subset and shard index (SplitMix64),
-/// so that shards draw from unrelated streams and a resumed shard redraws exactly.
-pub fn shard_seed(seed: u64, subset: Subset, index: usize) -> u64 {
-    let lane = match subset {
-        Subset::Id => 0u64,
-        Subset::Ood => 1u64,
-    };
-    splitmix64(seed ^ splitmix64((lane << 40) ^ index as u64))
+/// The sampling seed of one shard: `seed` mixed with the part's position (Interplay: ID is part
+/// 0, OOD part 1) and the shard index (SplitMix64), so that shards draw from unrelated streams
+/// and a resumed shard redraws exactly.
+pub fn shard_seed(seed: u64, part: usize, index: usize) -> u64 {
+    splitmix64(seed ^ splitmix64(((part as u64) << 40) ^ index as u64))
 }
 
 fn splitmix64(x: u64) -> u64 {
@@ -109,13 +99,15 @@ mod tests {
         let dir = ShardStore::dir_for(tmp.path(), "m");
         let a = Json::object([("samples", Json::Int(4))]);
         let store = ShardStore::open(&dir, &a).unwrap();
-        assert_eq!(store.path(ShardKind::Loss, Subset::Ood, 3), dir.join("ood/loss-00003.jsonl"));
+        assert_eq!(store.path(ShardKind::Loss, "ood", 3), dir.join("ood/loss-00003.jsonl"));
         ShardStore::open(&dir, &a).unwrap();
         let e = ShardStore::open(&dir, &Json::object([("samples", Json::Int(8))])).unwrap_err().to_string();
         assert!(e.contains("settings.json") && e.contains("--overwrite"), "{e}");
         store.remove().unwrap();
         assert!(!dir.exists());
-        assert_ne!(shard_seed(0, Subset::Id, 0), shard_seed(0, Subset::Ood, 0));
-        assert_ne!(shard_seed(0, Subset::Id, 0), shard_seed(0, Subset::Id, 1));
+        assert_ne!(shard_seed(0, 0, 0), shard_seed(0, 1, 0));
+        assert_ne!(shard_seed(0, 0, 0), shard_seed(0, 0, 1));
+        // Pinned: shards kept on disk by earlier runs (OOD is part 1) must redraw identically.
+        assert_eq!(shard_seed(7, 1, 3), 0x2cd1_cbea_d31f_fac6);
     }
 }

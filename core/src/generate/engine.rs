@@ -1,7 +1,9 @@
 //! The batched generation engine: one prefill per prompt (left-padded batch), fanned out to `n`
 //! samples by copying cache rows, then token-by-token decoding with a KV cache. Finished rows
 //! are dropped from the batch once a quarter of it is done, so long tails do not pay for short
-//! ones.
+//! ones. Sequences stop at the model's and the tokenizer's EOS ids unless
+//! [`SamplingParams::ignore_eos`] is set, at the request's own stop tokens and strings, and at the
+//! length limit.
 //!
 //! Reproducibility: every sample draws from its own ChaCha8 stream keyed by
 //! (seed, prompt index, sample index), so a sample does not depend on how prompts were batched.
@@ -24,7 +26,10 @@ pub struct SamplingParams {
     pub n: usize,
     pub sampler: Sampler,
     pub max_new_tokens: usize,
+    /// Stop tokens and strings, besides the model's EOS ids.
     pub stop: StopCriteria,
+    /// Do not stop at the model's EOS ids (vLLM's `ignore_eos`); `stop` still applies.
+    pub ignore_eos: bool,
     pub seed: u64,
     /// Drop special tokens from the returned text (vLLM's default is true; the paper's
     /// evaluation uses false because its tags are special tokens).
@@ -38,6 +43,7 @@ impl Default for SamplingParams {
             sampler: Sampler::default(),
             max_new_tokens: 256,
             stop: StopCriteria::default(),
+            ignore_eos: false,
             seed: 0,
             skip_special_tokens: false,
         }
@@ -77,6 +83,9 @@ pub struct Engine<'a, B: Backend> {
     model: &'a Qwen2<B>,
     tokenizer: Option<&'a Tokenizer>,
     pad_id: u32,
+    /// Where sequences stop unless [`SamplingParams::ignore_eos`]: the model's EOS ids
+    /// ([`Qwen2::eos_token_ids`]) and the tokenizer's, as vLLM does.
+    pub eos_ids: Vec<u32>,
     /// Largest number of sequences decoded together.
     pub max_batch_size: usize,
 }
@@ -98,7 +107,11 @@ impl<'a, B: Backend> Engine<'a, B> {
     /// An engine over `model`; `tokenizer` is needed for stop strings and returned text.
     pub fn new(model: &'a Qwen2<B>, tokenizer: Option<&'a Tokenizer>) -> Self {
         let pad_id = tokenizer.and_then(Tokenizer::pad_id).unwrap_or(0);
-        Self { model, tokenizer, pad_id, max_batch_size: 64 }
+        let mut eos_ids = model.eos_token_ids().to_vec();
+        eos_ids.extend(tokenizer.and_then(Tokenizer::eos_id));
+        eos_ids.sort_unstable();
+        eos_ids.dedup();
+        Self { model, tokenizer, pad_id, eos_ids, max_batch_size: 64 }
     }
 
     /// Samples `params.n` completions for every prompt; `result[i]` holds prompt `i`'s samples.
@@ -114,7 +127,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         if !params.stop.strings.is_empty() && self.tokenizer.is_none() {
             return Err(Error::InvalidInput("stop strings need a tokenizer".into()));
         }
-        let context = self.model.rope.max_positions();
+        let context = self.model.context_len();
         for (i, prompt) in prompts.iter().enumerate() {
             if prompt.is_empty() {
                 return Err(Error::InvalidInput(format!("prompt {i} is empty")));
@@ -130,6 +143,11 @@ impl<'a, B: Backend> Engine<'a, B> {
                 return Err(Error::InvalidInput(format!("prompt {i} has token id {bad} >= vocab_size {vocab}")));
             }
         }
+        // Sequences stop at the EOS ids too, unless those are ignored.
+        let mut params = params.clone();
+        if !params.ignore_eos {
+            params.stop.token_ids.extend(&self.eos_ids);
+        }
         // Similar lengths batch together with less padding; results go back by index.
         let mut order: Vec<usize> = (0..prompts.len()).collect();
         order.sort_by_key(|&i| prompts[i].len());
@@ -137,7 +155,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         let mut state = Progress { total: prompts.len() * params.n, ..Progress::default() };
         let mut results: Vec<Vec<Completion>> = vec![Vec::new(); prompts.len()];
         for chunk in order.chunks(per_batch) {
-            for (index, samples) in self.generate_batch(chunk, prompts, params, &mut state, &mut progress)? {
+            for (index, samples) in self.generate_batch(chunk, prompts, &params, &mut state, &mut progress)? {
                 results[index] = samples;
             }
         }
@@ -153,9 +171,9 @@ impl<'a, B: Backend> Engine<'a, B> {
         progress: &mut impl FnMut(Progress),
     ) -> Result<Vec<(usize, Vec<Completion>)>> {
         let model = self.model;
-        let device = model.embed_tokens.weight.device();
+        let device = model.device();
         let vocab = model.config().vocab_size;
-        let context = model.rope.max_positions();
+        let context = model.context_len();
         let n = params.n;
 
         let rows: Vec<Vec<u32>> = indices.iter().map(|&i| prompts[i].clone()).collect();

@@ -78,25 +78,16 @@ impl StopCriteria {
     }
 }
 
-/// The end-of-sequence ids of a model directory: `config.json`'s `eos_token_id`, the tokenizer's
-/// `eos_token`, and `generation_config.json`'s `eos_token_id` when that file exists.
+/// The end-of-sequence ids of a model directory: `config.json`'s and `generation_config.json`'s
+/// `eos_token_id` ([`crate::model::hf::eos_token_ids`]) and the tokenizer's `eos_token`. An
+/// [`super::Engine`] over a model loaded from `dir` and this tokenizer stops at these by default.
 pub fn model_eos_ids(
     dir: &std::path::Path,
     config: &crate::model::Qwen2Config,
     tokenizer: Option<&Tokenizer>,
 ) -> Result<Vec<u32>> {
-    let mut ids = config.eos_token_ids();
+    let mut ids = crate::model::hf::eos_token_ids(dir, config)?;
     ids.extend(tokenizer.and_then(Tokenizer::eos_id));
-    let path = dir.join("generation_config.json");
-    if path.is_file() {
-        let text = std::fs::read_to_string(&path).map_err(|e| crate::Error::io(&path, e))?;
-        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| crate::Error::json(&path, None, e))?;
-        match json.get("eos_token_id") {
-            Some(serde_json::Value::Number(n)) => ids.extend(n.as_u64().map(|v| v as u32)),
-            Some(serde_json::Value::Array(a)) => ids.extend(a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32)),
-            _ => {}
-        }
-    }
     ids.sort_unstable();
     ids.dedup();
     Ok(ids)

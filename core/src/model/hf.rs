@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use burn::tensor::TensorData;
 use burn::tensor::backend::Backend;
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors, View};
@@ -164,14 +165,14 @@ impl SafetensorsDir {
 }
 
 impl WeightSource for SafetensorsDir {
-    fn tensor(&mut self, spec: &TensorSpec) -> Result<Vec<f32>> {
+    fn tensor(&mut self, spec: &TensorSpec) -> Result<TensorData> {
         let (path, view) = self.view(&spec.name)?;
         let values = decode(&view)
             .ok_or_else(|| Error::checkpoint(path, format!("tensor {} has unsupported dtype {:?}", spec.name, view.dtype())))?;
         if values.len() != spec.shape.iter().product::<usize>() {
             return Err(Error::checkpoint(path, format!("tensor {} has the wrong number of elements", spec.name)));
         }
-        Ok(values)
+        Ok(TensorData::new(values, spec.shape.clone()))
     }
 }
 
@@ -186,13 +187,36 @@ fn decode(view: &safetensors::tensor::TensorView<'_>) -> Option<Vec<f32>> {
     })
 }
 
-/// Loads a Qwen2 model from a Hugging Face directory onto `device`.
+/// Loads a Qwen2 model from a Hugging Face directory onto `device`, with the directory's
+/// end-of-sequence ids ([`eos_token_ids`]).
 pub fn load<B: Backend>(dir: impl AsRef<Path>, device: &B::Device) -> Result<Qwen2<B>> {
     let dir = dir.as_ref();
     let config = Qwen2Config::from_file(dir.join("config.json"))?;
+    let eos_token_ids = eos_token_ids(dir, &config)?;
     let mut weights = SafetensorsDir::open(dir)?;
     weights.check(&expected_tensors(&config), config.tie_word_embeddings)?;
-    Qwen2::from_source(&config, &mut weights, device)
+    Ok(Qwen2 { eos_token_ids, ..Qwen2::from_source(&config, &mut weights, device)? })
+}
+
+/// The end-of-sequence ids of the model directory `dir` with config `config`: the
+/// `eos_token_id` (one id or a list) of `config.json` and of `generation_config.json` when that
+/// file exists, sorted, without repeats. (`transformers` takes `generation_config.json`'s where it
+/// has one; the union differs only for a directory whose two files disagree.)
+pub fn eos_token_ids(dir: &Path, config: &Qwen2Config) -> Result<Vec<u32>> {
+    let mut ids = config.eos_token_ids();
+    let path = dir.join("generation_config.json");
+    if path.is_file() {
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let json: Value = serde_json::from_str(&text).map_err(|e| Error::json(&path, None, e))?;
+        match json.get("eos_token_id") {
+            Some(Value::Number(n)) => ids.extend(n.as_u64().map(|v| v as u32)),
+            Some(Value::Array(a)) => ids.extend(a.iter().filter_map(Value::as_u64).map(|v| v as u32)),
+            _ => {}
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids)
 }
 
 /// A tensor ready for serialisation.

@@ -15,7 +15,7 @@ pub fn token_logprobs<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, In
 /// For each sequence, `[None, log p(ids[1] | ids[..1]), …, log p(ids[n-1] | ids[..n-1])]`.
 /// The LM head runs over `chunk` positions at a time, so `[B, T, V]` logits never exist at once.
 pub fn sequence_logprobs<B: Backend>(model: &Qwen2<B>, sequences: &[Vec<u32>], chunk: usize) -> Result<Vec<Vec<Option<f32>>>> {
-    let device = model.embed_tokens.weight.device();
+    let device = model.device();
     let batch = HostBatch::right_padded(sequences, 0)?;
     let hidden = model.forward_hidden(&batch.to_device::<B>(&device), None);
     let (rows, seq) = (batch.batch, batch.seq);

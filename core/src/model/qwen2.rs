@@ -6,34 +6,19 @@
 //! `H` query heads, `K` key/value heads, `G = H / K` query heads per KV head, `d` head size.
 
 use burn::module::{Module, Param};
-use burn::nn::{Embedding, Linear};
+use burn::nn::Embedding;
 use burn::tensor::activation::silu;
-use burn::tensor::module::{attention, linear};
+use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Int, Tensor, backend::Backend};
 
 use super::config::Qwen2Config;
-use super::cpu_decode;
 use super::inputs::Inputs;
 use super::kv_cache::{KvCache, LayerCache};
+use super::proj::{self, Proj};
 use super::rope::{RopeTables, RotaryEmbedding};
-
-/// `linear` over the last axis of `[B, T, in]`, run as one `[B·T, in] × [in, out]` matrix
-/// product (backends multiply batched operands one batch at a time, which for decoding would
-/// repack the whole weight for every sequence), or by the CPU decoding fast path.
-fn project<B: Backend>(layer: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
-    let [batch, seq, _] = x.dims();
-    let x = x.flatten::<2>(0, 1);
-    let y = match cpu_decode::matmul(&x, &layer.weight.val()) {
-        Some(y) => match &layer.bias {
-            Some(bias) => y + bias.val().unsqueeze(),
-            None => y,
-        },
-        None => layer.forward(x),
-    };
-    let out = y.dims()[1];
-    y.reshape([batch, seq, out])
-}
+use super::weights::Weights;
+use crate::error::Result;
 
 /// RMSNorm as `transformers` computes it: normalise in f32, cast back, then scale.
 #[derive(Module, Debug)]
@@ -43,6 +28,11 @@ pub struct RmsNorm<B: Backend> {
 }
 
 impl<B: Backend> RmsNorm<B> {
+    /// Reads `weight`.
+    pub(crate) fn load(vb: &Weights<B>, eps: f64) -> Result<Self> {
+        Ok(Self { weight: vb.get("weight")?, eps })
+    }
+
     pub fn forward<const N: usize>(&self, x: Tensor<B, N>) -> Tensor<B, N> {
         let dtype = x.dtype();
         let x = x.cast(DType::F32);
@@ -54,31 +44,51 @@ impl<B: Backend> RmsNorm<B> {
 /// SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`, no biases.
 #[derive(Module, Debug)]
 pub struct Mlp<B: Backend> {
-    pub gate_proj: Linear<B>,
-    pub up_proj: Linear<B>,
-    pub down_proj: Linear<B>,
+    pub gate_proj: Proj<B>,
+    pub up_proj: Proj<B>,
+    pub down_proj: Proj<B>,
 }
 
 impl<B: Backend> Mlp<B> {
+    pub(crate) fn load(vb: &Weights<B>) -> Result<Self> {
+        Ok(Self {
+            gate_proj: Proj::load(&vb.pp("gate_proj"))?,
+            up_proj: Proj::load(&vb.pp("up_proj"))?,
+            down_proj: Proj::load(&vb.pp("down_proj"))?,
+        })
+    }
+
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let gate = silu(project(&self.gate_proj, x.clone()));
-        project(&self.down_proj, gate * project(&self.up_proj, x))
+        let gate = silu(self.gate_proj.forward(x.clone()));
+        self.down_proj.forward(gate * self.up_proj.forward(x))
     }
 }
 
 /// Grouped-query self-attention with biased q/k/v projections and an unbiased output projection.
 #[derive(Module, Debug)]
 pub struct Attention<B: Backend> {
-    pub q_proj: Linear<B>,
-    pub k_proj: Linear<B>,
-    pub v_proj: Linear<B>,
-    pub o_proj: Linear<B>,
+    pub q_proj: Proj<B>,
+    pub k_proj: Proj<B>,
+    pub v_proj: Proj<B>,
+    pub o_proj: Proj<B>,
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
 }
 
 impl<B: Backend> Attention<B> {
+    pub(crate) fn load(config: &Qwen2Config, vb: &Weights<B>) -> Result<Self> {
+        Ok(Self {
+            q_proj: Proj::load(&vb.pp("q_proj"))?,
+            k_proj: Proj::load(&vb.pp("k_proj"))?,
+            v_proj: Proj::load(&vb.pp("v_proj"))?,
+            o_proj: Proj::load(&vb.pp("o_proj"))?,
+            num_heads: config.num_attention_heads,
+            num_kv_heads: config.num_kv_heads(),
+            head_dim: config.head_dim(),
+        })
+    }
+
     /// `x` `[B, T, D]`; `mask` `[B, K, G·T, S]` from [`attention_mask`].
     pub fn forward(
         &self,
@@ -91,9 +101,9 @@ impl<B: Backend> Attention<B> {
         let (heads, kv_heads, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let split = |y: Tensor<B, 3>, n: usize| y.reshape([batch, seq, n, d]).swap_dims(1, 2);
 
-        let q = rope.apply(split(project(&self.q_proj, x.clone()), heads)); // [B, H, T, d]
-        let k = rope.apply(split(project(&self.k_proj, x.clone()), kv_heads)); // [B, K, T, d]
-        let v = split(project(&self.v_proj, x), kv_heads); // [B, K, T, d]
+        let q = rope.apply(split(self.q_proj.forward(x.clone()), heads)); // [B, H, T, d]
+        let k = rope.apply(split(self.k_proj.forward(x.clone()), kv_heads)); // [B, K, T, d]
+        let v = split(self.v_proj.forward(x), kv_heads); // [B, K, T, d]
         let (k, v) = match cache {
             Some(cache) => cache.append(k, v), // [B, K, S, d]
             None => (k, v),
@@ -105,7 +115,7 @@ impl<B: Backend> Attention<B> {
         let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: false };
         let out = attention(q, k, v, Some(mask), None, options); // [B, K, G·T, d]
         let out = out.reshape([batch, heads, seq, d]).swap_dims(1, 2).reshape([batch, seq, heads * d]);
-        project(&self.o_proj, out)
+        self.o_proj.forward(out)
     }
 }
 
@@ -145,6 +155,15 @@ pub struct DecoderLayer<B: Backend> {
 }
 
 impl<B: Backend> DecoderLayer<B> {
+    pub(crate) fn load(config: &Qwen2Config, vb: &Weights<B>) -> Result<Self> {
+        Ok(Self {
+            input_layernorm: RmsNorm::load(&vb.pp("input_layernorm"), config.rms_norm_eps)?,
+            self_attn: Attention::load(config, &vb.pp("self_attn"))?,
+            post_attention_layernorm: RmsNorm::load(&vb.pp("post_attention_layernorm"), config.rms_norm_eps)?,
+            mlp: Mlp::load(&vb.pp("mlp"))?,
+        })
+    }
+
     pub fn forward(
         &self,
         x: Tensor<B, 3>,
@@ -164,13 +183,38 @@ pub struct Qwen2<B: Backend> {
     pub layers: Vec<DecoderLayer<B>>,
     pub norm: RmsNorm<B>,
     /// `None` when `tie_word_embeddings`: the head is the transposed embedding.
-    pub lm_head: Option<Linear<B>>,
+    pub lm_head: Option<Proj<B>>,
     pub rope: RotaryEmbedding<B>,
     #[module(skip)]
     pub config: Qwen2Config,
+    /// Token ids that end generation by default (see [`Qwen2::eos_token_ids`]).
+    #[module(skip)]
+    pub eos_token_ids: Vec<u32>,
 }
 
 impl<B: Backend> Qwen2<B> {
+    /// Builds the model from the checkpoint tensors under `vb` (the checkpoint's root; see
+    /// [`Qwen2::from_source`]). Field names are HF's, so parameter paths are checkpoint names.
+    pub(crate) fn load(config: &Qwen2Config, vb: &Weights<B>) -> Result<Self> {
+        let body = vb.pp("model");
+        let embed_tokens = Embedding { weight: body.pp("embed_tokens").get("weight")? };
+        let layers = (0..config.num_hidden_layers)
+            .map(|i| DecoderLayer::load(config, &body.pp("layers").pp(i)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            embed_tokens,
+            layers,
+            norm: RmsNorm::load(&body.pp("norm"), config.rms_norm_eps)?,
+            lm_head: match config.tie_word_embeddings {
+                true => None,
+                false => Some(Proj::load(&vb.pp("lm_head"))?),
+            },
+            rope: RotaryEmbedding::new(config.head_dim(), config.rope_theta(), config.max_position_embeddings, vb.device()),
+            config: config.clone(),
+            eos_token_ids: config.eos_token_ids(),
+        })
+    }
+
     /// Final hidden states `[B, T, D]` (after the last norm) for `inputs`. With a cache, the
     /// inputs continue the cached sequences and are appended to the cache.
     pub fn forward_hidden(&self, inputs: &Inputs<B>, mut cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
@@ -203,14 +247,9 @@ impl<B: Backend> Qwen2<B> {
     /// Logits `[B, T, V]` from hidden states `[B, T, D]`.
     pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         match &self.lm_head {
-            Some(head) => project(head, hidden),
-            None => {
-                let [batch, seq, _] = hidden.dims();
-                let (hidden, head) = (hidden.flatten::<2>(0, 1), self.embed_tokens.weight.val().transpose());
-                let logits = cpu_decode::matmul(&hidden, &head).unwrap_or_else(|| linear(hidden, head, None));
-                let vocab = logits.dims()[1];
-                logits.reshape([batch, seq, vocab])
-            }
+            Some(head) => head.forward(hidden),
+            // Tied: the embedding `[V, D]` is the head's HF `[out, in]`.
+            None => proj::project(hidden, self.embed_tokens.weight.val().transpose(), None),
         }
     }
 
@@ -227,5 +266,21 @@ impl<B: Backend> Qwen2<B> {
     /// The model's config.
     pub fn config(&self) -> &Qwen2Config {
         &self.config
+    }
+
+    /// The device the model's parameters live on.
+    pub fn device(&self) -> B::Device {
+        self.embed_tokens.weight.device()
+    }
+
+    /// The longest sequence the model can process (`max_position_embeddings`).
+    pub fn context_len(&self) -> usize {
+        self.rope.max_positions()
+    }
+
+    /// The end-of-sequence ids generation stops at by default: `eos_token_id` of `config.json`
+    /// and, for a model loaded from a directory, of `generation_config.json`.
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_token_ids
     }
 }

@@ -1,28 +1,30 @@
-//! Building a [`Qwen2`] from named host tensors in Hugging Face layout, and exporting it back.
+//! The tensors of a Qwen2 checkpoint: one description ([`expected_tensors`]: Hugging Face names,
+//! shapes and roles), a [`WeightSource`] that supplies them (a checkpoint or [`RandomInit`]), the
+//! `Weights` reader the blocks are built from by name (candle's `VarBuilder` style:
+//! `vb.pp("self_attn").pp("q_proj")`), and the way back to named HF tensors.
 //!
-//! HF names and shapes are the contract (`model.layers.{i}.self_attn.q_proj.weight` `[out, in]`
-//! …). burn's `Linear` stores `[in, out]`, so linear weights are transposed on the way in and out.
-//! Random initialisation is just another [`WeightSource`], so it follows the same path.
+//! Nothing depends on the order of the blocks' fields or reads: the builder asks by name, and the
+//! export and the name map walk the model's module tree, whose field paths are the HF names
+//! (`layers.0.self_attn.q_proj.weight` under `model.`; see [`hf_name`]).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 
-use burn::module::{Param, ParamId};
-use burn::nn::{Embedding, Linear};
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 
 use super::config::Qwen2Config;
-use super::cpu_decode;
-use super::qwen2::{Attention, DecoderLayer, Mlp, Qwen2, RmsNorm};
-use super::rope::RotaryEmbedding;
+use super::proj;
+use super::qwen2::Qwen2;
 use crate::error::{Error, Result};
 
 /// How a tensor is initialised and laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TensorRole {
-    /// `nn.Linear` weight, HF `[out, in]`.
+    /// `nn.Linear` weight, HF `[out, in]` (a [`proj::Proj`] holds it as `[in, out]`).
     LinearWeight,
     /// `nn.Linear` bias.
     Bias,
@@ -40,7 +42,8 @@ pub struct TensorSpec {
     pub role: TensorRole,
 }
 
-/// Every tensor of a `Qwen2ForCausalLM` checkpoint for `config`, in a fixed order.
+/// Every tensor of a `Qwen2ForCausalLM` checkpoint for `config`, in a fixed order (the order
+/// [`RandomInit`] draws them in).
 pub fn expected_tensors(config: &Qwen2Config) -> Vec<TensorSpec> {
     let (h, i) = (config.hidden_size, config.intermediate_size);
     let q = config.num_attention_heads * config.head_dim();
@@ -72,10 +75,18 @@ pub fn expected_tensors(config: &Qwen2Config) -> Vec<TensorSpec> {
     out
 }
 
-/// Supplies host tensors (f32, HF layout, row-major) by name.
+/// The checkpoint name of the parameter at module path `path` of a [`Qwen2`]: the decoder
+/// body's fields are named as under HF's `model.`, and `lm_head` sits at the top.
+pub fn hf_name(path: &[String]) -> String {
+    let path = path.join(".");
+    if path.starts_with("lm_head") { path } else { format!("model.{path}") }
+}
+
+/// Supplies host tensors (HF layout, row-major) by name. Tensors are asked for in
+/// [`expected_tensors`] order, each once.
 pub trait WeightSource {
-    /// The tensor `spec.name`, which must have `spec.shape`.
-    fn tensor(&mut self, spec: &TensorSpec) -> Result<Vec<f32>>;
+    /// The tensor `spec.name`, which must have `spec.shape` (f32 today).
+    fn tensor(&mut self, spec: &TensorSpec) -> Result<TensorData>;
 }
 
 /// Hugging Face's `_init_weights` for Qwen2: linear and embedding weights ~ N(0, σ), biases 0,
@@ -93,15 +104,100 @@ impl RandomInit {
 }
 
 impl WeightSource for RandomInit {
-    fn tensor(&mut self, spec: &TensorSpec) -> Result<Vec<f32>> {
+    fn tensor(&mut self, spec: &TensorSpec) -> Result<TensorData> {
         let len = spec.shape.iter().product();
-        Ok(match spec.role {
-            TensorRole::LinearWeight | TensorRole::Embedding => {
-                (0..len).map(|_| self.normal.sample(&mut self.rng)).collect()
-            }
-            TensorRole::Bias => vec![0.0; len],
-            TensorRole::Norm => vec![1.0; len],
-        })
+        let values = match spec.role {
+            TensorRole::LinearWeight | TensorRole::Embedding => (0..len).map(|_| self.normal.sample(&mut self.rng)).collect(),
+            TensorRole::Bias => vec![0.0f32; len],
+            TensorRole::Norm => vec![1.0f32; len],
+        };
+        Ok(TensorData::new(values, spec.shape.clone()))
+    }
+}
+
+/// The description and the source behind a tree of [`Weights`]. Whatever the order the blocks
+/// ask in, the source is read in description order (tensors asked for later wait here).
+struct Store<'s> {
+    specs: Vec<TensorSpec>,
+    index: HashMap<String, usize>,
+    source: RefCell<&'s mut dyn WeightSource>,
+    /// Tensors `..next` have been read from the source; `waiting` holds those not taken yet.
+    next: RefCell<usize>,
+    waiting: RefCell<HashMap<usize, TensorData>>,
+    taken: RefCell<Vec<bool>>,
+}
+
+impl<'s> Store<'s> {
+    fn new(specs: Vec<TensorSpec>, source: &'s mut dyn WeightSource) -> Self {
+        let index = specs.iter().enumerate().map(|(i, s)| (s.name.clone(), i)).collect();
+        let taken = RefCell::new(vec![false; specs.len()]);
+        Self { specs, index, source: RefCell::new(source), next: RefCell::new(0), waiting: RefCell::default(), taken }
+    }
+
+    fn take(&self, name: &str) -> Result<TensorData> {
+        let &i = self.index.get(name).ok_or_else(|| Error::InvalidInput(format!("the model reads {name}, which Qwen2 checkpoints do not have")))?;
+        if std::mem::replace(&mut self.taken.borrow_mut()[i], true) {
+            return Err(Error::InvalidInput(format!("the model reads {name} twice")));
+        }
+        let mut next = self.next.borrow_mut();
+        while *next <= i {
+            let data = self.source.borrow_mut().tensor(&self.specs[*next])?;
+            self.waiting.borrow_mut().insert(*next, data);
+            *next += 1;
+        }
+        Ok(self.waiting.borrow_mut().remove(&i).expect("read above"))
+    }
+
+    /// Checks that the model read every described tensor.
+    fn finish(&self) -> Result<()> {
+        let unread: Vec<&str> =
+            self.specs.iter().zip(self.taken.borrow().iter()).filter(|(_, t)| !**t).map(|(s, _)| s.name.as_str()).collect();
+        match unread.is_empty() {
+            true => Ok(()),
+            false => Err(Error::InvalidInput(format!("the model does not read {}", unread.join(", ")))),
+        }
+    }
+}
+
+/// Reads the tensors of one subtree of the checkpoint by name, relative to a prefix:
+/// `vb.pp("mlp").host("up_proj.weight")` reads `<prefix>.mlp.up_proj.weight`.
+pub(crate) struct Weights<'a, B: Backend> {
+    store: &'a Store<'a>,
+    prefix: String,
+    device: &'a B::Device,
+}
+
+impl<'a, B: Backend> Weights<'a, B> {
+    /// The reader of the subtree `name` (a field name or a layer index).
+    pub fn pp(&self, name: impl std::fmt::Display) -> Self {
+        Self { store: self.store, prefix: self.path(&name.to_string()), device: self.device }
+    }
+
+    /// Whether the checkpoint has tensor `name` (e.g. an optional bias).
+    pub fn contains(&self, name: &str) -> bool {
+        self.store.index.contains_key(&self.path(name))
+    }
+
+    /// Tensor `name` as the checkpoint stores it (HF layout, host memory).
+    pub fn host(&self, name: &str) -> Result<TensorData> {
+        self.store.take(&self.path(name))
+    }
+
+    /// Tensor `name` as a parameter on the device, in HF layout.
+    pub fn get<const N: usize>(&self, name: &str) -> Result<Param<Tensor<B, N>>> {
+        Ok(Param::from_tensor(Tensor::from_data(self.host(name)?, self.device)))
+    }
+
+    /// The device the model is built on.
+    pub fn device(&self) -> &B::Device {
+        self.device
+    }
+
+    fn path(&self, name: &str) -> String {
+        match self.prefix.is_empty() {
+            true => name.to_string(),
+            false => format!("{}.{name}", self.prefix),
+        }
     }
 }
 
@@ -109,44 +205,10 @@ impl<B: Backend> Qwen2<B> {
     /// Builds the model from `source` (a checkpoint or [`RandomInit`]).
     pub fn from_source(config: &Qwen2Config, source: &mut dyn WeightSource, device: &B::Device) -> Result<Self> {
         config.validate().map_err(|m| Error::InvalidInput(format!("invalid config: {m}")))?;
-        let mut specs = expected_tensors(config).into_iter();
-        let mut next = || -> Result<(TensorSpec, Vec<f32>)> {
-            let spec = specs.next().expect("expected_tensors lists every parameter");
-            let data = source.tensor(&spec)?;
-            Ok((spec, data))
-        };
-        let embed_tokens = {
-            let (spec, data) = next()?;
-            Embedding { weight: Param::from_tensor(tensor(data, &spec.shape, device)) }
-        };
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
-        for _ in 0..config.num_hidden_layers {
-            let input_layernorm = norm(next()?, config, device);
-            let q_proj = linear(next()?, Some(next()?), device);
-            let k_proj = linear(next()?, Some(next()?), device);
-            let v_proj = linear(next()?, Some(next()?), device);
-            let o_proj = linear(next()?, None, device);
-            let post_attention_layernorm = norm(next()?, config, device);
-            let mlp = Mlp {
-                gate_proj: linear(next()?, None, device),
-                up_proj: linear(next()?, None, device),
-                down_proj: linear(next()?, None, device),
-            };
-            let self_attn = Attention {
-                q_proj,
-                k_proj,
-                v_proj,
-                o_proj,
-                num_heads: config.num_attention_heads,
-                num_kv_heads: config.num_kv_heads(),
-                head_dim: config.head_dim(),
-            };
-            layers.push(DecoderLayer { input_layernorm, self_attn, post_attention_layernorm, mlp });
-        }
-        let final_norm = norm(next()?, config, device);
-        let lm_head = if config.tie_word_embeddings { None } else { Some(linear(next()?, None, device)) };
-        let rope = RotaryEmbedding::new(config.head_dim(), config.rope_theta(), config.max_position_embeddings, device);
-        Ok(Qwen2 { embed_tokens, layers, norm: final_norm, lm_head, rope, config: config.clone() })
+        let store = Store::new(expected_tensors(config), source);
+        let model = Qwen2::load(config, &Weights { store: &store, prefix: String::new(), device })?;
+        store.finish()?;
+        Ok(model)
     }
 
     /// A randomly initialised model (see [`RandomInit`]).
@@ -156,87 +218,157 @@ impl<B: Backend> Qwen2<B> {
 
     /// Every parameter as `(spec, f32 data in HF layout)`, in [`expected_tensors`] order.
     pub fn to_hf_tensors(&self) -> Vec<(TensorSpec, Vec<f32>)> {
-        let values = self.params().into_iter().map(|param| match param {
-            ParamRef::Linear(p) => host(p.val().transpose()),
-            ParamRef::Matrix(p) => host(p.val()),
-            ParamRef::Vector(p) => host(p.val()),
-        });
-        expected_tensors(&self.config).into_iter().zip(values).collect()
+        let specs = expected_tensors(&self.config);
+        let roles = specs.iter().map(|s| (s.name.clone(), s.role)).collect();
+        let mut export = Export { path: Vec::new(), roles, tensors: HashMap::new() };
+        self.visit(&mut export);
+        let mut tensors = export.tensors;
+        specs
+            .into_iter()
+            .map(|spec| {
+                let data = tensors.remove(&spec.name).unwrap_or_else(|| panic!("{} is not a parameter of the model", spec.name));
+                (spec, data)
+            })
+            .collect()
     }
 
     /// The HF name of every parameter, by burn parameter id.
     pub fn param_names(&self) -> HashMap<ParamId, String> {
-        let ids = self.params().into_iter().map(|param| match param {
-            ParamRef::Linear(p) | ParamRef::Matrix(p) => p.id,
-            ParamRef::Vector(p) => p.id,
-        });
-        ids.zip(expected_tensors(&self.config)).map(|(id, spec)| (id, spec.name)).collect()
-    }
-
-    /// Every parameter, in [`expected_tensors`] order.
-    fn params(&self) -> Vec<ParamRef<'_, B>> {
-        let mut out = vec![ParamRef::Matrix(&self.embed_tokens.weight)];
-        for layer in &self.layers {
-            let attn = &layer.self_attn;
-            out.push(ParamRef::Vector(&layer.input_layernorm.weight));
-            for proj in [&attn.q_proj, &attn.k_proj, &attn.v_proj] {
-                out.push(ParamRef::Linear(&proj.weight));
-                out.push(ParamRef::Vector(proj.bias.as_ref().expect("q/k/v have biases")));
-            }
-            out.push(ParamRef::Linear(&attn.o_proj.weight));
-            out.push(ParamRef::Vector(&layer.post_attention_layernorm.weight));
-            for proj in [&layer.mlp.gate_proj, &layer.mlp.up_proj, &layer.mlp.down_proj] {
-                out.push(ParamRef::Linear(&proj.weight));
-            }
-        }
-        out.push(ParamRef::Vector(&self.norm.weight));
-        if let Some(head) = &self.lm_head {
-            out.push(ParamRef::Linear(&head.weight));
-        }
-        out
+        let mut names = Names { path: Vec::new(), names: HashMap::new() };
+        self.visit(&mut names);
+        names.names
     }
 }
 
-/// A parameter of the model, with how it maps to HF layout.
-enum ParamRef<'a, B: Backend> {
-    /// burn `[in, out]`, HF `[out, in]`.
-    Linear(&'a Param<Tensor<B, 2>>),
-    /// Same layout in both (the embedding).
-    Matrix(&'a Param<Tensor<B, 2>>),
-    Vector(&'a Param<Tensor<B, 1>>),
+/// Collects every parameter's HF name.
+struct Names {
+    path: Vec<String>,
+    names: HashMap<ParamId, String>,
 }
 
-fn host<B: Backend, const N: usize>(t: Tensor<B, N>) -> Vec<f32> {
-    t.into_data().convert::<f32>().into_vec().expect("f32 data")
+impl<B: Backend> ModuleVisitor<B> for Names {
+    fn enter_module(&mut self, name: &str, _: &str) {
+        self.path.push(name.to_string());
+    }
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.path.pop();
+    }
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.names.insert(param.id, hf_name(&self.path));
+    }
 }
 
-fn tensor<B: Backend, const N: usize>(data: Vec<f32>, shape: &[usize], device: &B::Device) -> Tensor<B, N> {
-    Tensor::from_data(TensorData::new(data, shape.to_vec()), device)
+/// Collects every parameter as HF host data, by HF name.
+struct Export {
+    path: Vec<String>,
+    roles: HashMap<String, TensorRole>,
+    tensors: HashMap<String, Vec<f32>>,
 }
 
-fn norm<B: Backend>((spec, data): (TensorSpec, Vec<f32>), config: &Qwen2Config, device: &B::Device) -> RmsNorm<B> {
-    RmsNorm { weight: Param::from_tensor(tensor(data, &spec.shape, device)), eps: config.rms_norm_eps }
+impl<B: Backend> ModuleVisitor<B> for Export {
+    fn enter_module(&mut self, name: &str, _: &str) {
+        self.path.push(name.to_string());
+    }
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.path.pop();
+    }
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let name = hf_name(&self.path);
+        let role = *self.roles.get(&name).unwrap_or_else(|| panic!("parameter {name} is not a Qwen2 checkpoint tensor"));
+        let value = match role {
+            TensorRole::LinearWeight => proj::to_hf(param.val()),
+            _ => param.val(),
+        };
+        self.tensors.insert(name, value.into_data().convert::<f32>().into_vec().expect("f32 data"));
+    }
 }
 
-/// A burn `Linear` from an HF `[out, in]` weight, as burn's `[in, out]` (a transposed view where
-/// the CPU decoding fast path wants HF's layout).
-fn linear<B: Backend>(
-    (spec, data): (TensorSpec, Vec<f32>),
-    bias: Option<(TensorSpec, Vec<f32>)>,
-    device: &B::Device,
-) -> Linear<B> {
-    let (out_dim, in_dim) = (spec.shape[0], spec.shape[1]);
-    let weight = cpu_decode::linear_weight::<B>(&data, out_dim, in_dim, device).unwrap_or_else(|| {
-        let mut transposed = vec![0.0f32; data.len()];
-        for (o, row) in data.chunks_exact(in_dim).enumerate() {
-            for (i, &w) in row.iter().enumerate() {
-                transposed[i * out_dim + o] = w;
-            }
+#[cfg(test)]
+mod tests {
+    use super::*;
+    // Flex, not NdArray: NdArray is kept for the f64 gradient check (a device fixes its float
+    // dtype at first use in a process).
+    use burn::backend::Flex;
+
+    fn config(tied: bool) -> Qwen2Config {
+        let mut config: Qwen2Config = serde_json::from_str(
+            r#"{"vocab_size": 11, "hidden_size": 8, "intermediate_size": 12, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 16}"#,
+        )
+        .unwrap();
+        config.tie_word_embeddings = tied;
+        config
+    }
+
+    #[test]
+    fn names_and_export_follow_the_description() {
+        for tied in [true, false] {
+            let config = config(tied);
+            let model = Qwen2::<Flex>::random(&config, 0, &Default::default()).unwrap();
+            let specs = expected_tensors(&config);
+            let exported: Vec<(String, Vec<usize>, usize)> =
+                model.to_hf_tensors().into_iter().map(|(s, v)| (s.name, s.shape, v.len())).collect();
+            let described: Vec<(String, Vec<usize>, usize)> =
+                specs.iter().map(|s| (s.name.clone(), s.shape.clone(), s.shape.iter().product())).collect();
+            assert_eq!(exported, described);
+            let mut names: Vec<String> = model.param_names().into_values().collect();
+            let mut expected: Vec<String> = specs.into_iter().map(|s| s.name).collect();
+            names.sort();
+            expected.sort();
+            assert_eq!(names, expected, "tied = {tied}");
         }
-        tensor(transposed, &[in_dim, out_dim], device)
-    });
-    Linear {
-        weight: Param::from_tensor(weight),
-        bias: bias.map(|(spec, data)| Param::from_tensor(tensor(data, &spec.shape, device))),
+    }
+
+    #[test]
+    fn random_init_draws_every_tensor_in_description_order() {
+        let config = config(false);
+        let model = Qwen2::<Flex>::random(&config, 5, &Default::default()).unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let normal = Normal::new(0.0f32, config.initializer_range as f32).unwrap();
+        for (spec, values) in model.to_hf_tensors() {
+            let len = spec.shape.iter().product();
+            let expected: Vec<f32> = match spec.role {
+                TensorRole::LinearWeight | TensorRole::Embedding => (0..len).map(|_| normal.sample(&mut rng)).collect(),
+                TensorRole::Bias => vec![0.0; len],
+                TensorRole::Norm => vec![1.0; len],
+            };
+            assert_eq!(values, expected, "{}", spec.name);
+        }
+    }
+
+    /// Records the order tensors are read in.
+    struct Recorder(Vec<String>);
+
+    impl WeightSource for Recorder {
+        fn tensor(&mut self, spec: &TensorSpec) -> Result<TensorData> {
+            self.0.push(spec.name.clone());
+            Ok(TensorData::new(vec![0.0f32; spec.shape.iter().product()], spec.shape.clone()))
+        }
+    }
+
+    #[test]
+    fn sources_are_read_in_description_order_whatever_the_blocks_ask() {
+        let specs = expected_tensors(&config(true));
+        let mut recorder = Recorder(Vec::new());
+        {
+            let store = Store::new(specs.clone(), &mut recorder);
+            let vb = Weights::<Flex> { store: &store, prefix: String::new(), device: &Default::default() };
+            let norm = vb.pp("model").pp("norm");
+            assert_eq!(norm.host("weight").unwrap().shape.to_vec(), vec![8]);
+            for spec in specs.iter().rev().skip(1) {
+                vb.host(&spec.name).unwrap();
+            }
+            store.finish().unwrap();
+            let err = vb.host("model.norm.weight").unwrap_err().to_string();
+            assert!(err.contains("twice"), "{err}");
+            assert!(vb.host("model.norm.bias").unwrap_err().to_string().contains("do not have"));
+        }
+        assert_eq!(recorder.0, specs.iter().map(|s| s.name.clone()).collect::<Vec<_>>());
+
+        let mut recorder = Recorder(Vec::new());
+        let store = Store::new(specs, &mut recorder);
+        let vb = Weights::<Flex> { store: &store, prefix: String::new(), device: &Default::default() };
+        vb.host("model.embed_tokens.weight").unwrap();
+        assert!(store.finish().unwrap_err().to_string().contains("does not read model.layers.0.input_layernorm.weight"));
     }
 }

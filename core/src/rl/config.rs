@@ -1,9 +1,10 @@
-//! The TOML config of `kiln rl` and `kiln opd`. Defaults are the seed's verl settings (spec
-//! §6.1): n = 6 at temperature 1, 1024 prompts per step in mini-batches of 256 (4 optimizer
-//! updates) and micro-batches of 16, AdamW at a constant 1e-6 with weight decay 0.01 and
-//! clipping at 1.0, clip ratio 0.2 with dual clip 3.0, token-mean aggregation, k3 KL to the
-//! initial policy with β = 0.001, a checkpoint and a validation every 20 steps. Paths are
-//! relative to the config file's directory.
+//! The TOML config of `kiln rl` and `kiln opd`: the one run-config schema
+//! ([`crate::train::config`]) plus `[rollout]`, `[loss]`, `[reward]` and `[teacher]`. Defaults
+//! are the seed's verl settings (spec §6.1): n = 6 at temperature 1, 1024 prompts per step in
+//! mini-batches of 256 (4 optimizer updates) and micro-batches of 16, AdamW at a constant 1e-6
+//! with weight decay 0.01 and clipping at 1.0, clip ratio 0.2 with dual clip 3.0, token-mean
+//! aggregation, k3 KL to the initial policy with β = 0.001, a checkpoint and a validation every
+//! 20 steps. Paths are relative to the config file's directory.
 
 use std::path::{Path, PathBuf};
 
@@ -12,21 +13,35 @@ use serde::{Deserialize, Serialize};
 use super::advantage::RewardScaling;
 use super::loss::{Clip, KlEstimator, LossAgg};
 use super::objective::PgSettings;
-use super::reward::RewardConfig;
 use super::rollout::RolloutSettings;
 use crate::error::{Error, Result};
 use crate::generate::Sampler;
-use crate::train::recipes::{default_beta1, default_beta2, default_eps};
+use crate::tasks::{RewardConfig, TaskConfig};
+use crate::train::config::{
+    DataSection, Defaults, EvalSection, Family, ModelSection, OptimizerSection, OutputSection, PromptData, ScheduleSection,
+    TrainSection, base_dir, read_config, resolve, resolve_shared,
+};
 
-/// A GRPO or OPD run.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// A GRPO or OPD run: the sections of every run ([`crate::train::config`]) plus the rollout,
+/// the loss and the reward (GRPO) or teacher (OPD).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PgConfig {
+    /// `from`: the policy's starting point, which is also the frozen reference of the KL term.
     pub model: ModelSection,
+    /// The task whose rows are the prompts and whose rewards score them (Interplay if absent).
+    #[serde(default)]
+    pub task: TaskConfig,
+    /// `kind = "prompts"` (old configs: `dir = …` or `files = […]`).
     pub data: DataSection,
     #[serde(default)]
     pub rollout: RolloutSection,
+    #[serde(default)]
     pub train: TrainSection,
+    #[serde(default)]
+    pub optimizer: OptimizerSection,
+    #[serde(default)]
+    pub schedule: ScheduleSection,
     #[serde(default)]
     pub loss: LossSection,
     /// GRPO's reward (`kiln rl`; outcome if absent).
@@ -34,43 +49,12 @@ pub struct PgConfig {
     /// OPD's teacher (`kiln opd`).
     pub teacher: Option<TeacherSection>,
     pub output: OutputSection,
-    pub validation: Option<ValidationSection>,
-}
-
-/// The policy's starting point, which is also the frozen reference of the KL term.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelSection {
-    /// An HF model directory.
-    pub from: PathBuf,
-    /// Directory with `tokenizer.json` (default: `from`).
-    pub tokenizer: Option<PathBuf>,
-}
-
-/// The RL prompts: JSONL rows of the Interplay schema.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DataSection {
-    /// A directory of per-op files (`heldout/op11-50k.jsonl`, …) ...
-    pub dir: Option<PathBuf>,
-    /// ... of which these ops (default: every file of `dir`) ...
-    #[serde(default)]
-    pub ops: Vec<u32>,
-    /// ... or explicit files.
-    #[serde(default)]
-    pub files: Vec<PathBuf>,
-    /// Read only the first rows of each file.
-    pub rows_per_op: Option<usize>,
-    /// Longer prompts are dropped (and counted).
-    #[serde(default = "default_length")]
-    pub max_prompt_length: usize,
-    /// Prompt order and rollout seeds (verl's `data.seed`).
-    #[serde(default = "one")]
-    pub seed: u64,
+    /// Greedy validation on per-op files (`[validation]` in old configs).
+    pub eval: Option<EvalSection>,
 }
 
 /// How responses are sampled.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RolloutSection {
     #[serde(default = "default_n")]
@@ -95,46 +79,8 @@ impl Default for RolloutSection {
     }
 }
 
-/// Steps, batches and the optimizer.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TrainSection {
-    /// RL steps; or give `epochs` over the prompts.
-    pub steps: Option<u64>,
-    pub epochs: Option<f64>,
-    /// Prompts per step (verl's `train_batch_size`).
-    #[serde(default = "default_prompts")]
-    pub prompts_per_step: usize,
-    /// Prompts per optimizer update (`ppo_mini_batch_size`).
-    #[serde(default = "default_mini_batch")]
-    pub mini_batch: usize,
-    /// Responses per micro-batch (`ppo_micro_batch_size_per_gpu`).
-    #[serde(default = "default_micro_batch")]
-    pub micro_batch: usize,
-    #[serde(default = "default_lr")]
-    pub lr: f64,
-    /// `constant` or `cosine` (verl's `warmup_style`).
-    #[serde(default = "default_schedule")]
-    pub schedule: String,
-    #[serde(default)]
-    pub warmup_ratio: f64,
-    /// Cosine floor as a fraction of `lr`.
-    #[serde(default)]
-    pub min_lr_ratio: f64,
-    #[serde(default = "default_weight_decay")]
-    pub weight_decay: f64,
-    #[serde(default = "unit64")]
-    pub max_grad_norm: f64,
-    #[serde(default = "default_beta1")]
-    pub beta1: f64,
-    #[serde(default = "default_beta2")]
-    pub beta2: f64,
-    #[serde(default = "default_eps")]
-    pub eps: f64,
-}
-
 /// The surrogate, its aggregation, the KL term and GRPO's reward scaling.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LossSection {
     #[serde(default = "default_clip")]
@@ -176,7 +122,7 @@ impl Default for LossSection {
 }
 
 /// OPD's teacher.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TeacherSection {
     /// An HF model directory with the student's tokenizer.
@@ -189,43 +135,8 @@ pub struct TeacherSection {
     pub full_vocab: bool,
 }
 
-/// Where checkpoints and metrics go.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OutputSection {
-    /// E.g. `release/rl`.
-    pub dir: PathBuf,
-    /// Checkpoints `<name>_step<N>` and `<name>_metrics.jsonl` (e.g. `op11_14`); an empty name
-    /// gives `step<N>`; without one, `checkpoint-<N>`.
-    pub name: Option<String>,
-    #[serde(default = "default_freq")]
-    pub save_freq: u64,
-    /// Stop cleanly (and save) after this many seconds.
-    pub time_budget_s: Option<f64>,
-}
-
-/// Greedy validation on per-op files.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ValidationSection {
-    /// A directory of per-op files (`val/op2-200.jsonl`, …).
-    pub dir: PathBuf,
-    /// Every n steps (verl's `test_freq`), and before the first and after the last.
-    #[serde(default = "default_freq")]
-    pub every: u64,
-    /// Ops up to this are in-distribution.
-    #[serde(default = "default_id_max_op")]
-    pub id_max_op: u32,
-    pub rows_per_op: Option<usize>,
-    /// Default: the rollout's `max_response_length`.
-    pub max_new_tokens: Option<usize>,
-}
-
 fn default_length() -> usize {
     1024
-}
-fn one() -> u64 {
-    1
 }
 fn default_n() -> usize {
     6
@@ -238,24 +149,6 @@ fn unit64() -> f64 {
 }
 fn default_decode_batch() -> usize {
     64
-}
-fn default_prompts() -> usize {
-    1024
-}
-fn default_mini_batch() -> usize {
-    256
-}
-fn default_micro_batch() -> usize {
-    16
-}
-fn default_lr() -> f64 {
-    1e-6
-}
-fn default_schedule() -> String {
-    "constant".into()
-}
-fn default_weight_decay() -> f64 {
-    0.01
 }
 fn default_clip() -> f64 {
     0.2
@@ -275,34 +168,40 @@ fn default_kl() -> KlEstimator {
 fn default_epsilon() -> f64 {
     1e-6
 }
-fn default_freq() -> u64 {
-    20
-}
-fn default_id_max_op() -> u32 {
-    10
-}
+
+/// Prompts per step and per optimizer update, and the validation's in-distribution ops.
+const PROMPTS_PER_STEP: usize = 1024;
+const MINI_BATCH: usize = 256;
+pub(crate) const ID_MAX_OP: u32 = 10;
 
 impl PgConfig {
-    /// Reads a config; relative paths become relative to its directory. Inconsistent settings
-    /// are errors naming the file.
+    /// Reads a config (old forms included, [`crate::train::config::legacy`]); relative paths
+    /// become relative to its directory. Inconsistent settings are errors naming the file.
     pub fn from_toml(path: &Path, text: &str) -> Result<Self> {
-        let mut config: PgConfig = toml::from_str(text).map_err(|e| {
-            let line = e.span().map(|s| text[..s.start].matches('\n').count() + 1);
-            Error::data(path, line, e.message().to_string())
-        })?;
-        let base = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let fix = |p: &mut PathBuf| {
-            if p.is_relative() {
-                *p = base.join(&*p);
-            }
-        };
-        fix(&mut config.model.from);
-        config.model.tokenizer.iter_mut().chain(config.data.dir.iter_mut()).chain(config.data.files.iter_mut()).for_each(fix);
-        config.teacher.iter_mut().for_each(|t| fix(&mut t.path));
-        config.validation.iter_mut().for_each(|v| fix(&mut v.dir));
-        fix(&mut config.output.dir);
+        let mut config: PgConfig = read_config(path, text, Family::PolicyGradient)?;
+        let base = base_dir(path);
+        let mut no_eval = EvalSection::default();
+        let eval = config.eval.as_mut().unwrap_or(&mut no_eval);
+        resolve_shared(base, &mut config.model, &mut config.data, &mut config.output, eval);
+        config.teacher.iter_mut().for_each(|t| resolve(base, &mut t.path));
         config.check().map_err(|message| Error::config(path, message))?;
         Ok(config)
+    }
+
+    /// The prompts' section.
+    pub fn prompts(&self) -> std::result::Result<&PromptData, String> {
+        match &self.data {
+            DataSection::Prompts(prompts) => Ok(prompts),
+            other => Err(format!("[data] kind = \"{}\" is not for `kiln rl`/`kiln opd`: give kind = \"prompts\" (`dir` or `files`)", other.kind())),
+        }
+    }
+
+    /// The policy's starting point.
+    pub fn from_dir(&self) -> std::result::Result<&Path, String> {
+        match (&self.model.from, &self.model.init) {
+            (Some(from), None) => Ok(from),
+            _ => Err("[model] needs `from` (the policy's starting point), not `init`".into()),
+        }
     }
 
     /// The step's shape and the loss settings.
@@ -315,9 +214,9 @@ impl PgConfig {
                 max_response_length: r.max_response_length,
                 batch_size: r.batch_size,
             },
-            prompts_per_step: t.prompts_per_step,
-            mini_batch: t.mini_batch,
-            micro_batch: t.micro_batch,
+            prompts_per_step: t.prompts_per_step.unwrap_or(PROMPTS_PER_STEP),
+            mini_batch: t.mini_batch.unwrap_or(MINI_BATCH),
+            micro_batch: t.micro_batch.or(Defaults::POLICY_GRADIENT.micro_batch).unwrap_or_default(),
             clip: Clip {
                 low: l.clip_ratio_low.unwrap_or(l.clip_ratio),
                 high: l.clip_ratio_high.unwrap_or(l.clip_ratio),
@@ -325,26 +224,31 @@ impl PgConfig {
             },
             agg: l.agg,
             kl: (l.kl_coef > 0.0).then_some((l.kl_estimator, l.kl_coef)),
-            seed: self.data.seed,
+            seed: self.prompts().map_or(1, |p| p.seed),
         }
     }
 
     /// Settings that cannot work together.
     pub fn check(&self) -> std::result::Result<(), String> {
-        let t = &self.train;
-        if t.steps.is_some() == t.epochs.is_some() {
-            return Err("[train] needs exactly one of `steps` or `epochs`".into());
-        }
-        if self.data.dir.is_some() != self.data.files.is_empty() {
+        let (d, t) = (Defaults::POLICY_GRADIENT, &self.train);
+        self.from_dir()?;
+        let prompts = self.prompts()?;
+        t.total_steps(|_| 0)?;
+        if prompts.dir.is_some() != prompts.files.is_empty() {
             return Err("[data] needs exactly one of `dir` (per-op files) or `files`".into());
+        }
+        if t.grad_accum.is_some() {
+            return Err("[train] grad_accum is for `kiln pretrain` and `kiln sft` (rl/opd split a step by mini_batch)".into());
         }
         if self.loss.kl_coef < 0.0 {
             return Err(format!("[loss] kl_coef must not be negative (got {})", self.loss.kl_coef));
         }
-        self.settings().check()?;
-        if !["constant", "cosine"].contains(&t.schedule.as_str()) {
-            return Err(format!("[train] schedule must be \"constant\" or \"cosine\" (got {:?})", t.schedule));
+        if self.eval.as_ref().is_some_and(|e| e.rows.is_none()) {
+            return Err("[eval] needs `rows` (a directory of per-op files; `dir` in [validation])".into());
         }
+        self.settings().check()?;
+        let lr = self.optimizer.lr(&d)?;
+        self.schedule.build(&d, lr, 1)?;
         Ok(())
     }
 }

@@ -27,6 +27,7 @@ use super::rollout::{Response, RolloutSettings, rollout};
 use crate::error::{Error, Result};
 use crate::model::Qwen2;
 use crate::model::logprobs::token_logprobs;
+use crate::tasks::Item;
 use crate::tokenizer::Tokenizer;
 use crate::train::Objective;
 
@@ -146,7 +147,7 @@ impl<B: AutodiffBackend> PolicyGradient<B> {
 
     /// Old, reference and teacher log-probs and entropies of one micro-batch (no gradients).
     fn score(&self, policy: &Qwen2<B::InnerBackend>, layout: &ResponseLayout) -> Scored {
-        let device = policy.embed_tokens.weight.device();
+        let device = policy.device();
         let batch = layout.to_device::<B::InnerBackend>(&device);
         let logprobs = |model: &Qwen2<B::InnerBackend>| host(token_logprobs(response_logits(model, &batch), batch.targets.clone()));
         let logits = response_logits(policy, &batch);
@@ -199,7 +200,8 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         let mut metrics = Map::new();
         let sequence_advantages = match &self.signal {
             Signal::Rewards { reward, scaling, epsilon } => {
-                let scores: Vec<f64> = responses.iter().map(|r| reward.score(&r.text, &prompts[r.group].task)).collect();
+                let batch: Vec<(&str, &Item)> = responses.iter().map(|r| (r.text.as_str(), &prompts[r.group].item)).collect();
+                let scores = reward.score_batch(&batch)?;
                 let (mean, std) = mean_and_std(&scores);
                 metrics.insert("reward_mean".into(), json!(mean));
                 metrics.insert("reward_std".into(), json!(std));
@@ -213,7 +215,7 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         let per_update = s.mini_batch * s.rollout.n;
         let micros_per_update = per_update.div_ceil(s.micro_batch);
         let total_micros = responses.len().div_ceil(per_update) * micros_per_update;
-        let device = model.embed_tokens.weight.device();
+        let device = model.device();
         let mut stats = TokenStats { advantage_min: f64::INFINITY, advantage_max: f64::NEG_INFINITY, ..Default::default() };
         let mut updates = Vec::new();
         for (u, update) in responses.chunks(per_update).enumerate() {
@@ -262,7 +264,7 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         };
         let mut loss = match &self.signal {
             Signal::Teacher { model: teacher, full_vocab: true, .. } => {
-                let inner = micro.layout.to_device::<B::InnerBackend>(&teacher.embed_tokens.weight.device());
+                let inner = micro.layout.to_device::<B::InnerBackend>(&teacher.device());
                 let teacher_logits = Tensor::from_inner(response_logits(teacher, &inner));
                 let kl = aggregate(reverse_kl(logits, teacher_logits), &batch.mask, s.agg, max_length);
                 weighted(&mut metrics, "teacher_kl_full", kl.clone().detach());

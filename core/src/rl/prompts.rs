@@ -1,6 +1,6 @@
-//! RL prompts (verl's `CustomRLHFDataset` in the seed, spec §6.3): Interplay rows read from
-//! JSONL files, each turned into the prompt `compose_text(row)` up to and including
-//! `<solution>` and the RL ground truth; prompts longer than `max_prompt_length` tokens are
+//! RL prompts (verl's `CustomRLHFDataset` in the seed, spec §6.3): the items a task reads from
+//! JSONL files (for Interplay, the prompt `compose_text(row)` up to and including `<solution>`
+//! and the RL ground truth), tokenized; prompts longer than `max_prompt_length` tokens are
 //! dropped and counted (`filter_overlong_prompts`). Steps draw consecutive batches from a
 //! seeded shuffle of all prompts, reshuffled every epoch, with the incomplete last batch
 //! dropped (`RandomSampler`, `drop_last=True`). One file per op of equal length makes the draw
@@ -13,19 +13,16 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use super::reward::Task;
 use crate::error::{Error, Result};
-use crate::tasks::interplay::files::jsonl_records;
-use crate::tasks::interplay::gold::jsonl_files;
-use crate::tasks::interplay::rewards::rl_gold_answer;
-use crate::tasks::interplay::text::{compose_text, prompt_of};
+use crate::io::jsonl_files;
+use crate::tasks::{Item, Task, TaskConfig};
 use crate::tokenizer::Tokenizer;
 
-/// One prompt: its token ids and what the reward needs.
+/// One prompt: its token ids and the item they came from (what the reward needs).
 #[derive(Debug, Clone)]
 pub struct Prompt {
     pub ids: Vec<u32>,
-    pub task: Task,
+    pub item: Item,
 }
 
 /// What was read.
@@ -73,30 +70,30 @@ pub fn op_files(dir: &Path, ops: &[u32]) -> Result<Vec<PathBuf>> {
 }
 
 impl PromptSet {
-    /// Reads the rows of `files` (the first `rows_per_file` of each if given), keeping prompts of
-    /// at most `max_prompt_length` tokens. A row without `problem`, `question`, `solution` or
-    /// `op`, or without usable text, is an error naming file and line.
+    /// Reads the rows of `files` as the default task reads them ([`TaskConfig::default`]:
+    /// Interplay); see [`PromptSet::from_task`].
     pub fn load(files: &[PathBuf], tokenizer: &Tokenizer, max_prompt_length: usize, rows_per_file: Option<usize>) -> Result<Self> {
+        Self::from_task(TaskConfig::default().build()?.as_ref(), files, tokenizer, max_prompt_length, rows_per_file)
+    }
+
+    /// Reads the items `task` makes of `files` (the first `rows_per_file` of each if given),
+    /// keeping prompts of at most `max_prompt_length` tokens. A row the task cannot use is an
+    /// error naming file and line.
+    pub fn from_task(task: &dyn Task, files: &[PathBuf], tokenizer: &Tokenizer, max_prompt_length: usize, rows_per_file: Option<usize>) -> Result<Self> {
         let mut prompts = Vec::new();
         let mut report = PromptReport { files: Vec::new(), prompts: 0, filtered_overlong: 0 };
         for file in files {
             let mut entry = FileReport { path: file.clone(), rows: 0, kept: 0 };
-            for record in jsonl_records(file)?.take(rows_per_file.unwrap_or(usize::MAX)) {
-                let record = record?;
-                let field = |key: &str| record.str_field(file, key);
-                let (problem, question, solution) = (field("problem")?, field("question")?, field("solution")?);
-                let op = record.int_field(file, "op")?;
-                let text = compose_text(problem, question, solution)
-                    .ok_or_else(|| Error::data(file, Some(record.line), "the row has no text (empty fields, or nothing after \"Answer:\")"))?;
-                let ids = tokenizer.encode(&prompt_of(&text))?;
+            for item in task.items(file)?.take(rows_per_file.unwrap_or(usize::MAX)) {
+                let item = item?;
+                let ids = tokenizer.encode(&item.prompt)?;
                 entry.rows += 1;
                 if ids.len() > max_prompt_length {
                     report.filtered_overlong += 1;
                     continue;
                 }
                 entry.kept += 1;
-                let task = Task { op: u32::try_from(op).ok(), gold_answer: rl_gold_answer(solution), gold_solution: solution.to_owned() };
-                prompts.push(Prompt { ids, task });
+                prompts.push(Prompt { ids, item });
             }
             report.files.push(entry);
         }
@@ -163,7 +160,7 @@ mod tests {
         assert_eq!(all.len(), 20);
         assert_eq!(set.report.filtered_overlong, all.iter().filter(|p| p.ids.len() == longest).count());
         assert_eq!(set.len() + set.report.filtered_overlong, 20);
-        assert_eq!(set.iter().next().unwrap().task.op, Some(2));
+        assert_eq!(set.iter().next().unwrap().item.level, Some(2));
 
         // 20 prompts, batches of 6: three per epoch, the last two prompts of each shuffle dropped.
         let batch = |step| all.batch(step, 6, 1).unwrap().iter().map(|p| p.ids.clone()).collect::<Vec<_>>();

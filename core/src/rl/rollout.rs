@@ -53,6 +53,7 @@ pub fn rollout<B: Backend>(
         sampler: settings.sampler,
         max_new_tokens: settings.max_response_length,
         stop: StopCriteria { token_ids: eos_ids.to_vec(), strings: Vec::new() },
+        ignore_eos: true, // `eos_ids` are the run's EOS ids
         seed,
         skip_special_tokens: false,
     };

@@ -2,25 +2,24 @@
 //! `[model] from`, which also serves as the frozen reference; checkpoints are HF directories
 //! named like the release (`rl/op11_14_step20`) and resumable.
 
-use std::path::Path;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use serde_json::{Value, json};
 
-use super::config::PgConfig;
+use super::config::{ID_MAX_OP, PgConfig};
 use super::objective::{PolicyGradient, Signal};
 use super::prompts::{PromptSet, op_files};
 use super::validate::{ValidationSettings, Validator};
 use crate::error::{Error, Result};
 use crate::generate::model_eos_ids;
+use crate::io::jsonl_files;
 use crate::model::{Qwen2, Qwen2Config, hf};
-use crate::tasks::interplay::gold::jsonl_files;
 use crate::tokenizer::Tokenizer;
-use crate::train::schedule::{Decay, Schedule};
-use crate::train::trainer::{LoopConfig, Record, RunSummary, SavePolicy, Start, train};
-use crate::train::AdamWConfig;
+use crate::train::Defaults;
+use crate::train::run::{Sections, loop_config};
+use crate::train::trainer::{Record, RunSummary, Start, train};
 
 /// Which method a config is run as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,25 +47,20 @@ pub fn run<B: AutodiffBackend>(
         (Method::Opd, _, false) => return Err(Error::InvalidInput("on-policy distillation needs a [teacher] section".into())),
         (Method::Opd, true, true) => return Err(Error::InvalidInput("on-policy distillation takes no [reward]".into())),
     }
-    let from = &config.model.from;
-    let tokenizer_dir = config.model.tokenizer.clone().unwrap_or_else(|| from.clone());
+    config.check().map_err(Error::InvalidInput)?;
+    let d = Defaults::POLICY_GRADIENT;
+    let from = config.from_dir().map_err(Error::InvalidInput)?;
+    let data = config.prompts().map_err(Error::InvalidInput)?;
+    let tokenizer_dir = config.model.tokenizer.clone().unwrap_or_else(|| from.to_path_buf());
     let tokenizer = Tokenizer::from_file(&tokenizer_dir)?;
     let eos_ids = model_eos_ids(from, &Qwen2Config::from_file(from.join("config.json"))?, Some(&tokenizer))?;
 
-    let files = match (&config.data.dir, config.data.ops.is_empty()) {
-        (Some(dir), false) => op_files(dir, &config.data.ops)?,
-        (Some(dir), true) => jsonl_files(dir)?,
-        (None, _) => config.data.files.clone(),
-    };
-    let prompts = PromptSet::load(&files, &tokenizer, config.data.max_prompt_length, config.data.rows_per_op)?;
+    let task = config.task.build()?;
+    let files = per_op_files(data.dir.as_deref(), &data.ops, &data.files)?;
+    let prompts = PromptSet::from_task(task.as_ref(), &files, &tokenizer, data.max_prompt_length, data.rows_per_op)?;
     let settings = config.settings();
-    let t = &config.train;
     let per_epoch = prompts.steps_per_epoch(settings.prompts_per_step);
-    let total_steps = match (t.steps, t.epochs) {
-        (Some(steps), _) => steps,
-        (None, Some(epochs)) => (per_epoch as f64 * epochs).floor() as u64,
-        (None, None) => return Err(Error::InvalidInput("[train] needs `steps` or `epochs`".into())),
-    };
+    let total_steps = config.train.total_steps(|epochs| (per_epoch as f64 * epochs).floor() as u64).map_err(Error::InvalidInput)?;
     on_data(&json!({ "prompts": prompts.report, "steps_per_epoch": per_epoch, "total_steps": total_steps }));
 
     let signal = match (&config.reward, &config.teacher) {
@@ -75,7 +69,7 @@ pub fn run<B: AutodiffBackend>(
             Signal::Teacher { model: Box::new(frozen::<B>(&teacher.path, device)?), coef: teacher.coef, full_vocab: teacher.full_vocab }
         }
         (reward, None) => Signal::Rewards {
-            reward: reward.clone().unwrap_or_default().build(),
+            reward: task.reward(&reward.clone().unwrap_or_default())?,
             scaling: config.loss.reward_scaling,
             epsilon: config.loss.epsilon,
         },
@@ -84,32 +78,28 @@ pub fn run<B: AutodiffBackend>(
         Some(_) => Some(frozen::<B>(from, device)?),
         None => None,
     };
-    let warmup_steps = Schedule::warmup_from_ratio(total_steps, t.warmup_ratio);
-    let decay = match t.schedule.as_str() {
-        "cosine" => Decay::CosineWithMinLr { min_lr_rate: t.min_lr_ratio },
-        _ => Decay::Constant,
-    };
-    let loop_config = LoopConfig {
+    let eval_every = config.eval.as_ref().map(|e| e.every.or(d.eval_every).unwrap_or_default());
+    let loop_config = loop_config(
+        &d,
+        Sections { optimizer: &config.optimizer, schedule: &config.schedule, output: &config.output },
         total_steps,
-        schedule: Schedule { base_lr: t.lr, warmup_steps, total_steps, decay },
-        optimizer: AdamWConfig { beta1: t.beta1, beta2: t.beta2, eps: t.eps, weight_decay: t.weight_decay, max_grad_norm: Some(t.max_grad_norm) },
-        out_dir: config.output.dir.clone(),
-        save: SavePolicy { every: Some(config.output.save_freq as f64), run_name: config.output.name.clone(), ..Default::default() },
-        eval_every: config.validation.as_ref().map(|v| v.every),
-        time_budget: config.output.time_budget_s.map(Duration::from_secs_f64),
-        companions: Some(tokenizer_dir.clone()),
-        run_config: json!({ "config": config, "prompts": prompts.report }),
-    };
-    let validator = match &config.validation {
-        Some(v) => {
+        eval_every,
+        Some(tokenizer_dir.clone()),
+        json!({ "config": config, "prompts": prompts.report }),
+    )
+    .map_err(Error::InvalidInput)?;
+    let validator = match &config.eval {
+        Some(eval) => {
+            let dir = eval.rows.as_deref().ok_or_else(|| Error::InvalidInput("[eval] needs `rows`".into()))?;
             let validation = ValidationSettings {
-                id_max_op: v.id_max_op,
-                rows_per_op: v.rows_per_op,
-                max_prompt_length: config.data.max_prompt_length,
-                max_new_tokens: v.max_new_tokens.unwrap_or(settings.rollout.max_response_length),
+                id_max_op: eval.id_max_op.unwrap_or(ID_MAX_OP),
+                rows_per_op: eval.rows_per_op,
+                max_prompt_length: data.max_prompt_length,
+                max_new_tokens: eval.max_new_tokens.unwrap_or(settings.rollout.max_response_length),
                 batch_size: settings.rollout.batch_size,
             };
-            Some(Validator::load(&v.dir, &tokenizer, eos_ids.clone(), &validation)?)
+            let files = per_op_files(Some(dir), &eval.ops, &[])?;
+            Some(Validator::from_files(task.clone(), &files, &tokenizer, eos_ids.clone(), &validation)?)
         }
         None => None,
     };
@@ -121,6 +111,15 @@ pub fn run<B: AutodiffBackend>(
     };
     let (_, summary) = train(start, &mut objective, &loop_config, evaluate, on_record)?;
     Ok(summary)
+}
+
+/// The `op{N}` files of `dir` for `ops` (every `*.jsonl` of `dir` if `ops` is empty), or `files`.
+fn per_op_files(dir: Option<&Path>, ops: &[u32], files: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    match (dir, ops.is_empty()) {
+        (Some(dir), false) => op_files(dir, ops),
+        (Some(dir), true) => jsonl_files(dir),
+        (None, _) => Ok(files.to_vec()),
+    }
 }
 
 /// A frozen model (reference or teacher) in the learner's weight layout, without gradients.

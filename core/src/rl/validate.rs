@@ -1,27 +1,27 @@
-//! Validation during RL (verl's `_validate` in the seed): greedy decoding of per-op validation
-//! files, scored with the outcome reward (exact string match), reported per op and as ID
-//! (op ≤ `id_max_op`) and OOD accuracy.
+//! Validation during RL (verl's `_validate` in the seed): greedy decoding of a task's
+//! validation files, scored with the task's outcome reward (for Interplay, exact string match),
+//! reported per group (`val_accuracy_op<N>`) and as ID (level ≤ `id_max_op`) and OOD accuracy.
 
-use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
 use serde_json::json;
 
 use super::prompts::{Prompt, PromptSet};
-use super::reward::{OutcomeReward, Reward};
 use super::rollout::{RolloutSettings, rollout};
 use crate::error::Result;
 use crate::generate::Sampler;
+use crate::io::jsonl_files;
 use crate::model::Qwen2;
-use crate::tasks::interplay::gold::jsonl_files;
+use crate::tasks::{GroupScores, Reward, RewardConfig, Task, TaskConfig};
 use crate::tokenizer::Tokenizer;
 use crate::train::trainer::Record;
 
 /// What to validate on and how.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ValidationSettings {
-    /// Ops up to this are in-distribution.
+    /// Levels (Interplay: ops) up to this are in-distribution.
     pub id_max_op: u32,
     /// Rows read per file (all if `None`).
     pub rows_per_op: Option<usize>,
@@ -35,6 +35,7 @@ pub struct ValidationSettings {
 /// Greedy validation on a directory of per-op files.
 pub struct Validator {
     prompts: PromptSet,
+    reward: Box<dyn Reward>,
     tokenizer: Tokenizer,
     eos_ids: Vec<u32>,
     id_max_op: u32,
@@ -42,36 +43,42 @@ pub struct Validator {
 }
 
 impl Validator {
-    /// The rows of every `*.jsonl` of `dir`; `eos_ids` stop generation.
+    /// The rows of every `*.jsonl` of `dir`, read as the default task (Interplay) reads them;
+    /// `eos_ids` stop generation. See [`Validator::from_task`].
     pub fn load(dir: &Path, tokenizer: &Tokenizer, eos_ids: Vec<u32>, settings: &ValidationSettings) -> Result<Self> {
-        let prompts = PromptSet::load(&jsonl_files(dir)?, tokenizer, settings.max_prompt_length, settings.rows_per_op)?;
-        let rollout = RolloutSettings { n: 1, sampler: Sampler::greedy(), max_response_length: settings.max_new_tokens, batch_size: settings.batch_size };
-        Ok(Self { prompts, tokenizer: tokenizer.clone(), eos_ids, id_max_op: settings.id_max_op, rollout })
+        Self::from_task(TaskConfig::default().build()?, dir, tokenizer, eos_ids, settings)
     }
 
-    /// `val_accuracy_id`, `val_accuracy_ood`, `val_accuracy_op<N>` and the mean response length.
+    /// The items `task` makes of every `*.jsonl` of `dir`; `eos_ids` stop generation.
+    pub fn from_task(task: Arc<dyn Task>, dir: &Path, tokenizer: &Tokenizer, eos_ids: Vec<u32>, settings: &ValidationSettings) -> Result<Self> {
+        Self::from_files(task, &jsonl_files(dir)?, tokenizer, eos_ids, settings)
+    }
+
+    /// The items `task` makes of `files`; `eos_ids` stop generation.
+    pub fn from_files(task: Arc<dyn Task>, files: &[PathBuf], tokenizer: &Tokenizer, eos_ids: Vec<u32>, settings: &ValidationSettings) -> Result<Self> {
+        let prompts = PromptSet::from_task(task.as_ref(), files, tokenizer, settings.max_prompt_length, settings.rows_per_op)?;
+        let reward = task.reward(&RewardConfig::Outcome)?;
+        let rollout = RolloutSettings { n: 1, sampler: Sampler::greedy(), max_response_length: settings.max_new_tokens, batch_size: settings.batch_size };
+        Ok(Self { prompts, reward, tokenizer: tokenizer.clone(), eos_ids, id_max_op: settings.id_max_op, rollout })
+    }
+
+    /// `val_accuracy_id`, `val_accuracy_ood`, `val_accuracy_<group>` and the mean response length.
     pub fn evaluate<B: Backend>(&self, model: &Qwen2<B>) -> Result<Record> {
         let prompts: Vec<&Prompt> = self.prompts.iter().collect();
         let responses = rollout(model, &self.tokenizer, &self.eos_ids, &prompts, &self.rollout, 0)?;
-        let mut per_op: BTreeMap<u32, (f64, usize)> = BTreeMap::new();
-        let (mut id, mut ood) = ((0.0, 0usize), (0.0, 0usize));
-        for response in &responses {
-            let task = &prompts[response.group].task;
-            let score = OutcomeReward.score(&response.text, task);
-            let op = task.op.unwrap_or(0);
-            let entry = per_op.entry(op).or_default();
-            *entry = (entry.0 + score, entry.1 + 1);
-            let side = if op <= self.id_max_op { &mut id } else { &mut ood };
-            *side = (side.0 + score, side.1 + 1);
+        let batch: Vec<_> = responses.iter().map(|r| (r.text.as_str(), &prompts[r.group].item)).collect();
+        let mut scores = GroupScores::new(Some(i64::from(self.id_max_op)));
+        for ((_, item), score) in batch.iter().zip(self.reward.score_batch(&batch)?) {
+            scores.add(item, score);
         }
         let mut record = Record::new();
-        for (name, (sum, count)) in [("val_accuracy_id", id), ("val_accuracy_ood", ood)] {
-            if count > 0 {
-                record.insert(name.into(), json!(sum / count as f64));
+        for (name, mean) in [("val_accuracy_id", scores.id), ("val_accuracy_ood", scores.ood)] {
+            if let Some(value) = mean.value() {
+                record.insert(name.into(), json!(value));
             }
         }
-        for (op, (sum, count)) in per_op {
-            record.insert(format!("val_accuracy_op{op}"), json!(sum / count as f64));
+        for (name, value) in scores.per_group("val_accuracy") {
+            record.insert(name, json!(value));
         }
         let length: usize = responses.iter().map(|r| r.tokens.len()).sum();
         record.insert("val_response_length".into(), json!(length as f64 / responses.len().max(1) as f64));

@@ -21,7 +21,7 @@ use serde::Serialize;
 use serde_json::Value as Json;
 
 use crate::error::{Error, Result};
-use crate::tasks::interplay::pyjson::float_repr;
+use crate::io::pyjson::float_repr;
 
 /// A model's chat template and the special tokens it may refer to.
 #[derive(Debug, Clone)]

@@ -1,15 +1,27 @@
 //! Training: the optimizer, learning-rate schedules, objectives, checkpoints, metrics and the
-//! loop that ties them together.
+//! loop that ties them together; the one run-config schema ([`config`]) and the pre-training
+//! and SFT runs ([`run`](mod@run), beside [`crate::rl::run`](mod@crate::rl::run)). Nothing here names a concrete task: the
+//! run's `[task]` is built through [`crate::tasks::TaskConfig`].
 
 pub mod adamw;
 pub mod checkpoint;
+pub mod config;
+pub mod heldout;
 pub mod metrics;
 pub mod objective;
-pub mod recipes;
+pub mod run;
 pub mod schedule;
 pub mod trainer;
 
+/// The old name of [`run`](mod@run) (the pre-training and SFT runs), kept for existing code.
+pub mod recipes {
+    pub use super::config::{DataSection, EvalSection, ModelSection, OutputSection, TrainSection};
+    pub use super::run::{RunConfig, run, tokenizer_dir};
+}
+
 pub use adamw::{AdamW, AdamWConfig};
+pub use config::Defaults;
 pub use objective::{NextTokenLoss, Objective};
+pub use run::{RunConfig, run};
 pub use schedule::{Decay, Schedule};
 pub use trainer::{LoopConfig, SavePolicy, Start, train};

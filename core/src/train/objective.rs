@@ -113,7 +113,7 @@ impl<B: AutodiffBackend> Objective<B> for NextTokenLoss {
     type Micro = NextTokenMicro<B>;
 
     fn updates(&mut self, model: &Qwen2<B>, _step: u64) -> Result<Vec<Vec<Self::Micro>>> {
-        let device = model.embed_tokens.weight.device();
+        let device = model.device();
         let mut groups = Vec::with_capacity(self.accumulation);
         for _ in 0..self.accumulation {
             let group: Vec<Sample> = (0..self.micro_batch).map(|_| self.next_sample().clone()).collect();
@@ -158,7 +158,7 @@ impl<B: AutodiffBackend> Objective<B> for NextTokenLoss {
 
 /// Mean next-token loss of `samples` under `model` (no gradients), in batches of `batch`.
 pub fn evaluate_loss<B: burn::tensor::backend::Backend>(model: &Qwen2<B>, samples: &[Sample], batch: usize, pad_id: u32) -> Result<f64> {
-    let device = model.embed_tokens.weight.device();
+    let device = model.device();
     let (mut nll, mut count) = (0.0f64, 0usize);
     for chunk in samples.chunks(batch.max(1)) {
         let batch = collate::<B>(chunk, pad_id, &device)?;

@@ -34,14 +34,15 @@ impl Default for CodeSampling {
 }
 
 impl CodeSampling {
-    /// The engine's parameters; `eos_ids` end a sample (the tokenizer's EOS and, for chat
-    /// models, `<|im_end|>`).
+    /// The engine's parameters; `eos_ids` end a sample besides the model's own EOS ids (the
+    /// tokenizer's EOS and, for chat models, `<|im_end|>`), as vLLM stops.
     pub fn params(&self, eos_ids: Vec<u32>) -> SamplingParams {
         SamplingParams {
             n: self.n,
             sampler: Sampler { temperature: self.temperature, top_k: self.top_k, top_p: self.top_p },
             max_new_tokens: self.max_new_tokens,
             stop: StopCriteria { token_ids: eos_ids, strings: self.stop.clone() },
+            ignore_eos: false,
             seed: self.seed,
             skip_special_tokens: true,
         }

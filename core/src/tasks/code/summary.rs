@@ -11,8 +11,7 @@ use std::collections::BTreeMap;
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
 use super::problem::{Difficulty, Platform, Problem};
-// TODO(merge): the `tasks` branch moves this estimator to `core/src/metrics/passk.rs`.
-use crate::tasks::interplay::passk::pass_probability;
+use crate::metrics::pass_probability;
 
 /// One graded sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,7 +4,7 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
-use super::exact::int_ratio_to_f64;
+use crate::metrics::exact::int_ratio_to_f64;
 use super::pystr::{SPACE_CLASS, ascii_digits, is_digit, parse_float, strip};
 
 static ANSWER_TAGS: LazyLock<Regex> =

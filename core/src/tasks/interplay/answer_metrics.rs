@@ -8,10 +8,11 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::exact::int_ratio_to_f64;
-use super::files::{jsonl_records, py_str};
-use super::passk::pass_series;
-use super::pyjson::Json;
+use crate::metrics::exact::int_ratio_to_f64;
+use crate::io::jsonl_records;
+use crate::io::python::py_str;
+use crate::metrics::passk::pass_series;
+use crate::io::pyjson::Json;
 use crate::error::Result;
 
 /// The templates `eval_checkpoints.py` groups by (its `--group-by-template` default).

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::files::{AtomicFile, jsonl_records};
+use crate::io::{AtomicFile, jsonl_records};
 use super::generator::{Mode, NpRandom, PyRandom, Rngs, Template, draw_problem};
 use super::row::Row;
 use crate::error::{Error, Result};

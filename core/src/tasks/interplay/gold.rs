@@ -6,9 +6,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::files::{Record, py_int, py_str, read_jsonl, write_atomic};
+pub use crate::io::jsonl_files;
+use crate::io::python::{py_int, py_str};
+use crate::io::{Record, read_jsonl, write_atomic};
 use super::graph::{Graph, parse};
-use super::pyjson::{Json, Style};
+use crate::io::pyjson::{Json, Style};
 use crate::error::{Error, Result};
 
 /// The suffix `build_gold_dependency_graphs.py` appends to each input file stem.
@@ -101,24 +103,6 @@ pub fn gold_record(record: &Record, line_index: usize) -> Json {
     ]));
     fields.push(("line_index".to_owned(), Json::from(line_index)));
     Json::Object(fields)
-}
-
-/// The `*.jsonl` files directly in `dir`, sorted by name (Python's `sorted(dir.glob("*.jsonl"))`).
-pub fn jsonl_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
-    let mut files = Vec::new();
-    for entry in entries {
-        let path = entry.map_err(|e| Error::io(dir, e))?.path();
-        if path.is_file()
-            && path
-                .file_name()
-                .is_some_and(|n| n.to_string_lossy().ends_with(".jsonl"))
-        {
-            files.push(path);
-        }
-    }
-    files.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
-    Ok(files)
 }
 
 /// `build_gold_dependency_graphs.py rows_dir out_dir`: one `<stem>_graphs.jsonl` per row file.

@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::files::{jsonl_records, py_int, py_str, write_atomic};
-use super::passk::{ordered_ks, ordered_pass_rates};
-use super::pyjson::{Json, Style};
+use crate::io::python::{py_int, py_str};
+use crate::io::{jsonl_records, write_atomic};
+use crate::metrics::passk::{ordered_ks, ordered_pass_rates};
+use crate::io::pyjson::{Json, Style};
 use crate::error::{Error, Result};
 
 /// `DEFAULT_PASS_AT`.

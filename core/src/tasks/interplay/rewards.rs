@@ -5,7 +5,7 @@
 //! evaluation scorer, penalises extra predicted nodes.
 
 use super::answer::{extract_answer_with_marker, extract_tagged_answer};
-use super::exact::int_ratio_to_f64;
+use crate::metrics::exact::int_ratio_to_f64;
 use super::graph::parse;
 use super::pystr::strip;
 

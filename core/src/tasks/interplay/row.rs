@@ -2,7 +2,7 @@
 
 use serde::Deserialize;
 
-use super::pyjson::{Json, Style};
+use crate::io::pyjson::{Json, Style};
 
 /// A generated problem: `{problem, question, solution, op, id, template, mode, length, d}`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

@@ -2,7 +2,7 @@
 //! per-template counters that, like Python's `defaultdict(int)`, list keys in the order they
 //! were first incremented.
 
-use super::pyjson::Json;
+use crate::io::pyjson::Json;
 
 /// The counters of one scored file, in the reference's key order.
 pub const COUNTERS: [&str; 11] = [

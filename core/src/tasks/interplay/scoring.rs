@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::files::{AtomicFile, jsonl_records, py_int, py_path, py_str};
+use crate::io::python::{py_int, py_path, py_str};
+use crate::io::{AtomicFile, jsonl_records};
 use super::gold::{GoldIndex, passthrough};
 use super::graph::parse;
-use super::pyjson::{Json, Style};
+use crate::io::pyjson::{Json, Style};
 use super::score_report::{COUNTERS, Counters, FileReport, TemplateStats};
 use crate::error::{Error, Result};
 
@@ -366,7 +367,7 @@ pub fn score(
     };
     contents.push_str(&payload.dumps(Style::COMPACT));
     contents.push('\n');
-    super::files::write_atomic(&report_path, &contents)?;
+    crate::io::write_atomic(&report_path, &contents)?;
     Ok(ScoreSummary {
         report: payload,
         aggregate,

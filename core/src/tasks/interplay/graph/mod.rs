@@ -103,7 +103,7 @@ impl Graph {
             let dependencies = match node.get("dependencies") {
                 None => BTreeSet::new(),
                 Some(Value::Array(deps)) => {
-                    deps.iter().map(|d| super::files::py_str(Some(d))).collect()
+                    deps.iter().map(|d| crate::io::python::py_str(Some(d))).collect()
                 }
                 Some(_) => return Err(format!("dependencies of node {name:?} are not a list")),
             };

@@ -7,7 +7,7 @@ use regex::Regex;
 
 use super::pyeval::eval_float;
 use super::{Graph, Node};
-use crate::tasks::interplay::pyjson::float_repr;
+use crate::io::pyjson::float_repr;
 use crate::tasks::interplay::pystr::{
     SPACE_CLASS as S, collapse_whitespace, is_space, parse_float, strip,
 };

@@ -6,7 +6,7 @@
 //! Integers are exact up to `i128`; beyond that they continue as floats (Python's are unbounded),
 //! which can only matter for model outputs with numbers above 10^38.
 
-use crate::tasks::interplay::exact::int_ratio_to_f64;
+use crate::metrics::exact::int_ratio_to_f64;
 
 /// Python's limit on nested parentheses (the tokenizer's `MAXLEVEL`).
 const MAX_PAREN_DEPTH: usize = 200;

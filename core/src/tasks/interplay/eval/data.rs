@@ -6,14 +6,13 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::super::task::{InterplayTask, answer, template};
+use super::super::text::EOS;
 use crate::error::{Error, Result};
-use crate::tasks::interplay::files::jsonl_records;
-use crate::tasks::interplay::gold::jsonl_files;
-use crate::tasks::interplay::row::gold_answer;
-use crate::tasks::interplay::text::{compose_text, prompt_of};
+use crate::io::jsonl_files;
+use crate::tasks::{Item, Task};
 
 /// The two halves of an evaluation: in-distribution and out-of-distribution ops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -22,9 +21,20 @@ pub enum Subset {
     Ood,
 }
 
+impl AsRef<str> for Subset {
+    fn as_ref(&self) -> &str {
+        self.name()
+    }
+}
+
 impl Subset {
     /// Both subsets, ID first (the reference's order).
     pub const BOTH: [Subset; 2] = [Subset::Id, Subset::Ood];
+
+    /// The subset's position in [`Subset::BOTH`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
 
     /// `id` or `ood`, as in file names and metric keys.
     pub fn name(self) -> &'static str {
@@ -55,6 +65,23 @@ pub struct EvalRow {
     pub line: usize,
 }
 
+impl EvalRow {
+    /// The row of `item` at position `idx` of its subset.
+    fn new(idx: usize, item: &Item) -> EvalRow {
+        let reference = item.reference.as_deref().unwrap_or_default();
+        EvalRow {
+            idx,
+            op: item.level.unwrap_or_default(),
+            template: template(item).map(str::to_owned),
+            text: reference.strip_suffix(EOS).unwrap_or(reference).to_owned(),
+            prompt: item.prompt.clone(),
+            gold_answer: answer(item).to_owned(),
+            file: item.source.file.clone(),
+            line: item.source.line,
+        }
+    }
+}
+
 /// The rows of an evaluation directory.
 #[derive(Debug, Clone)]
 pub struct EvalData {
@@ -64,12 +91,17 @@ pub struct EvalData {
     pub id: Vec<EvalRow>,
     /// Rows with op > threshold, in file order.
     pub ood: Vec<EvalRow>,
+    /// The same rows as the [`InterplayTask`] reads them, ID then OOD.
+    pub(super) items: [Vec<Item>; 2],
+    /// Ops above this are OOD.
+    pub(super) id_op_threshold: Option<i64>,
 }
 
 impl EvalData {
-    /// Reads every `*.jsonl` directly in `dir`. Ops above `id_op_threshold` are OOD; `None`
-    /// puts every row in ID (the reference's negative threshold). A row that is not a JSON
-    /// object, lacks `solution` or `op`, or has no usable text is an error naming file and line.
+    /// Reads every `*.jsonl` directly in `dir` as the [`InterplayTask`] reads rows. Ops above
+    /// `id_op_threshold` are OOD; `None` puts every row in ID (the reference's negative
+    /// threshold). A row that is not a JSON object, lacks `solution` or `op`, or has no usable
+    /// text is an error naming file and line.
     pub fn load(dir: &Path, id_op_threshold: Option<i64>) -> Result<EvalData> {
         if !dir.is_dir() {
             return Err(Error::data(dir, None, "evaluation data directory not found"));
@@ -78,36 +110,14 @@ impl EvalData {
         if files.is_empty() {
             return Err(Error::data(dir, None, "no *.jsonl files (expected one file per op, e.g. op2-1k.jsonl)"));
         }
-        let mut data = EvalData { dir: dir.to_path_buf(), id: Vec::new(), ood: Vec::new() };
+        let mut data = EvalData { dir: dir.to_path_buf(), id: Vec::new(), ood: Vec::new(), items: Default::default(), id_op_threshold };
         for file in &files {
-            for record in jsonl_records(file)? {
-                let record = record?;
-                let at = |message: String| Error::data(file, Some(record.line), message);
-                let text_field = |key: &str| match record.fields.get(key) {
-                    None | Some(Value::Null) => Ok(""),
-                    Some(Value::String(s)) => Ok(s.as_str()),
-                    Some(_) => Err(at(format!("field {key:?} is not a string"))),
-                };
-                let solution = match record.fields.get("solution") {
-                    Some(Value::String(s)) => s.as_str(),
-                    Some(_) => return Err(at("field \"solution\" is not a string".into())),
-                    None => return Err(at("missing field \"solution\"".into())),
-                };
-                let op = record.int_field(file, "op")?;
-                let text = compose_text(text_field("problem")?, text_field("question")?, solution)
-                    .ok_or_else(|| at("the row has no text (empty fields, or nothing after \"Answer:\")".into()))?;
-                let ood = id_op_threshold.is_some_and(|t| op > t);
-                let list = if ood { &mut data.ood } else { &mut data.id };
-                list.push(EvalRow {
-                    idx: list.len(),
-                    op,
-                    template: record.fields.get("template").and_then(Value::as_str).map(str::to_owned),
-                    prompt: prompt_of(&text),
-                    text,
-                    gold_answer: gold_answer(solution),
-                    file: file.clone(),
-                    line: record.line,
-                });
+            for item in InterplayTask.items(file)? {
+                let item = item?;
+                let ood = id_op_threshold.is_some_and(|t| item.level.is_some_and(|op| op > t));
+                let (rows, items) = if ood { (&mut data.ood, &mut data.items[1]) } else { (&mut data.id, &mut data.items[0]) };
+                rows.push(EvalRow::new(rows.len(), &item));
+                items.push(item);
             }
         }
         if data.id.is_empty() && data.ood.is_empty() {

@@ -5,8 +5,8 @@
 //! `template`; written with `json.dumps(record, ensure_ascii=False)`.
 
 use super::data::EvalRow;
+use crate::io::pyjson::{Json, Style};
 use crate::tasks::interplay::answer::{exact_match, extract_tagged_answer};
-use crate::tasks::interplay::pyjson::{Json, Style};
 use crate::tasks::interplay::pystr::strip;
 
 /// The generations-file line of one sample of `row`: `text` is the completion (stop string
@@ -35,7 +35,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::tasks::interplay::files::read_jsonl;
+    use crate::io::read_jsonl;
 
     /// Rebuilds every line of the reference's generations file from its row and sample text.
     #[test]

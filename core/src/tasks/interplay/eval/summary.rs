@@ -6,8 +6,8 @@
 use std::path::Path;
 
 use crate::error::Result;
-use crate::tasks::interplay::files::write_atomic;
-use crate::tasks::interplay::pyjson::{Json, Style, float_repr};
+use crate::io::pyjson::{Json, Style, float_repr};
+use crate::io::write_atomic;
 
 /// The columns of `summary.csv`, in order (`summary.json` adds `template_metrics`).
 pub const SUMMARY_COLUMNS: [&str; 12] = [

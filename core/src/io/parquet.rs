@@ -4,7 +4,6 @@
 //! with nested lists and structs as JSON arrays and objects. Built on the `parquet` crate's row
 //! reader with Snappy decompression (what `datasets` writes); files compressed otherwise fail
 //! with an error naming the codec.
-// TODO(merge): belongs in `core/src/io/` once the `tasks` branch has created it.
 
 use std::fs::File;
 use std::path::Path;

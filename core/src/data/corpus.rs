@@ -1,7 +1,7 @@
-//! The Interplay pre-training corpus: shards of `<root>/train/<op>/*.jsonl` chosen by a PRESET
-//! mixture (reference file-count semantics, [`super::mixture`]), composed as
-//! `compose_text(row) + "[EOS]"`, tokenized, concatenated in op order and packed
-//! first-fit-decreasing into `cutoff`-token blocks.
+//! A pre-training corpus in the Interplay release layout: shards of `<root>/train/<op>/*.jsonl`
+//! chosen by a PRESET mixture (reference file-count semantics, [`super::mixture`]), each row the
+//! reference text its task gives it (for Interplay `compose_text(row) + "[EOS]"`), tokenized,
+//! concatenated in op order and packed first-fit-decreasing into `cutoff`-token blocks.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,8 +15,7 @@ use super::mixture::{Preset, Shard, Take, effective_shares, select, shard_label,
 use super::packing::{PACKING_GROUP, pack_ffd};
 use super::sample::Sample;
 use crate::error::{Error, Result};
-use crate::tasks::interplay::files::jsonl_records;
-use crate::tasks::interplay::text::{EOS, compose_text};
+use crate::tasks::Task;
 use crate::tokenizer::Tokenizer;
 
 /// What the mixture took, per op.
@@ -46,20 +45,20 @@ struct TokenizedShard {
     rows: Vec<Vec<u32>>,
 }
 
-fn tokenize_shard(path: &Path, tokenizer: &Tokenizer) -> Result<TokenizedShard> {
+fn tokenize_shard(task: &dyn Task, path: &Path, tokenizer: &Tokenizer) -> Result<TokenizedShard> {
     let mut rows = Vec::new();
-    for record in jsonl_records(path)? {
-        let record = record?;
-        let field = |key: &str| record.str_field(path, key);
-        let text = compose_text(field("problem")?, field("question")?, field("solution")?)
-            .ok_or_else(|| Error::data(path, Some(record.line), "the row composes to no text"))?;
-        rows.push(tokenizer.encode(&format!("{text}{EOS}"))?);
+    for item in task.items(path)? {
+        let item = item?;
+        let text = item.reference.as_deref().ok_or_else(|| item.source.error(format!("the {} task gives this row no reference text", task.name())))?;
+        rows.push(tokenizer.encode(text)?);
     }
     Ok(TokenizedShard { rows })
 }
 
-/// The packed blocks of the mixture `preset` at `token_budget` over `<root>/train/<op>/`.
+/// The packed blocks of the mixture `preset` at `token_budget` over `<root>/train/<op>/`, rows
+/// read by `task`.
 pub fn pretrain_samples(
+    task: &dyn Task,
     root: &Path,
     preset: &Preset,
     token_budget: f64,
@@ -82,7 +81,7 @@ pub fn pretrain_samples(
         sort_shards(&mut list);
         // Shards are sized by their label; unlabelled shards (kiln's own) by their real tokens.
         for shard in &mut list {
-            let t = tokenize_shard(&shard.path, tokenizer)?;
+            let t = tokenize_shard(task, &shard.path, tokenizer)?;
             shard.tokens = t.rows.iter().map(|r| r.len() as f64).sum();
             shard.rows = t.rows.len();
             tokenized.insert(shard.path.clone(), t);

@@ -4,7 +4,7 @@
 //! ops). Written beside the reference's files, never into them.
 
 use super::data::Subset;
-use crate::tasks::interplay::pyjson::Json;
+use crate::io::pyjson::Json;
 
 /// A band of ops and its weight.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -1,0 +1,14 @@
+//! Files in and out: JSONL rows with errors that name file and line ([`jsonl`]), output files
+//! that appear whole or not at all ([`atomic`]), JSON written byte for byte like Python's `json`
+//! module ([`pyjson`]), Python's conversions of JSON values ([`python`]) and the rows of Parquet
+//! files ([`parquet`], feature `code`).
+
+pub mod atomic;
+pub mod jsonl;
+pub mod parquet;
+pub mod pyjson;
+pub mod python;
+
+pub use atomic::{AtomicFile, remove_dir, remove_file, write_atomic};
+pub use jsonl::{Record, jsonl_files, jsonl_records, read_jsonl};
+pub use pyjson::{Json, Style};

@@ -1,0 +1,489 @@
+//! The one run-config schema of `kiln pretrain`, `sft`, `rl` and `opd` (TOML). Every run has
+//! the same sections; policy-gradient runs add theirs ([`crate::rl::PgConfig`]):
+//!
+//! ```toml
+//! [model]      # init = "config.json" (from scratch, seeded) | from = "hf-dir"; tokenizer; seed
+//! [task]       # kind = "interplay" (the default)
+//! [data]       # kind = "mixture" (pre-training) | "sft" | "prompts" (rl, opd)
+//! [train]      # steps | epochs; micro_batch, grad_accum (pretrain, sft); prompts_per_step,
+//!              # mini_batch (rl, opd); seed
+//! [optimizer]  # AdamW: lr, weight_decay, max_grad_norm, beta1, beta2, eps
+//! [schedule]   # kind = "constant" | "constant_with_warmup" | "linear" | "cosine"
+//!              #      | "cosine_with_min_lr" (min_lr | min_lr_rate) | "cosine_then_floor"
+//!              #        (floor_lr, decay_steps); warmup_ratio | warmup_steps
+//! [output]     # dir, name, save_steps, milestones, time_budget_s
+//! [eval]       # every, rows (a JSONL file or directory), ops, rows_per_op, max_new_tokens,
+//!              # id_max_op
+//! ```
+//!
+//! Defaults differ between the next-token runs and the policy-gradient ones (the latter take
+//! verl's: constant lr 1e-6, weight decay 0.01, …); see [`Defaults`]. Paths are relative to the
+//! config file's directory. Config files written before this schema keep working: their keys
+//! are moved to their places before the file is read ([`legacy`]). Errors name the file and
+//! the line.
+
+pub mod legacy;
+#[cfg(test)]
+mod tests;
+
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::adamw::AdamWConfig;
+use super::schedule::{Decay, Schedule};
+use super::trainer::SavePolicy;
+use crate::data::sft_source::SftColumns;
+use crate::error::{Error, Result};
+
+/// Which family of runs a config is read for: their defaults and old forms differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// `kiln pretrain`, `kiln sft`: next-token loss.
+    NextToken,
+    /// `kiln rl`, `kiln opd`: policy gradient.
+    PolicyGradient,
+}
+
+/// The values a family takes for what a config leaves out.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Defaults {
+    pub lr: Option<f64>,
+    pub weight_decay: f64,
+    pub schedule: ScheduleKind,
+    pub micro_batch: Option<usize>,
+    pub save_steps: Option<f64>,
+    pub eval_every: Option<u64>,
+}
+
+impl Defaults {
+    /// HF Trainer's (`lr` and `micro_batch` must be given).
+    pub const NEXT_TOKEN: Defaults =
+        Defaults { lr: None, weight_decay: 0.0, schedule: ScheduleKind::Linear, micro_batch: None, save_steps: None, eval_every: None };
+    /// The seed's verl settings (spec §6.1).
+    pub const POLICY_GRADIENT: Defaults = Defaults {
+        lr: Some(1e-6),
+        weight_decay: 0.01,
+        schedule: ScheduleKind::Constant,
+        micro_batch: Some(16),
+        save_steps: Some(20.0),
+        eval_every: Some(20),
+    };
+
+    /// The defaults of `family`.
+    pub fn of(family: Family) -> Defaults {
+        match family {
+            Family::NextToken => Self::NEXT_TOKEN,
+            Family::PolicyGradient => Self::POLICY_GRADIENT,
+        }
+    }
+}
+
+/// `[model]`: where the model comes from.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// A `config.json` to initialise from scratch (HF's `_init_weights`, seeded) ...
+    pub init: Option<PathBuf>,
+    /// ... or an HF model directory to continue from (the policy's start and frozen reference
+    /// in rl and opd).
+    pub from: Option<PathBuf>,
+    /// Directory with `tokenizer.json` (default: that of `from`, or of `init`).
+    pub tokenizer: Option<PathBuf>,
+    /// Seed of the initialisation.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+impl ModelSection {
+    /// The tokenizer directory.
+    pub fn tokenizer_dir(&self) -> std::result::Result<PathBuf, String> {
+        self.tokenizer
+            .clone()
+            .or_else(|| self.from.clone())
+            .or_else(|| self.init.as_ref().and_then(|p| p.parent().map(Path::to_path_buf)))
+            .ok_or_else(|| "[model] needs `init` (a config.json) or `from` (a model directory)".into())
+    }
+}
+
+/// `[train]`: steps and batches. (A plain struct: settings such as precision or devices are
+/// added here as fields.)
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainSection {
+    /// Optimizer updates (pretrain, sft) or RL steps; or give `epochs`.
+    pub steps: Option<u64>,
+    pub epochs: Option<f64>,
+    /// Sequences per micro-batch (pretrain, sft: required) or responses per micro-batch (rl,
+    /// opd: verl's `ppo_micro_batch_size_per_gpu`, 16).
+    pub micro_batch: Option<usize>,
+    /// Micro-batches per optimizer update (pretrain, sft; 1).
+    pub grad_accum: Option<usize>,
+    /// Prompts per step (rl, opd: verl's `train_batch_size`, 1024).
+    pub prompts_per_step: Option<usize>,
+    /// Prompts per optimizer update (rl, opd: `ppo_mini_batch_size`, 256).
+    pub mini_batch: Option<usize>,
+    /// Data order (pretrain, sft; 42). RL runs seed their prompt order with `[data] seed`.
+    pub seed: Option<u64>,
+}
+
+impl TrainSection {
+    /// `steps`, or the steps of `epochs` by the run's rule; exactly one is needed.
+    pub fn total_steps(&self, of_epochs: impl FnOnce(f64) -> u64) -> std::result::Result<u64, String> {
+        match (self.steps, self.epochs) {
+            (Some(steps), None) => Ok(steps),
+            (None, Some(epochs)) => Ok(of_epochs(epochs)),
+            _ => Err("[train] needs exactly one of `steps` or `epochs`".into()),
+        }
+    }
+}
+
+/// `[optimizer]`: AdamW.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerSection {
+    /// The peak learning rate.
+    pub lr: Option<f64>,
+    pub weight_decay: Option<f64>,
+    /// Clip the global gradient norm to this (≤ 0: no clipping).
+    #[serde(default = "one")]
+    pub max_grad_norm: f64,
+    #[serde(default = "beta1")]
+    pub beta1: f64,
+    #[serde(default = "beta2")]
+    pub beta2: f64,
+    #[serde(default = "eps")]
+    pub eps: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+fn beta1() -> f64 {
+    0.9
+}
+fn beta2() -> f64 {
+    0.999
+}
+fn eps() -> f64 {
+    1e-8
+}
+
+impl Default for OptimizerSection {
+    fn default() -> Self {
+        Self { lr: None, weight_decay: None, max_grad_norm: one(), beta1: beta1(), beta2: beta2(), eps: eps() }
+    }
+}
+
+impl OptimizerSection {
+    /// The learning rate, or an error when neither the config nor `defaults` give one.
+    pub fn lr(&self, defaults: &Defaults) -> std::result::Result<f64, String> {
+        self.lr.or(defaults.lr).ok_or_else(|| "[optimizer] needs `lr`".into())
+    }
+
+    /// AdamW's settings.
+    pub fn adamw(&self, defaults: &Defaults) -> AdamWConfig {
+        AdamWConfig {
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            weight_decay: self.weight_decay.unwrap_or(defaults.weight_decay),
+            max_grad_norm: Some(self.max_grad_norm),
+        }
+    }
+}
+
+/// A learning-rate schedule, by `transformers.get_scheduler`'s names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScheduleKind {
+    Constant,
+    ConstantWithWarmup,
+    Linear,
+    Cosine,
+    /// Cosine to `min_lr` (or `min_lr_rate` × lr).
+    CosineWithMinLr,
+    /// Cosine to 0 over `decay_steps`, never below `floor_lr`, then `floor_lr`.
+    CosineThenFloor,
+}
+
+/// `[schedule]`: the learning rate over the run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleSection {
+    pub kind: Option<ScheduleKind>,
+    /// Warm-up as a fraction of the steps (`ceil(total · ratio)`), unless `warmup_steps`.
+    #[serde(default)]
+    pub warmup_ratio: f64,
+    pub warmup_steps: Option<u64>,
+    /// `cosine_with_min_lr`: the floor, absolute or as a fraction of lr.
+    pub min_lr: Option<f64>,
+    pub min_lr_rate: Option<f64>,
+    /// `cosine_then_floor`: the cosine's length (default: the run) and the floor.
+    pub decay_steps: Option<u64>,
+    pub floor_lr: Option<f64>,
+}
+
+impl ScheduleSection {
+    /// The schedule of `total_steps` updates peaking at `base_lr`.
+    pub fn build(&self, defaults: &Defaults, base_lr: f64, total_steps: u64) -> std::result::Result<Schedule, String> {
+        let warmup_steps = self.warmup_steps.unwrap_or_else(|| Schedule::warmup_from_ratio(total_steps, self.warmup_ratio));
+        let decay = match self.kind.unwrap_or(defaults.schedule) {
+            ScheduleKind::Constant | ScheduleKind::ConstantWithWarmup => Decay::Constant,
+            ScheduleKind::Linear => Decay::Linear,
+            ScheduleKind::Cosine => Decay::Cosine,
+            ScheduleKind::CosineWithMinLr => Decay::CosineWithMinLr {
+                min_lr_rate: match (self.min_lr, self.min_lr_rate) {
+                    (Some(min_lr), None) => min_lr / base_lr,
+                    (None, Some(rate)) => rate,
+                    _ => return Err("[schedule] cosine_with_min_lr needs exactly one of `min_lr` or `min_lr_rate`".into()),
+                },
+            },
+            ScheduleKind::CosineThenFloor => Decay::CosineThenFloor {
+                steps: self.decay_steps.unwrap_or(total_steps),
+                floor: self.floor_lr.ok_or("[schedule] cosine_then_floor needs `floor_lr`")?,
+            },
+        };
+        Ok(Schedule { base_lr, warmup_steps, total_steps, decay })
+    }
+}
+
+/// `[output]`: where checkpoints and metrics go.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSection {
+    /// E.g. `release/pretrain` or `release/rl`.
+    pub dir: PathBuf,
+    /// Checkpoints `<name>_step<N>` and `<name>_metrics.jsonl` (e.g. `op11_14`); an empty name
+    /// gives `step<N>`; without one, `checkpoint-<N>` and `metrics.jsonl`.
+    pub name: Option<String>,
+    /// Save every n steps, or a fraction of the run (`0.2` → 5 checkpoints); rl and opd: 20.
+    /// (`save_freq` in rl/opd configs.)
+    #[serde(alias = "save_freq")]
+    pub save_steps: Option<f64>,
+    /// Extra steps to save at.
+    #[serde(default)]
+    pub milestones: Vec<u64>,
+    /// Stop cleanly (and save) after this many seconds.
+    pub time_budget_s: Option<f64>,
+}
+
+impl OutputSection {
+    /// When to save.
+    pub fn save_policy(&self, defaults: &Defaults) -> SavePolicy {
+        SavePolicy {
+            every: self.save_steps.or(defaults.save_steps),
+            milestones: self.milestones.clone(),
+            run_name: self.name.clone(),
+            ..SavePolicy::default()
+        }
+    }
+}
+
+/// `[eval]` (rl and opd configs called it `[validation]`): evaluation during training on held-out
+/// rows of the run's task — the loss on their reference text and greedy accuracy (pretrain,
+/// sft), or greedy accuracy per op and ID/OOD (rl, opd).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalSection {
+    /// Every n steps, and before the first and after the last (rl, opd: 20).
+    pub every: Option<u64>,
+    /// A JSONL file or a directory of them (`heldout` in pretrain/sft configs, `dir` in
+    /// `[validation]`).
+    #[serde(alias = "heldout", alias = "dir")]
+    pub rows: Option<PathBuf>,
+    /// The ops whose rows are scored for accuracy (pretrain, sft: none unless given; rl, opd:
+    /// the files of these ops, every file if empty). (`accuracy_ops` in pretrain/sft configs.)
+    #[serde(default, alias = "accuracy_ops")]
+    pub ops: Vec<u32>,
+    /// Rows per op scored (pretrain, sft: 20; rl, opd: all). (`accuracy_rows`.)
+    #[serde(alias = "accuracy_rows")]
+    pub rows_per_op: Option<usize>,
+    /// Generation length (pretrain, sft: 320; rl, opd: the rollout's).
+    pub max_new_tokens: Option<usize>,
+    /// Ops up to this are in-distribution (rl, opd: 10).
+    pub id_max_op: Option<u32>,
+}
+
+/// `[data]`: what a run trains on, by `kind`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum DataSection {
+    /// Pre-training: packed blocks of a PRESET mixture of the task's rows.
+    Mixture(MixtureData),
+    /// Supervised fine-tuning on chat rows.
+    Sft(SftData),
+    /// RL prompts: the task's rows.
+    Prompts(PromptData),
+}
+
+impl DataSection {
+    /// The `kind`, as configs spell it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Mixture(_) => "mixture",
+            Self::Sft(_) => "sft",
+            Self::Prompts(_) => "prompts",
+        }
+    }
+}
+
+/// `[data] kind = "mixture"` (old configs: `interplay = "<root>"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MixtureData {
+    /// Root of the composition layout (`train/<op>/*.jsonl`).
+    pub root: PathBuf,
+    /// PRESET.json and the task and setting to use (e.g. `id2-10_0.2easy_0.3medium_0.5hard`) ...
+    pub preset: Option<PathBuf>,
+    #[serde(default = "default_preset_task")]
+    pub task: String,
+    pub setting: Option<String>,
+    /// ... or the mixture inline: ops and their probabilities.
+    pub ops: Option<Vec<u32>>,
+    pub probs: Option<Vec<f64>>,
+    /// The mixture's token budget (`task_token_count`), e.g. `"10B"` or `2e6`.
+    pub tokens: Option<TokenCount>,
+    /// `reproduce` or `fix` the 020305 preset typo.
+    #[serde(default)]
+    pub typo: Typo,
+    /// Packed block length (held-out rows are cut to it for the loss).
+    #[serde(default = "default_cutoff")]
+    pub cutoff_len: usize,
+}
+
+/// `[data] kind = "sft"` (old configs: `sft = "<file>"`).
+///
+/// Code SFT on codeforces-cots (spec code-sft.md §2.1, §4.3) reads the Parquet shards with the
+/// columns named and the seed's 128 rows held out:
+///
+/// ```toml
+/// [data]
+/// kind = "sft"
+/// path = "codeforces-cots/data/solutions_py_decontaminated/train-*.parquet"
+/// columns = { prompt = "prompt", completion = "generation" }
+/// heldout = 128      # the rows with the smallest sha256(id); their loss is `eval_loss`
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SftData {
+    /// Rows `{"messages": …}` or `{"prompt", "completion"}` per line; or `.parquet` files (a
+    /// file, a directory, or a `train-*.parquet` pattern), whose `columns` must be named.
+    pub path: PathBuf,
+    /// The columns to train on (required for Parquet, and for rows with both `messages` and
+    /// `prompt`): `{ messages = "messages" }` or `{ prompt = "prompt", completion = "generation" }`.
+    /// (`sft_columns` in earlier configs.)
+    #[serde(default, alias = "sft_columns", skip_serializing_if = "Option::is_none")]
+    pub columns: Option<SftColumns>,
+    /// Hold out this many rows, those with the smallest SHA-256 of `split_key`; their loss is
+    /// the `eval_loss` of `[eval] every`. (`sft_heldout`.)
+    #[serde(default, alias = "sft_heldout", skip_serializing_if = "Option::is_none")]
+    pub heldout: Option<usize>,
+    /// The column the held-out split hashes (default `id`). (`sft_split_key`.)
+    #[serde(default, alias = "sft_split_key", skip_serializing_if = "Option::is_none")]
+    pub split_key: Option<String>,
+    /// Keep the first `max_length` tokens of each row.
+    pub max_length: Option<usize>,
+    /// System prompt inserted when a row has none (default: Qwen's; `""` for none).
+    pub system_prompt: Option<String>,
+    /// Held-out rows are cut to this many tokens for the loss.
+    #[serde(default = "default_cutoff")]
+    pub cutoff_len: usize,
+}
+
+/// `[data] kind = "prompts"` (old configs: `dir = …` or `files = […]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromptData {
+    /// A directory of per-op files (`heldout/op11-50k.jsonl`, …) ...
+    pub dir: Option<PathBuf>,
+    /// ... of which these ops (default: every file of `dir`) ...
+    #[serde(default)]
+    pub ops: Vec<u32>,
+    /// ... or explicit files.
+    #[serde(default)]
+    pub files: Vec<PathBuf>,
+    /// Read only the first rows of each file.
+    pub rows_per_op: Option<usize>,
+    /// Longer prompts are dropped (and counted).
+    #[serde(default = "default_prompt_length")]
+    pub max_prompt_length: usize,
+    /// Prompt order and rollout seeds (verl's `data.seed`).
+    #[serde(default = "default_prompt_seed")]
+    pub seed: u64,
+}
+
+fn default_preset_task() -> String {
+    "composition-10B/op_level".into()
+}
+fn default_cutoff() -> usize {
+    2048
+}
+fn default_prompt_length() -> usize {
+    1024
+}
+fn default_prompt_seed() -> u64 {
+    1
+}
+
+/// A token count as a number or a readable string (`"10B"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TokenCount {
+    Number(f64),
+    Text(String),
+}
+
+/// The 020305 typo policy, as written in configs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Typo {
+    #[default]
+    Reproduce,
+    Fix,
+}
+
+/// Reads a config of `family` from `text` (the contents of `path`): old forms are moved into
+/// the schema first; an error names the file and the line.
+pub fn read_config<T: DeserializeOwned>(path: &Path, text: &str, family: Family) -> Result<T> {
+    let at = |span: std::ops::Range<usize>, message: String| {
+        let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+        Error::data(path, Some(line), message)
+    };
+    let toml_error = |e: toml::de::Error| match e.span() {
+        Some(span) => at(span, e.message().to_string()),
+        None => Error::data(path, None, e.message().to_string()),
+    };
+    let mut doc = toml::de::DeTable::parse(text).map_err(toml_error)?;
+    legacy::migrate(doc.get_mut(), family).map_err(|e| at(e.span(), e.into_inner()))?;
+    T::deserialize(toml::de::Deserializer::from(doc)).map_err(toml_error)
+}
+
+/// Makes `path` relative to `base` when it is relative.
+pub fn resolve(base: &Path, path: &mut PathBuf) {
+    if path.is_relative() {
+        *path = base.join(&*path);
+    }
+}
+
+/// The directory relative paths of the config at `path` are relative to.
+pub fn base_dir(path: &Path) -> &Path {
+    path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
+/// Resolves the paths of the shared sections against the config's directory.
+pub(crate) fn resolve_shared(base: &Path, model: &mut ModelSection, data: &mut DataSection, output: &mut OutputSection, eval: &mut EvalSection) {
+    let fix = |p: &mut PathBuf| resolve(base, p);
+    model.init.iter_mut().chain(model.from.iter_mut()).chain(model.tokenizer.iter_mut()).for_each(fix);
+    match data {
+        DataSection::Mixture(m) => {
+            fix(&mut m.root);
+            m.preset.iter_mut().for_each(fix);
+        }
+        DataSection::Sft(s) => fix(&mut s.path),
+        DataSection::Prompts(p) => p.dir.iter_mut().chain(p.files.iter_mut()).for_each(fix),
+    }
+    fix(&mut output.dir);
+    eval.rows.iter_mut().for_each(fix);
+}

@@ -1,0 +1,267 @@
+//! Every config form users already have still reads to the same values: the committed example
+//! configs and the TOML templates that `kiln quickstart` and the examples write (read out of
+//! their source files, so that a template that stops parsing fails here), each also written in
+//! the new form, which must read to the same config.
+
+use std::path::{Path, PathBuf};
+
+use crate::rl::PgConfig;
+use crate::rl::loss::{KlEstimator, LossAgg};
+use crate::train::adamw::AdamWConfig;
+use crate::train::config::{DataSection, Defaults, MixtureData, SftData, TokenCount, Typo};
+use crate::train::run::{RunConfig, Sections, loop_config};
+use crate::train::schedule::{Decay, Schedule};
+use crate::train::trainer::{LoopConfig, SavePolicy};
+
+fn repo(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
+}
+
+/// The raw string literal that follows `marker` in the source file `rel`, with `format!`'s
+/// placeholders replaced by `values` (`{name}`, `{name:?}`, `{name:e}`) and `{{ }}` unescaped.
+fn template(rel: &str, marker: &str, values: &[(&str, &str)]) -> String {
+    let source = std::fs::read_to_string(repo(rel)).unwrap();
+    let from = source.find(marker).unwrap_or_else(|| panic!("{marker:?} not in {rel}"));
+    let start = from + source[from..].find("r#\"").unwrap() + 3;
+    let end = start + source[start..].find("\"#").unwrap();
+    let mut text = source[start..end].to_owned();
+    for (name, value) in values {
+        for form in [format!("{{{name}}}"), format!("{{{name}:?}}"), format!("{{{name}:e}}")] {
+            text = text.replace(&form, value);
+        }
+    }
+    assert!(!text.replace("{{", "").contains('{'), "a placeholder of {rel} is not filled: {text}");
+    text.replace("{{", "{").replace("}}", "}")
+}
+
+fn run_config(text: &str) -> RunConfig {
+    RunConfig::from_toml(Path::new("/work/run.toml"), text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+fn pg_config(text: &str) -> PgConfig {
+    PgConfig::from_toml(Path::new("/work/run.toml"), text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+/// The loop settings a next-token config gives a run of `total` steps.
+fn next_token_loop(config: &RunConfig, total: u64) -> LoopConfig {
+    let sections = Sections { optimizer: &config.optimizer, schedule: &config.schedule, output: &config.output };
+    loop_config(&Defaults::NEXT_TOKEN, sections, total, config.eval.every, None, serde_json::Value::Null).unwrap()
+}
+
+fn pg_loop(config: &PgConfig, total: u64) -> LoopConfig {
+    let sections = Sections { optimizer: &config.optimizer, schedule: &config.schedule, output: &config.output };
+    loop_config(&Defaults::POLICY_GRADIENT, sections, total, None, None, serde_json::Value::Null).unwrap()
+}
+
+fn adamw(weight_decay: f64) -> AdamWConfig {
+    AdamWConfig { weight_decay, ..AdamWConfig::default() }
+}
+
+#[test]
+fn the_quickstart_template_reads_as_before_and_as_its_new_form() {
+    let old = run_config(&template("src/cli/quickstart.rs", "fn pretrain_toml", &[("steps", "150"), ("budget", "360"), ("every", "37")]));
+    let new = run_config(
+        r#"
+[model]
+init = "model/config.json"
+seed = 0
+
+[data]
+kind = "mixture"
+root = "data"
+ops = [2, 3, 4]
+probs = [0.3, 0.3, 0.4]
+tokens = 1e6
+cutoff_len = 512
+
+[train]
+steps = 150
+micro_batch = 8
+seed = 42
+
+[optimizer]
+lr = 3e-3
+weight_decay = 0.1
+
+[schedule]
+kind = "cosine_with_min_lr"
+min_lr_rate = 0.5
+warmup_ratio = 0.05
+
+[output]
+dir = "release/pretrain"
+save_steps = 0.2
+time_budget_s = 360
+
+[eval]
+every = 37
+rows = "data/val"
+ops = [2, 3]
+rows_per_op = 20
+"#,
+    );
+    assert_eq!(old, new);
+    assert_eq!(old.model.init.as_deref(), Some(Path::new("/work/model/config.json")));
+    let DataSection::Mixture(MixtureData { root, ops, probs, tokens, cutoff_len, typo, .. }) = &old.data else { panic!("{:?}", old.data) };
+    assert_eq!((root.as_path(), ops.as_deref(), probs.as_deref()), (Path::new("/work/data"), Some(&[2, 3, 4][..]), Some(&[0.3, 0.3, 0.4][..])));
+    assert_eq!((tokens, *cutoff_len, *typo), (&Some(TokenCount::Number(1e6)), 512, Typo::Reproduce));
+    assert_eq!((old.train.steps, old.train.micro_batch, old.train.grad_accum, old.train.seed), (Some(150), Some(8), None, Some(42)));
+    let l = next_token_loop(&old, 150);
+    assert_eq!(l.schedule, Schedule { base_lr: 3e-3, warmup_steps: 8, total_steps: 150, decay: Decay::CosineWithMinLr { min_lr_rate: 0.5 } });
+    assert_eq!(l.optimizer, adamw(0.1));
+    assert_eq!(l.save, SavePolicy { every: Some(0.2), ..SavePolicy::default() });
+    assert_eq!((l.eval_every, l.time_budget.map(|t| t.as_secs())), (Some(37), Some(360)));
+    assert_eq!(old.eval.rows.as_deref(), Some(Path::new("/work/data/val")));
+    assert_eq!((old.eval.ops.as_slice(), old.eval.rows_per_op, old.eval.max_new_tokens), (&[2, 3][..], Some(20), None));
+}
+
+#[test]
+fn the_example_templates_read_as_before() {
+    // examples/rl.rs: pre-training (no seed or weight-decay defaults given: 42 and 0 apply).
+    let pretrain = run_config(&template("examples/rl.rs", "fn pretrain(", &[("steps", "200")]));
+    let l = next_token_loop(&pretrain, 200);
+    assert_eq!(l.schedule, Schedule { base_lr: 3e-3, warmup_steps: 10, total_steps: 200, decay: Decay::CosineWithMinLr { min_lr_rate: 0.1 } });
+    assert_eq!((l.optimizer, l.save.every), (adamw(0.1), Some(0.5)));
+    assert!(matches!(&pretrain.data, DataSection::Mixture(m) if m.tokens == Some(TokenCount::Number(2e6)) && m.cutoff_len == 512));
+
+    // examples/finetune.rs: SFT with a linear-free cosine floor, weight decay 0 by default.
+    let sft = run_config(&template("examples/finetune.rs", "let run_toml", &[("steps", "60")]));
+    let l = next_token_loop(&sft, 60);
+    assert_eq!(l.schedule, Schedule { base_lr: 3e-3, warmup_steps: 3, total_steps: 60, decay: Decay::CosineWithMinLr { min_lr_rate: 0.1 } });
+    assert_eq!(l.optimizer, adamw(0.0));
+    let DataSection::Sft(SftData { path, max_length, system_prompt, cutoff_len, columns, heldout, split_key }) = &sft.data else { panic!("{:?}", sft.data) };
+    assert_eq!((path.as_path(), *max_length, system_prompt, *cutoff_len), (Path::new("/work/sft.jsonl"), Some(192), &None, 2048));
+    assert_eq!((columns, heldout, split_key), (&None, &None, &None));
+    assert_eq!(sft.model.from.as_deref(), Some(Path::new("/work/init/model")));
+
+    // examples/rl.rs and examples/opd.rs: GRPO and OPD with verl's defaults for the rest.
+    let rl = pg_config(&template("examples/rl.rs", "fn rl_toml", &[("base", "\"/base\""), ("steps", "30"), ("lr", "1e-4")]));
+    let opd = pg_config(&template(
+        "examples/opd.rs",
+        "fn opd_toml",
+        &[("student", "\"/student\""), ("teacher", "\"/teacher\""), ("steps", "30"), ("lr", "1e-4")],
+    ));
+    for config in [&rl, &opd] {
+        let l = pg_loop(config, 30);
+        assert_eq!(l.schedule, Schedule { base_lr: 1e-4, warmup_steps: 0, total_steps: 30, decay: Decay::Constant });
+        assert_eq!(l.optimizer, adamw(0.01));
+        assert_eq!(l.save.every, Some(10.0));
+        let eval = config.eval.as_ref().unwrap();
+        assert_eq!((eval.rows.as_deref(), eval.every, eval.id_max_op), (Some(Path::new("/work/data/val")), Some(10), Some(4)));
+        let prompts = config.prompts().unwrap();
+        assert_eq!((prompts.dir.as_deref(), prompts.ops.as_slice(), prompts.max_prompt_length, prompts.seed), (Some(Path::new("/work/data/heldout")), &[3, 4, 5][..], 512, 1));
+        let s = config.settings();
+        assert_eq!((s.prompts_per_step, s.mini_batch, s.micro_batch, s.rollout.max_response_length), (8, 4, 16, 256));
+        assert_eq!(s.kl, Some((KlEstimator::K3, 0.001)));
+    }
+    assert_eq!(rl.output.name.as_deref(), Some("op3_5"));
+    assert_eq!((rl.settings().rollout.n, opd.settings().rollout.n), (8, 4));
+    assert_eq!(opd.teacher.as_ref().unwrap().path, Path::new("/teacher"));
+}
+
+#[test]
+fn the_committed_rl_config_reads_as_its_new_form() {
+    let path = repo("examples/configs/rl_op11_14.toml");
+    let old = PgConfig::from_toml(&path, &std::fs::read_to_string(&path).unwrap()).unwrap();
+    let new_text = r#"
+[model]
+from = "../../020305/pretrain/checkpoint-18809"
+
+[data]
+kind = "prompts"
+dir = "../../data/composition/heldout"
+ops = [11, 12, 13, 14]
+max_prompt_length = 1024
+seed = 1
+
+[rollout]
+n = 6
+temperature = 1.0
+top_p = 1.0
+top_k = 0
+max_response_length = 1024
+
+[train]
+epochs = 1
+prompts_per_step = 1024
+mini_batch = 256
+micro_batch = 16
+
+[optimizer]
+lr = 1e-6
+weight_decay = 0.01
+max_grad_norm = 1.0
+
+[schedule]
+kind = "constant"
+
+[loss]
+clip_ratio = 0.2
+clip_ratio_c = 3.0
+agg = "token-mean"
+kl_coef = 0.001
+kl_estimator = "low_var_kl"
+reward_scaling = "group"
+
+[reward]
+kind = "outcome"
+
+[output]
+dir = "../../020305/rl"
+name = "op11_14"
+save_steps = 20
+
+[eval]
+rows = "../../data/composition/val"
+every = 20
+id_max_op = 10
+"#;
+    let new = PgConfig::from_toml(&path, new_text).unwrap();
+    assert_eq!(old, new);
+    let l = pg_loop(&old, 195);
+    assert_eq!(l.schedule, Schedule { base_lr: 1e-6, warmup_steps: 0, total_steps: 195, decay: Decay::Constant });
+    assert_eq!((l.optimizer, l.save.every, l.save.run_name.as_deref()), (adamw(0.01), Some(20.0), Some("op11_14")));
+    assert_eq!(old.settings().agg, LossAgg::TokenMean);
+
+    // The OPD config leaves the optimizer, schedule and validation to the defaults.
+    let path = repo("examples/configs/opd_refkl_op11_14.toml");
+    let opd = PgConfig::from_toml(&path, &std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(pg_loop(&opd, 200).schedule, Schedule { base_lr: 1e-6, warmup_steps: 0, total_steps: 200, decay: Decay::Constant });
+    assert_eq!(opd.eval.as_ref().map(|e| (e.every, e.id_max_op)), Some((None, None)), "20 and 10 by default");
+}
+
+#[test]
+fn an_old_rl_cosine_keeps_its_floor() {
+    let base = "[model]\nfrom = \"m\"\n[data]\nfiles = [\"a.jsonl\"]\n[output]\ndir = \"o\"\n[train]\nsteps = 10\nlr = 1e-5\n";
+    let schedule = |extra: &str| pg_loop(&pg_config(&format!("{base}{extra}")), 10).schedule.decay;
+    assert_eq!(schedule("schedule = \"cosine\"\nmin_lr_ratio = 0.1\n"), Decay::CosineWithMinLr { min_lr_rate: 0.1 });
+    assert_eq!(schedule("schedule = \"cosine\"\n"), Decay::CosineWithMinLr { min_lr_rate: 0.0 });
+    assert_eq!(schedule("schedule = \"constant\"\n"), Decay::Constant);
+    // The new form of a pre-training config's cosine is HF's cosine, in rl configs too.
+    assert_eq!(schedule("[schedule]\nkind = \"cosine\"\n"), Decay::Cosine);
+}
+
+#[test]
+fn errors_name_the_file_and_the_line() {
+    let path = Path::new("/work/bad.toml");
+    let good = "[model]\ninit = \"c.json\"\n\n[data]\nsft = \"s.jsonl\"\n\n[train]\nsteps = 3\nmicro_batch = 2\nlr = 1e-3\n\n[output]\ndir = \"o\"\n";
+    run_config(good);
+    let cases = [
+        // A moved key keeps its line for type errors ...
+        (good.replace("lr = 1e-3", "lr = \"fast\""), "bad.toml line 10: invalid type: string \"fast\""),
+        // ... and for being given in both places.
+        (format!("{good}\n[optimizer]\nlr = 2e-3\n"), "bad.toml line 10: [train] lr is the old place of [optimizer] lr"),
+        (good.replace("sft = \"s.jsonl\"", "sft = \"s.jsonl\"\ninterplay = \"d\""), "bad.toml line 5: [data] needs exactly one of"),
+        (good.replace("micro_batch = 2", "micro_batch = 2\nprecison = \"bf16\""), "bad.toml line 10: unknown field `precison`"),
+        (format!("{good}\n[schedule]\nkind = \"cosin\"\n"), "unknown variant `cosin`"),
+        (good.replace("lr = 1e-3\n", ""), "bad.toml: [optimizer] needs `lr`"),
+        (good.replace("sft = \"s.jsonl\"", "dir = \"d\""), "bad.toml: [data] kind = \"prompts\" is for `kiln rl`"),
+        (format!("{good}\n[eval]\nrows = \"v\"\n\n[validation]\ndir = \"v\"\n"), "bad.toml line 18: [validation] is the old name of [eval]"),
+    ];
+    for (text, expected) in cases {
+        let e = RunConfig::from_toml(path, &text).unwrap_err().to_string();
+        assert!(e.starts_with("/work/bad.toml") && e.contains(expected), "{e}\nexpected: {expected}\n{text}");
+    }
+    let e = PgConfig::from_toml(path, good).unwrap_err().to_string();
+    assert!(e.contains("[model] needs `from`"), "{e}");
+}

@@ -1,0 +1,40 @@
+//! Typed errors of the sandbox.
+
+use std::path::PathBuf;
+
+/// Everything that can stop the sandbox from being set up or from running a program. A program
+/// that misbehaves is not an error: it gets a verdict.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// No Python interpreter could be found or used.
+    #[error("no usable Python interpreter: {0}")]
+    NoPython(String),
+    /// Neither file-system nor syscall confinement works here and unsafe mode was not asked for.
+    #[error(
+        "refusing to run untrusted code: neither file-system (Landlock) nor syscall (seccomp) \
+         confinement is available here ({0}); pass --unsafe-no-sandbox to run it anyway"
+    )]
+    Unconfined(String),
+    /// This operating system has no sandbox implementation.
+    #[error("kiln's sandbox runs programs only on Unix; this is {0}")]
+    Unsupported(&'static str),
+    /// Reading or writing a file of the sandbox failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Starting or supervising a sandboxed process failed.
+    #[error("sandboxed process: {0}")]
+    Spawn(String),
+}
+
+impl SandboxError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

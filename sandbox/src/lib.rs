@@ -1,0 +1,116 @@
+//! kiln-sandbox: runs model-written Python programs confined and grades them the way
+//! LiveCodeBench does.
+//!
+//! ```no_run
+//! use kiln_sandbox::{Limits, Sandbox, SandboxOptions, TestCase, Verdict};
+//!
+//! let sandbox = Sandbox::new(SandboxOptions::default())?; // probes the layers once
+//! println!("{}", sandbox.protections()); // record this next to the results
+//! let tests = [
+//!     TestCase::Stdin { input: "1 2\n".into(), output: "3\n".into() },
+//!     TestCase::Call { fn_name: "add".into(), input: "1\n2".into(), output: "3".into() },
+//! ];
+//! let code = "def add(a, b):\n    return a + b\nprint(sum(map(int, input().split())))";
+//! let graded = sandbox.grade(code, &tests, &Limits::default());
+//! assert_eq!(graded.verdict, Verdict::Accepted);
+//! # Ok::<(), kiln_sandbox::SandboxError>(())
+//! ```
+//!
+//! # The layers
+//!
+//! A [`Sandbox`] probes at start which of these work (see [`Protections`]; each is checked by a
+//! run that must show its effect) and refuses to run anything ([`SandboxError::Unconfined`]) when
+//! neither Landlock nor seccomp works, unless [`SandboxOptions::allow_unsafe`] is set.
+//!
+//! - **The interpreter itself**: `python3` is resolved through wrappers (pyenv shims) and symlinks
+//!   to the ELF binary, started with `-I -S -B` (no environment variables, no site-packages, no
+//!   user directories, no bytecode writes) and an empty environment; every inherited descriptor
+//!   above stdin/stdout/stderr is closed.
+//! - **rlimits**: CPU time, `RLIMIT_DATA` (not `RLIMIT_AS`, which breaks threaded programs —
+//!   `RLIMIT_AS` is added generously only when no cgroup bounds shared memory), stack, file size,
+//!   open files, no core dumps, threads (`RLIMIT_NPROC` under a slot uid). Protects the host's
+//!   memory, CPU and disk.
+//! - **Process group**: each run leads a new session; the whole group is killed at the deadline
+//!   and after the run; `PR_SET_PDEATHSIG` kills it if kiln dies. Nothing outlives a test.
+//! - **Scratch**: the only writable directory is the run's own — a private tmpfs (size = the file
+//!   limit, 4096 inodes) in a mount namespace, gone when the run ends; else a plain directory
+//!   emptied between runs. Protects the disk and isolates runs from each other.
+//! - **Landlock** (file system, TCP, signals, abstract unix sockets): read-only system library and
+//!   interpreter paths, execute only the interpreter and its loader, no `/proc` (so no other
+//!   process's environment or memory), nothing under home directories or `/tmp`, no TCP bind or
+//!   connect, no signals to processes outside the run. Protects the host's files and secrets.
+//! - **seccomp** (allow-list, `EPERM` otherwise): no sockets of any family (so no TCP, UDP or unix
+//!   socket), no fork or clone of processes (threads are fine), no exec after the interpreter
+//!   starts, no ptrace, mount, unshare, setns, bpf, keyrings; signals only to itself. Protects
+//!   the network, the process table and the kernel's attack surface.
+//! - **Namespaces**: an empty network namespace (plus IPC and UTS) and a user namespace, where the
+//!   kernel allows them (as root directly; otherwise inside a user namespace).
+//! - **Unprivileged uid per slot** when kiln runs as root (`uid_base + slot`, no groups), so a run
+//!   has no root rights even if every other layer failed.
+//! - **cgroup** (v1 or delegated v2) per slot: memory (what `RLIMIT_DATA` does not count, such as
+//!   shared mappings and tmpfs pages; an OOM kill is `memory_limit`) and number of tasks.
+//!
+//! # Grading, and how it differs from LiveCodeBench
+//!
+//! [`Sandbox::grade`] follows LiveCodeBench's `lcb_runner/evaluation/testing_util.py` (commit
+//! 28fef95). Each test is one sandboxed process running the harness (`harness/lcb.py`, embedded
+//! and written, with its bytecode, into the sandbox's own read-only directory); it reads the
+//! program and the test input from stdin, compiles the program with `compile()` before running
+//! any of it (a failure is `compile_error`) and reports what the program printed or returned.
+//! `tests/lcb_parity.rs` checks the verdicts against LCB's own grader on a table of programs.
+//! The harness applies `reliability_guard`, for stdin
+//! problems `clean_if_name` + `make_function` (code wrapped into `wrapped_function`, imports
+//! hoisted, LCB's `import_string` prepended) and the same stdin patches (so LCB's quirks stay:
+//! `sys.stdin.readlines()` returns `input.split("\n")`, `for line in sys.stdin` fails,
+//! `from sys import stdout` writes are lost), for call-based problems `import_string` + exec,
+//! `Solution()` when the code contains `class Solution`, one `json.loads` per input line and a
+//! returned tuple turned into a list. The comparison is LCB's (see [`compare_stdout`]): strip,
+//! split lines, equal line counts, each line equal as text or as whitespace-separated `Decimal`s;
+//! call-based results must be `==` the `json.loads`-ed output. Tests stop at the first failure;
+//! LCB's per-sample limit `(timeout + 1) · tests + 5 s` applies. Differences:
+//!
+//! - **One process per test** instead of LCB's `exec` of all tests in one process: no state
+//!   leaks between tests (LCB reuses one `Solution()` instance and the module's globals), and a
+//!   crash or a kill affects only its test.
+//! - **The comparison runs outside the sandbox**, in Rust, so the program never sees the expected
+//!   output; Python's `Decimal` grammar and equality and its whitespace set are reproduced
+//!   exactly. A returned value of a type other than None/bool/int/float/str/list/tuple/dict (or
+//!   an exact `Fraction`/`Decimal`) is never equal (LCB would call its `__eq__`).
+//! - **Verdicts**: a program that does not compile is `compile_error` (LCB: -4, runtime error);
+//!   `MemoryError` or a cgroup OOM kill is `memory_limit` (LCB: -4); printed output over
+//!   [`Limits::output_bytes`] is `wrong_answer` (LCB: unbounded). Whether a sample passes is the
+//!   same.
+//! - **Time**: the host kills a test at `per_test + startup_grace` wall or CPU time, and a test
+//!   whose own run (measured by the harness like LCB's) exceeds `per_test` is `time_limit`; LCB
+//!   uses `signal.alarm`, which a program can catch or block.
+//! - **Parallelism**: tests of one program may run at the same time on different slots;
+//!   results are cut at the first failure as if they had run in order
+//!   ([`Limits::stop_at_first_failure`] `= false` runs them all, for partial-credit rewards).
+//! - **Environment**: only the standard library is importable (`-S`: no site-packages; LCB's
+//!   process has whatever is installed, e.g. numpy); no network, no files outside the scratch
+//!   directory, no child processes (so `multiprocessing`, `subprocess` and `asyncio`, which needs
+//!   a socket pair, fail where LCB lets them run); `shutil`/`subprocess` functions are not nulled
+//!   (the sandbox denies what they would do).
+//! - **Memory**: 4 GiB of data per test by default (LCB sets none).
+
+mod compare;
+mod error;
+#[cfg(all(unix, not(target_os = "linux")))]
+mod fallback;
+mod grade;
+#[cfg(target_os = "linux")]
+mod linux;
+mod protections;
+mod python;
+mod pyvalue;
+mod run;
+mod sandbox;
+mod schedule;
+mod unicode_tables;
+
+pub use compare::{Comparison, compare_stdout};
+pub use error::SandboxError;
+pub use grade::{Graded, Limits, TestCase, TestResult, Verdict};
+pub use protections::{Layer, Protections};
+pub use run::{Exit, RunLimits, RunOutput};
+pub use sandbox::{Sandbox, SandboxOptions};

@@ -1,0 +1,339 @@
+//! What the forked child does before it becomes the interpreter.
+//!
+//! Everything is prepared in the parent (strings, pointer arrays, the seccomp programs, open
+//! descriptors); after `fork` the child only makes system calls and writes into memory it already
+//! owns, so it is async-signal-safe even though the parent has other threads. The order matters:
+//!
+//! 1. join the slot's cgroups (needs root's rights on the cgroup files);
+//! 2. `setsid` — a new session and process group that kiln kills as a whole;
+//! 3. namespaces: a user namespace first when not root (it grants the right to create the
+//!    others), then network + mount (+ IPC/UTS) namespaces;
+//! 4. a private, size-limited tmpfs over the scratch directory (mounts made private first, so
+//!    nothing propagates to the host);
+//! 5. as root: drop to the slot's unprivileged uid/gid, no supplementary groups, then a user
+//!    namespace;
+//! 6. `PR_SET_PDEATHSIG(SIGKILL)` (after the uid change, which clears it), then check that kiln
+//!    did not already die;
+//! 7. resource limits, `chdir` into the scratch directory, every inherited descriptor above 2
+//!    marked close-on-exec;
+//! 8. `PR_SET_NO_NEW_PRIVS`, Landlock, seccomp (the pid patched into the filter), `execve` with an
+//!    empty environment.
+//!
+//! A failing step writes its number to the diagnostics pipe, so the parent can say which one.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::RawFd;
+
+use super::seccomp::Filters;
+
+/// The steps, in order (their number goes to the diagnostics pipe).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Step {
+    Cgroup = 1,
+    Session,
+    UserNamespace,
+    Namespaces,
+    Tmpfs,
+    DropUid,
+    DeathSignal,
+    Rlimit,
+    Chdir,
+    CloseFds,
+    NoNewPrivs,
+    Landlock,
+    Seccomp,
+    Exec,
+}
+
+impl Step {
+    pub(crate) fn from_u8(b: u8) -> Option<Step> {
+        use Step::*;
+        [
+            Cgroup,
+            Session,
+            UserNamespace,
+            Namespaces,
+            Tmpfs,
+            DropUid,
+            DeathSignal,
+            Rlimit,
+            Chdir,
+            CloseFds,
+            NoNewPrivs,
+            Landlock,
+            Seccomp,
+            Exec,
+        ]
+        .into_iter()
+        .find(|s| *s as u8 == b)
+    }
+}
+
+/// The type of `setrlimit`'s resource argument (glibc has its own).
+#[cfg(target_env = "gnu")]
+pub(crate) type Resource = libc::__rlimit_resource_t;
+#[cfg(not(target_env = "gnu"))]
+pub(crate) type Resource = libc::c_int;
+
+/// The contents of `/proc/self/{uid,gid}_map` for a user namespace that maps ids to themselves.
+pub(crate) struct IdMaps {
+    pub uid_map: Vec<u8>,
+    pub gid_map: Vec<u8>,
+}
+
+impl IdMaps {
+    pub(crate) fn identity(uid: u32, gid: u32) -> Self {
+        Self {
+            uid_map: format!("{uid} {uid} 1\n").into_bytes(),
+            gid_map: format!("{gid} {gid} 1\n").into_bytes(),
+        }
+    }
+}
+
+/// Everything the child needs, allocated before the fork.
+pub(crate) struct ChildPlan {
+    /// The interpreter path; the seccomp filter allows `execve` only with this pointer.
+    pub exec_path: *const libc::c_char,
+    /// Owns the strings `argv_ptrs` points to.
+    #[allow(dead_code)]
+    pub argv: Vec<CString>,
+    pub argv_ptrs: Vec<*const libc::c_char>,
+    pub parent: libc::pid_t,
+    pub cgroup_fds: Vec<RawFd>,
+    /// A user namespace before the other namespaces (not root).
+    pub userns_first: Option<IdMaps>,
+    /// `unshare` flags for the other namespaces (0 for none).
+    pub unshare_flags: libc::c_int,
+    /// Mount point and mount options of the private tmpfs.
+    pub tmpfs: Option<(CString, CString)>,
+    /// Unprivileged (uid, gid) to switch to (root only).
+    pub drop_to: Option<(libc::uid_t, libc::gid_t)>,
+    /// A user namespace after dropping the uid (root).
+    pub userns_after: Option<IdMaps>,
+    /// (resource, soft, hard).
+    pub rlimits: Vec<(Resource, u64, u64)>,
+    pub workdir: CString,
+    /// The Landlock ruleset and the access bits for the scratch directory's rule.
+    pub landlock: Option<(RawFd, u64)>,
+    pub seccomp: Option<Filters>,
+    /// Write end of the diagnostics pipe (close-on-exec).
+    pub diag_fd: RawFd,
+}
+
+// SAFETY: the raw pointers point into `argv` (owned) and into the sandbox's interpreter path,
+// which outlives every spawn; the plan is only used by the child after the fork.
+unsafe impl Send for ChildPlan {}
+unsafe impl Sync for ChildPlan {}
+
+type StepResult = Result<(), (Step, io::Error)>;
+
+fn check(step: Step, rc: libc::c_long) -> StepResult {
+    if rc < 0 {
+        Err((step, io::Error::last_os_error()))
+    } else {
+        Ok(())
+    }
+}
+
+impl ChildPlan {
+    /// Runs in the forked child: sets up the confinement and execs the interpreter. Returns only
+    /// on failure.
+    pub(crate) fn exec(&mut self) -> io::Error {
+        let Err((step, err)) = self.setup() else {
+            unreachable!("setup only returns on failure")
+        };
+        let b = step as u8;
+        // SAFETY: writing one byte from the stack to an open descriptor.
+        unsafe { libc::write(self.diag_fd, (&raw const b).cast(), 1) };
+        err
+    }
+
+    fn setup(&mut self) -> StepResult {
+        // SAFETY: only system calls on memory and descriptors prepared by the parent.
+        unsafe {
+            for &fd in &self.cgroup_fds {
+                check(
+                    Step::Cgroup,
+                    libc::write(fd, c"0".as_ptr().cast(), 1) as libc::c_long,
+                )?;
+            }
+            check(Step::Session, libc::setsid().into())?;
+            if let Some(maps) = &self.userns_first {
+                user_namespace(maps)?;
+            }
+            if self.unshare_flags != 0 {
+                check(Step::Namespaces, libc::unshare(self.unshare_flags).into())?;
+            }
+            if let Some((target, options)) = &self.tmpfs {
+                let private = libc::MS_REC | libc::MS_PRIVATE;
+                let none = std::ptr::null::<libc::c_char>();
+                check(
+                    Step::Tmpfs,
+                    libc::mount(none, c"/".as_ptr(), none, private, std::ptr::null()).into(),
+                )?;
+                let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+                let rc = libc::mount(
+                    c"tmpfs".as_ptr(),
+                    target.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    flags,
+                    options.as_ptr().cast(),
+                );
+                check(Step::Tmpfs, rc.into())?;
+            }
+            if let Some((uid, gid)) = self.drop_to {
+                check(Step::DropUid, libc::setgroups(0, std::ptr::null()).into())?;
+                check(Step::DropUid, libc::setresgid(gid, gid, gid).into())?;
+                check(Step::DropUid, libc::setresuid(uid, uid, uid).into())?;
+                // The uid change made the process non-dumpable, which makes /proc/self/* root's;
+                // the user namespace step must write /proc/self/uid_map. (ptrace stays denied.)
+                check(
+                    Step::DropUid,
+                    libc::prctl(libc::PR_SET_DUMPABLE, 1 as libc::c_ulong).into(),
+                )?;
+            }
+            if let Some(maps) = &self.userns_after {
+                user_namespace(maps)?;
+            }
+            check(
+                Step::DeathSignal,
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong).into(),
+            )?;
+            if libc::getppid() != self.parent {
+                return Err((Step::DeathSignal, io::Error::from_raw_os_error(libc::ESRCH)));
+            }
+            for &(resource, soft, hard) in &self.rlimits {
+                let r = libc::rlimit {
+                    rlim_cur: soft,
+                    rlim_max: hard,
+                };
+                check(Step::Rlimit, libc::setrlimit(resource, &r).into())?;
+            }
+            check(Step::Chdir, libc::chdir(self.workdir.as_ptr()).into())?;
+            mark_fds_cloexec()?;
+            check(
+                Step::NoNewPrivs,
+                libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0).into(),
+            )?;
+            if let Some((ruleset, access)) = self.landlock {
+                add_scratch_rule(ruleset, access, &self.workdir)?;
+                check(
+                    Step::Landlock,
+                    libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0),
+                )?;
+            }
+            if let Some(filters) = &mut self.seccomp {
+                filters.patch_pid(libc::getpid() as u32);
+                for prog in &filters.programs {
+                    let fprog = libc::sock_fprog {
+                        len: prog.len() as libc::c_ushort,
+                        filter: prog.as_ptr() as *mut libc::sock_filter,
+                    };
+                    let rc = libc::syscall(
+                        libc::SYS_seccomp,
+                        libc::SECCOMP_SET_MODE_FILTER,
+                        0 as libc::c_ulong,
+                        &raw const fprog,
+                    );
+                    check(Step::Seccomp, rc)?;
+                }
+            }
+            let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+            libc::execve(self.exec_path, self.argv_ptrs.as_ptr(), envp.as_ptr());
+            Err((Step::Exec, io::Error::last_os_error()))
+        }
+    }
+}
+
+/// `struct landlock_path_beneath_attr` (packed, as in the kernel's uapi header).
+#[repr(C, packed)]
+struct PathBeneathAttr {
+    allowed_access: u64,
+    parent_fd: i32,
+}
+
+/// Adds the rule "everything but execute beneath the scratch directory" to the ruleset. Done
+/// here because the directory is the tmpfs this child just mounted.
+unsafe fn add_scratch_rule(ruleset: RawFd, access: u64, dir: &CStr) -> StepResult {
+    const LANDLOCK_RULE_PATH_BENEATH: libc::c_long = 1;
+    // SAFETY: open/landlock_add_rule/close with a prepared path and an attribute on the stack.
+    unsafe {
+        let fd = libc::open(
+            dir.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        );
+        check(Step::Landlock, fd.into())?;
+        let attr = PathBeneathAttr {
+            allowed_access: access,
+            parent_fd: fd,
+        };
+        let rc = libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset,
+            LANDLOCK_RULE_PATH_BENEATH,
+            &raw const attr,
+            0,
+        );
+        let result = check(Step::Landlock, rc);
+        libc::close(fd);
+        result
+    }
+}
+
+/// `unshare(CLONE_NEWUSER)` and identity id maps (so files keep their owner).
+unsafe fn user_namespace(maps: &IdMaps) -> StepResult {
+    // SAFETY: plain system calls on static paths and prepared buffers.
+    unsafe {
+        check(
+            Step::UserNamespace,
+            libc::unshare(libc::CLONE_NEWUSER).into(),
+        )?;
+        write_file(c"/proc/self/setgroups", b"deny")?;
+        write_file(c"/proc/self/uid_map", &maps.uid_map)?;
+        write_file(c"/proc/self/gid_map", &maps.gid_map)
+    }
+}
+
+unsafe fn write_file(path: &CStr, data: &[u8]) -> StepResult {
+    // SAFETY: open/write/close on a static path and a prepared buffer.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        check(Step::UserNamespace, fd.into())?;
+        let n = libc::write(fd, data.as_ptr().cast(), data.len());
+        let result = if n == data.len() as isize {
+            Ok(())
+        } else {
+            Err((Step::UserNamespace, io::Error::last_os_error()))
+        };
+        libc::close(fd);
+        result
+    }
+}
+
+/// Marks every descriptor above 2 close-on-exec (`close_range`, or one by one on old kernels).
+unsafe fn mark_fds_cloexec() -> StepResult {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: descriptor flag changes only.
+    unsafe {
+        if libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        ) == 0
+        {
+            return Ok(());
+        }
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        for fd in 3..lim.rlim_cur.min(65536) as libc::c_int {
+            libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,110 @@
+//! The Landlock ruleset (file system, TCP ports, signals and abstract unix sockets), built with
+//! the `landlock` crate in the parent for every run. The child adds one rule — its scratch
+//! directory, which is a tmpfs it mounts itself (a rule on the mount point would not reach into
+//! the mount: Landlock skips hidden mount points) — and calls `landlock_restrict_self` right
+//! before `execve`; three system calls, safe after fork.
+//!
+//! Allowed: reading the system library directories and the interpreter's own directories;
+//! executing only the interpreter and its dynamic loader; reading and writing the run's scratch
+//! directory; `/dev/null` (read/write), `/dev/zero`, `/dev/urandom`, `/etc/ld.so.cache`,
+//! `/etc/localtime` (read). Denied: everything else — `/proc` (so no other process's environment
+//! or memory), `/home`, `/root`, `/tmp`, `/etc` writes, any TCP bind or connect, any signal to a
+//! process outside the run, connecting to abstract unix sockets outside it.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, BitFlags, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, Scope,
+};
+
+/// The newest ABI whose access rights kiln knows how to grant (newer kernels enforce it fully).
+const TARGET: ABI = ABI::V6;
+
+/// The Landlock ABI version of the running kernel; 0 or less when Landlock is unavailable.
+pub(crate) fn kernel_abi() -> i64 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with a null attribute and size 0 this only returns the version.
+    unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    }
+}
+
+/// What one run may touch.
+pub(crate) struct Paths {
+    /// Directories readable (with everything beneath).
+    pub read_dirs: Vec<PathBuf>,
+    /// Single files readable.
+    pub read_files: Vec<PathBuf>,
+    /// Files that may be executed (and read).
+    pub exec_files: Vec<PathBuf>,
+    /// Device files readable and writable.
+    pub rw_files: Vec<PathBuf>,
+}
+
+/// The system directories every interpreter needs to read (those that exist).
+pub(crate) fn system_read_dirs() -> Vec<PathBuf> {
+    [
+        "/usr",
+        "/lib",
+        "/lib64",
+        "/lib32",
+        "/libx32",
+        "/bin",
+        "/etc/ssl/certs",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .filter(|p| p.exists())
+    .collect()
+}
+
+/// The access rights of the scratch directory (everything but execution), as the raw bits the
+/// child passes to `landlock_add_rule`: only rights this kernel handles.
+pub(crate) fn scratch_access() -> u64 {
+    let kernel = AccessFs::from_all(ABI::from(kernel_abi().clamp(0, 1 << 16) as i32));
+    (kernel & AccessFs::from_all(TARGET) & !AccessFs::Execute).bits()
+}
+
+/// Builds the ruleset (without the scratch rule) and returns its descriptor (close-on-exec).
+pub(crate) fn ruleset(paths: &Paths) -> Result<OwnedFd, String> {
+    let err = |e: landlock::RulesetError| e.to_string();
+    let read_dir: BitFlags<AccessFs> = AccessFs::ReadFile | AccessFs::ReadDir;
+    let mut rs = Ruleset::default()
+        .handle_access(AccessFs::from_all(TARGET))
+        .map_err(err)?
+        .handle_access(AccessNet::from_all(TARGET))
+        .map_err(err)?
+        .scope(Scope::from_all(TARGET))
+        .map_err(err)?
+        .create()
+        .map_err(err)?;
+    let mut rules: Vec<(&Path, BitFlags<AccessFs>)> = Vec::new();
+    rules.extend(paths.read_dirs.iter().map(|d| (d.as_path(), read_dir)));
+    rules.extend(
+        paths
+            .read_files
+            .iter()
+            .map(|f| (f.as_path(), AccessFs::ReadFile.into())),
+    );
+    rules.extend(
+        paths
+            .exec_files
+            .iter()
+            .map(|f| (f.as_path(), AccessFs::ReadFile | AccessFs::Execute)),
+    );
+    let rw_file = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate;
+    rules.extend(paths.rw_files.iter().map(|f| (f.as_path(), rw_file)));
+    for (path, access) in rules {
+        let fd = PathFd::new(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        rs = rs.add_rule(PathBeneath::new(fd, access)).map_err(err)?;
+    }
+    let fd: Option<OwnedFd> = rs.into();
+    fd.ok_or_else(|| "the kernel does not support Landlock".to_string())
+}

@@ -1,0 +1,329 @@
+//! The probe: which layers work on this machine. Each layer is added on top of those that
+//! already work and kept only if a process starts under them AND a check run inside shows the
+//! layer's effect (an empty network namespace, the slot's uid, a denied read of `/etc/passwd`, a
+//! denied `socket()` and `fork()`, …) — a layer that starts but does not enforce is reported off.
+
+use std::ffi::{CString, OsStr};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::{Layers, Platform, SlotResources, cgroup, landlock, seccomp};
+use crate::SandboxError;
+use crate::protections::Layer;
+use crate::python::Interpreter;
+use crate::run::{RunLimits, supervise};
+
+/// What the probe found.
+pub(crate) struct Probed {
+    pub platform: Platform,
+    pub layers: Layers,
+    pub slots: Vec<SlotResources>,
+    pub user_ns: Layer,
+    pub net_ns: Layer,
+    pub scratch: Layer,
+    pub uid: Layer,
+    pub cgroup: Layer,
+    pub landlock: Layer,
+    pub seccomp: Layer,
+}
+
+/// Probes the layers for slots whose scratch directories are `work_dirs` (existing, empty).
+pub(crate) fn probe(
+    interp: &Interpreter,
+    read_dirs: &[PathBuf],
+    work_dirs: &[PathBuf],
+    uid_base: u32,
+    name: &str,
+) -> Result<Probed, SandboxError> {
+    // SAFETY: plain getter.
+    let is_root = unsafe { libc::geteuid() } == 0;
+    let exec_path = CString::new(interp.path.as_os_str().as_bytes())
+        .map_err(|_| SandboxError::NoPython("NUL in the interpreter path".into()))?;
+    let filters = seccomp::build(exec_path.as_ptr());
+    let mut platform = Platform {
+        exec_path,
+        filters: None,
+        landlock: None,
+        scratch_access: 0,
+        is_root,
+    };
+    let seccomp_err = filters.as_ref().err().cloned();
+    platform.filters = filters.ok();
+
+    // Landlock: the paths every run may read (each run adds its own scratch directory).
+    let abi = landlock::kernel_abi();
+    let mut landlock_err =
+        (abi < 1).then(|| "the kernel has no Landlock (or it is disabled)".to_string());
+    if landlock_err.is_none() {
+        let paths = landlock_paths(interp, read_dirs);
+        match landlock::ruleset(&paths) {
+            Ok(_) => {
+                platform.landlock = Some(paths);
+                platform.scratch_access = landlock::scratch_access();
+            }
+            Err(e) => landlock_err = Some(e),
+        }
+    }
+    let mut slots = Vec::new();
+    for (i, work) in work_dirs.iter().enumerate() {
+        let (uid, gid) = (uid_base + i as u32, uid_base + i as u32);
+        if is_root {
+            std::os::unix::fs::chown(work, Some(uid), Some(gid))
+                .map_err(|e| SandboxError::io(work, e))?;
+        }
+        slots.push(SlotResources {
+            work: work.clone(),
+            uid,
+            gid,
+            cgroup: None,
+        });
+    }
+
+    let mut t = Trials {
+        platform: &platform,
+        layers: Layers::default(),
+    };
+    let slot0 = &slots[0];
+    if let Err(e) = run_check(&platform, &t.layers, slot0, "print('ok')") {
+        let python = interp.path.display();
+        return Err(SandboxError::Spawn(format!(
+            "{python} does not run even unconfined: {e}"
+        )));
+    }
+    let mut uid = Layer::off("kiln does not run as root (programs run under its own uid)");
+    let mut user_ns = Layer::off("needs the uid drop");
+    if !is_root {
+        // (a user namespace first: it grants the right to make the others)
+        user_ns = t.add(
+            |l| l.user_ns = true,
+            slot0,
+            USERNS_CHECK,
+            |o| o == "1",
+            "own user namespace (ids mapped to themselves)",
+        );
+    }
+    let needs_userns = !is_root && !t.layers.user_ns;
+    let net_ns = if needs_userns {
+        Layer::off("needs a user namespace (not root)")
+    } else {
+        let on = "empty network namespace (loopback only, down); IPC and UTS namespaces";
+        t.add(|l| l.net_ns = true, slot0, NETNS_CHECK, |o| o == "lo", on)
+    };
+    let plain = "plain directory, emptied after each run";
+    let scratch = if needs_userns {
+        Layer::off(format!("{plain} (a private tmpfs needs a user namespace)"))
+    } else {
+        let check = TMPFS_CHECK.replace("SIZE", &RunLimits::default().file_bytes.to_string());
+        let on =
+            "private tmpfs per run (size = the file-size limit, 4096 inodes), in a mount namespace";
+        let layer = t.add(|l| l.tmpfs = true, slot0, &check, |o| o == "True", on);
+        if layer.active {
+            layer
+        } else {
+            Layer::off(format!("{plain} (tmpfs: {})", layer.detail))
+        }
+    };
+    if is_root {
+        let want = format!("{} {} []", slot0.uid, slot0.gid);
+        uid = t.add(
+            |l| l.drop_uid = true,
+            slot0,
+            UID_CHECK,
+            |o| o == want,
+            &format!("uid/gid {uid_base}+slot, no groups"),
+        );
+        if t.layers.drop_uid {
+            user_ns = t.add(
+                |l| l.user_ns = true,
+                slot0,
+                USERNS_CHECK,
+                |o| o == "1",
+                "user namespace entered after the uid drop",
+            );
+        }
+    }
+    let cgroup = match cgroup::hierarchy() {
+        Err(e) => Layer::off(e),
+        Ok(h) => {
+            cgroup::remove_stale(&h);
+            let tasks = RunLimits::default().tasks;
+            let groups: Result<Vec<_>, String> = (0..slots.len())
+                .map(|i| cgroup::SlotGroup::create(&h, &format!("{name}-slot{i}"), tasks))
+                .collect();
+            match groups {
+                Err(e) => Layer::off(e),
+                Ok(groups) => {
+                    for (s, g) in slots.iter_mut().zip(groups) {
+                        s.cgroup = Some(g);
+                    }
+                    let want = format!("{name}-slot0");
+                    let kind = if matches!(h, cgroup::Hierarchy::V1 { .. }) {
+                        "v1"
+                    } else {
+                        "v2"
+                    };
+                    let on = format!(
+                        "cgroup {kind} per slot: memory (limit + 128 MiB, an OOM kill is memory_limit) and tasks"
+                    );
+                    t.add(
+                        |l| l.cgroup = true,
+                        &slots[0],
+                        CGROUP_CHECK,
+                        |o| o.contains(&want),
+                        &on,
+                    )
+                }
+            }
+        }
+    };
+    if !t.layers.cgroup {
+        for s in &mut slots {
+            s.cgroup = None;
+        }
+    }
+    let slot0 = &slots[0];
+    let landlock = match landlock_err {
+        Some(e) => Layer::off(e),
+        None => {
+            let on = format!(
+                "ABI {abi}: read-only system and interpreter paths, scratch read-write, no /proc, no TCP, no signals out"
+            );
+            t.add(
+                |l| l.landlock = true,
+                slot0,
+                LANDLOCK_CHECK,
+                |o| o == "denied",
+                &on,
+            )
+        }
+    };
+    let seccomp = match seccomp_err {
+        Some(e) => Layer::off(e),
+        None => {
+            let on = "allow-list: no sockets, no fork/clone of processes, no exec, no ptrace/mount/unshare/setns, signals only to itself";
+            t.add(
+                |l| l.seccomp = true,
+                slot0,
+                SECCOMP_CHECK,
+                |o| o == "denied denied denied thread",
+                on,
+            )
+        }
+    };
+    let layers = t.layers;
+    Ok(Probed {
+        platform,
+        layers,
+        slots,
+        user_ns,
+        net_ns,
+        scratch,
+        uid,
+        cgroup,
+        landlock,
+        seccomp,
+    })
+}
+
+/// Reads the user namespace's uid map: one id mapped (not the whole range of the host's).
+const USERNS_CHECK: &str = "print(open('/proc/self/uid_map').read().split()[2])";
+/// Lists the network interfaces: only the (down) loopback.
+const NETNS_CHECK: &str = "import socket; print(','.join(n for _, n in socket.if_nameindex()))";
+/// The working directory is writable and no larger than the file-size limit.
+const TMPFS_CHECK: &str = "import os; s = os.statvfs('.'); open('w', 'w').write('x'); print(s.f_blocks * s.f_frsize <= SIZE)";
+const UID_CHECK: &str = "import os; print(os.getuid(), os.getgid(), os.getgroups())";
+const CGROUP_CHECK: &str = "print(open('/proc/self/cgroup').read())";
+/// /etc/passwd (world-readable) must be denied, the scratch directory writable.
+const LANDLOCK_CHECK: &str = "try:\n    open('/etc/passwd').read(); print('read')\nexcept PermissionError:\n    open('probe', 'w').write('x'); print('denied')";
+/// socket, fork and exec of the interpreter itself (which Landlock allows: only seccomp can
+/// refuse it) must be denied; threads must still start.
+const SECCOMP_CHECK: &str = "import os, socket, sys, threading\nout = []\nfor f in (socket.socket, os.fork, lambda: os.execv(sys.executable, ['python', '-c', ''])):\n    try:\n        f(); out.append('allowed')\n    except PermissionError:\n        out.append('denied')\nt = threading.Thread(target=out.append, args=('thread',))\nt.start()\nt.join()\nprint(' '.join(out))";
+
+/// The layers found to work so far; each trial adds one on top.
+struct Trials<'a> {
+    platform: &'a Platform,
+    layers: Layers,
+}
+
+impl Trials<'_> {
+    /// Tries the current layers plus `set`: kept (and reported on) if `check` runs under them in
+    /// `slot` and its output passes `expect`.
+    fn add(
+        &mut self,
+        set: impl Fn(&mut Layers),
+        slot: &SlotResources,
+        check: &str,
+        expect: impl Fn(&str) -> bool,
+        on: &str,
+    ) -> Layer {
+        let mut trial = self.layers.clone();
+        set(&mut trial);
+        match run_check(self.platform, &trial, slot, check) {
+            Ok(out) if expect(&out) => {
+                self.layers = trial;
+                Layer::on(on)
+            }
+            Ok(out) => Layer::off(format!("not enforced (the check printed {out:?})")),
+            Err(e) => Layer::off(e),
+        }
+    }
+}
+
+/// What one slot may touch (see `landlock`).
+fn landlock_paths(interp: &Interpreter, read_dirs: &[PathBuf]) -> landlock::Paths {
+    let existing = |v: &[&str]| {
+        v.iter()
+            .map(PathBuf::from)
+            .filter(|p| p.exists())
+            .collect::<Vec<_>>()
+    };
+    let mut dirs = landlock::system_read_dirs();
+    dirs.extend(interp.dirs.iter().cloned());
+    dirs.extend(read_dirs.iter().cloned());
+    let mut exec = vec![interp.path.clone()];
+    exec.extend(interp.loader.iter().cloned());
+    landlock::Paths {
+        read_dirs: dirs,
+        read_files: existing(&[
+            "/etc/ld.so.cache",
+            "/etc/localtime",
+            "/dev/zero",
+            "/dev/urandom",
+            "/dev/random",
+        ]),
+        exec_files: exec,
+        rw_files: existing(&["/dev/null"]),
+    }
+}
+
+/// Runs `python -I -S -B -c check` under `layers` and returns its trimmed stdout.
+fn run_check(
+    platform: &Platform,
+    layers: &Layers,
+    slot: &SlotResources,
+    check: &str,
+) -> Result<String, String> {
+    if !layers.tmpfs {
+        crate::sandbox::empty_dir(&slot.work).map_err(|e| e.to_string())?;
+    }
+    let limits = RunLimits {
+        wall: Duration::from_secs(20),
+        ..RunLimits::default()
+    };
+    let args: Vec<&OsStr> = ["-I", "-S", "-B", "-c", check]
+        .into_iter()
+        .map(OsStr::new)
+        .collect();
+    let start = Instant::now();
+    let child = platform
+        .spawn(layers, slot, &args, &limits)
+        .map_err(|e| e.to_string())?;
+    let out = supervise(child, b"", &limits, start).map_err(|e| e.to_string())?;
+    if out.exit != crate::run::Exit::Code(0) {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.trim().lines().last().unwrap_or("").to_string();
+        return Err(format!("the check exited with {:?}: {last}", out.exit));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}

@@ -1,0 +1,222 @@
+//! The seccomp filters: an allow-list of the system calls a Python program needs; everything
+//! else fails with `EPERM` (so `socket`, `fork`, `ptrace`, `mount`, `unshare`, `bpf`, … raise
+//! `PermissionError` in the program). Built with `seccompiler` (pure Rust) in the parent; the
+//! child installs them right before `execve`.
+//!
+//! Conditions:
+//! - `clone` only with `CLONE_THREAD` and without namespace flags (threads yes, processes no);
+//!   `clone3` (whose flags a filter cannot read) fails with `ENOSYS`, so glibc falls back to `clone`;
+//! - `execve` only with the exact path pointer kiln itself passes (the interpreter's start);
+//!   `execveat` never;
+//! - `kill`/`tgkill`/`tkill`/`rt_(tg)sigqueueinfo`/`prlimit64`/`sched_getaffinity` only on the
+//!   process itself (or its own process group). The child's pid is unknown until the fork, so the
+//!   filter holds a placeholder that the child patches in place (no allocation after fork).
+//! - `ioctl` except `TIOCSTI` (typing into a terminal).
+
+use std::collections::BTreeMap;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op,
+    SeccompCondition as Cond, SeccompFilter, SeccompRule, TargetArch,
+};
+
+/// Placeholder for the child's pid in the filter (patched after fork).
+const PID_SENTINEL: u32 = 0x7a5e_c0de;
+/// Placeholder for minus the child's pid (`kill(-pid, sig)`).
+const NEG_PID_SENTINEL: u32 = PID_SENTINEL.wrapping_neg();
+
+/// The filters to install, with the places to patch.
+#[derive(Clone)]
+pub(crate) struct Filters {
+    /// Installed in order. The first turns `clone3` into `ENOSYS`, the second is the allow-list.
+    pub programs: Vec<BpfProgram>,
+    /// (program, instruction, is_negative) for every placeholder.
+    pub patches: Vec<(usize, usize, bool)>,
+}
+
+impl Filters {
+    /// Writes the child's pid into the placeholders. Called in the child: no allocation.
+    pub(crate) fn patch_pid(&mut self, pid: u32) {
+        for &(p, i, neg) in &self.patches {
+            self.programs[p][i].k = if neg { pid.wrapping_neg() } else { pid };
+        }
+    }
+}
+
+fn cond(arg: u8, len: Len, op: Op, value: u64) -> Cond {
+    Cond::new(arg, len, op, value).expect("valid seccomp condition")
+}
+
+fn rule(conds: Vec<Cond>) -> SeccompRule {
+    SeccompRule::new(conds).expect("valid seccomp rule")
+}
+
+/// Rules allowing a call when argument `arg` (a pid) is one of `values`.
+fn pid_is(arg: u8, values: &[u32]) -> Vec<SeccompRule> {
+    values
+        .iter()
+        .map(|&v| rule(vec![cond(arg, Len::Dword, Op::Eq, u64::from(v))]))
+        .collect()
+}
+
+/// Builds the filters. `exec_path` is the address of the interpreter path kiln passes to execve.
+pub(crate) fn build(exec_path: *const libc::c_char) -> Result<Filters, String> {
+    let arch: TargetArch = std::env::consts::ARCH
+        .try_into()
+        .map_err(|e| format!("{e:?}"))?;
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for &nr in ALLOWED {
+        rules.insert(nr, vec![]);
+    }
+    // Allowed here so that only the first filter's ENOSYS answers it (with two ERRNO answers
+    // the later filter's would win).
+    rules.insert(libc::SYS_clone3, vec![]);
+    let ns_flags = (libc::CLONE_NEWNS
+        | libc::CLONE_NEWUSER
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWNET
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS
+        | libc::CLONE_NEWCGROUP) as u64;
+    let thread = libc::CLONE_THREAD as u64;
+    rules.insert(
+        libc::SYS_clone,
+        vec![rule(vec![
+            cond(0, Len::Qword, Op::MaskedEq(thread), thread),
+            cond(0, Len::Qword, Op::MaskedEq(ns_flags), 0),
+        ])],
+    );
+    rules.insert(
+        libc::SYS_execve,
+        vec![rule(vec![cond(0, Len::Qword, Op::Eq, exec_path as u64)])],
+    );
+    rules.insert(
+        libc::SYS_ioctl,
+        vec![rule(vec![cond(1, Len::Dword, Op::Ne, libc::TIOCSTI)])],
+    );
+    rules.insert(
+        libc::SYS_kill,
+        pid_is(0, &[0, PID_SENTINEL, NEG_PID_SENTINEL]),
+    );
+    let to_self = [
+        libc::SYS_tgkill,
+        libc::SYS_tkill,
+        libc::SYS_rt_sigqueueinfo,
+        libc::SYS_rt_tgsigqueueinfo,
+    ];
+    for nr in to_self {
+        rules.insert(nr, pid_is(0, &[PID_SENTINEL]));
+    }
+    let self_or_zero = [libc::SYS_prlimit64, libc::SYS_sched_getaffinity];
+    for nr in self_or_zero {
+        rules.insert(nr, pid_is(0, &[0, PID_SENTINEL]));
+    }
+    let placeholders = 2 + to_self.len() + self_or_zero.len();
+    let allow_list = SeccompFilter::new(
+        rules,
+        SeccompAction::Errno(libc::EPERM as u32),
+        SeccompAction::Allow,
+        arch,
+    )
+    .map_err(|e| e.to_string())?;
+    let clone3 = SeccompFilter::new(
+        BTreeMap::from([(libc::SYS_clone3, vec![])]),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch,
+    )
+    .map_err(|e| e.to_string())?;
+    let programs: Vec<BpfProgram> = vec![
+        clone3
+            .try_into()
+            .map_err(|e: seccompiler::BackendError| e.to_string())?,
+        allow_list
+            .try_into()
+            .map_err(|e: seccompiler::BackendError| e.to_string())?,
+    ];
+    let mut patches = Vec::new();
+    for (p, prog) in programs.iter().enumerate() {
+        for (i, ins) in prog.iter().enumerate() {
+            if ins.k == PID_SENTINEL || ins.k == NEG_PID_SENTINEL {
+                patches.push((p, i, ins.k == NEG_PID_SENTINEL));
+            }
+        }
+    }
+    if patches.len() != placeholders {
+        let found = patches.len();
+        return Err(format!(
+            "expected {placeholders} pid placeholders in the seccomp filter, found {found}"
+        ));
+    }
+    Ok(Filters { programs, patches })
+}
+
+/// System calls allowed without conditions.
+#[rustfmt::skip]
+const ALLOWED: &[i64] = &[
+    // files and descriptors (Landlock decides which paths)
+    libc::SYS_read, libc::SYS_write, libc::SYS_readv, libc::SYS_writev, libc::SYS_pread64,
+    libc::SYS_pwrite64, libc::SYS_preadv, libc::SYS_pwritev, libc::SYS_preadv2, libc::SYS_pwritev2,
+    libc::SYS_lseek, libc::SYS_close, libc::SYS_close_range, libc::SYS_openat, libc::SYS_openat2,
+    libc::SYS_newfstatat, libc::SYS_fstat, libc::SYS_statx, libc::SYS_statfs, libc::SYS_fstatfs,
+    libc::SYS_faccessat, libc::SYS_faccessat2, libc::SYS_readlinkat, libc::SYS_getdents64,
+    libc::SYS_getcwd, libc::SYS_chdir, libc::SYS_fchdir, libc::SYS_mkdirat, libc::SYS_unlinkat,
+    libc::SYS_renameat, libc::SYS_renameat2, libc::SYS_linkat, libc::SYS_symlinkat,
+    libc::SYS_fchmod, libc::SYS_fchmodat, libc::SYS_utimensat, libc::SYS_truncate,
+    libc::SYS_ftruncate, libc::SYS_fsync, libc::SYS_fdatasync, libc::SYS_fallocate,
+    libc::SYS_fadvise64, libc::SYS_flock, libc::SYS_fcntl, libc::SYS_dup, libc::SYS_dup3,
+    libc::SYS_pipe2, libc::SYS_umask, libc::SYS_copy_file_range, libc::SYS_sendfile,
+    libc::SYS_splice, libc::SYS_tee, libc::SYS_memfd_create,
+    // memory
+    libc::SYS_brk, libc::SYS_mmap, libc::SYS_munmap, libc::SYS_mremap, libc::SYS_mprotect,
+    libc::SYS_madvise, libc::SYS_mincore, libc::SYS_msync, libc::SYS_membarrier,
+    // threads and synchronisation
+    libc::SYS_futex, libc::SYS_set_robust_list, libc::SYS_get_robust_list, libc::SYS_rseq,
+    libc::SYS_set_tid_address, libc::SYS_gettid, libc::SYS_sched_yield,
+    libc::SYS_sched_getparam, libc::SYS_sched_getscheduler, libc::SYS_sched_get_priority_max,
+    libc::SYS_sched_get_priority_min, libc::SYS_getcpu,
+    // signals (to itself, see the conditional rules) and timers
+    libc::SYS_rt_sigaction, libc::SYS_rt_sigprocmask, libc::SYS_rt_sigreturn,
+    libc::SYS_sigaltstack, libc::SYS_rt_sigsuspend, libc::SYS_rt_sigtimedwait,
+    libc::SYS_rt_sigpending, libc::SYS_setitimer, libc::SYS_getitimer, libc::SYS_timer_create,
+    libc::SYS_timer_settime, libc::SYS_timer_gettime, libc::SYS_timer_getoverrun,
+    libc::SYS_timer_delete, libc::SYS_clock_gettime, libc::SYS_clock_getres,
+    libc::SYS_clock_nanosleep, libc::SYS_nanosleep, libc::SYS_gettimeofday, libc::SYS_times,
+    // waiting for events on its own descriptors
+    libc::SYS_ppoll, libc::SYS_pselect6, libc::SYS_epoll_create1, libc::SYS_epoll_ctl,
+    libc::SYS_epoll_pwait, libc::SYS_epoll_pwait2, libc::SYS_eventfd2, libc::SYS_timerfd_create,
+    libc::SYS_timerfd_settime, libc::SYS_timerfd_gettime, libc::SYS_signalfd4,
+    // identity and limits (reading; lowering its own limits)
+    libc::SYS_getpid, libc::SYS_getppid, libc::SYS_getuid, libc::SYS_geteuid, libc::SYS_getgid,
+    libc::SYS_getegid, libc::SYS_getgroups, libc::SYS_getresuid, libc::SYS_getresgid,
+    libc::SYS_getpgid, libc::SYS_getsid, libc::SYS_getrusage, libc::SYS_uname,
+    libc::SYS_sysinfo, libc::SYS_getrandom, libc::SYS_capget, libc::SYS_prctl,
+    libc::SYS_seccomp,
+    // the end
+    libc::SYS_exit, libc::SYS_exit_group, libc::SYS_wait4, libc::SYS_waitid,
+    #[cfg(target_arch = "x86_64")] libc::SYS_open,
+    #[cfg(target_arch = "x86_64")] libc::SYS_stat,
+    #[cfg(target_arch = "x86_64")] libc::SYS_lstat,
+    #[cfg(target_arch = "x86_64")] libc::SYS_access,
+    #[cfg(target_arch = "x86_64")] libc::SYS_readlink,
+    #[cfg(target_arch = "x86_64")] libc::SYS_getdents,
+    #[cfg(target_arch = "x86_64")] libc::SYS_mkdir,
+    #[cfg(target_arch = "x86_64")] libc::SYS_rmdir,
+    #[cfg(target_arch = "x86_64")] libc::SYS_unlink,
+    #[cfg(target_arch = "x86_64")] libc::SYS_rename,
+    #[cfg(target_arch = "x86_64")] libc::SYS_link,
+    #[cfg(target_arch = "x86_64")] libc::SYS_symlink,
+    #[cfg(target_arch = "x86_64")] libc::SYS_chmod,
+    #[cfg(target_arch = "x86_64")] libc::SYS_dup2,
+    #[cfg(target_arch = "x86_64")] libc::SYS_pipe,
+    #[cfg(target_arch = "x86_64")] libc::SYS_poll,
+    #[cfg(target_arch = "x86_64")] libc::SYS_select,
+    #[cfg(target_arch = "x86_64")] libc::SYS_epoll_create,
+    #[cfg(target_arch = "x86_64")] libc::SYS_epoll_wait,
+    #[cfg(target_arch = "x86_64")] libc::SYS_eventfd,
+    #[cfg(target_arch = "x86_64")] libc::SYS_pause,
+    #[cfg(target_arch = "x86_64")] libc::SYS_alarm,
+    #[cfg(target_arch = "x86_64")] libc::SYS_time,
+    #[cfg(target_arch = "x86_64")] libc::SYS_getpgrp,
+    #[cfg(target_arch = "x86_64")] libc::SYS_arch_prctl,
+];

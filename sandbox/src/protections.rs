@@ -1,0 +1,115 @@
+//! Which confinement layers are active, as found by the probe. Output files record this.
+
+use std::fmt;
+
+use serde::Serialize;
+
+/// One confinement layer: whether it is active, and what it does or why it is off.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Layer {
+    pub active: bool,
+    pub detail: String,
+}
+
+impl Layer {
+    pub(crate) fn on(detail: impl Into<String>) -> Self {
+        Self {
+            active: true,
+            detail: detail.into(),
+        }
+    }
+
+    pub(crate) fn off(why: impl Into<String>) -> Self {
+        Self {
+            active: false,
+            detail: why.into(),
+        }
+    }
+}
+
+/// The protections a [`Sandbox`](crate::Sandbox) runs programs under.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Protections {
+    /// The interpreter programs run with (the real binary, not a wrapper) and its version.
+    pub python: String,
+    /// True when the caller allowed running without file-system and syscall confinement.
+    pub unsafe_mode: bool,
+    /// CPU time, data size, stack, file size, open files, core dumps (and processes with a uid).
+    pub rlimits: Layer,
+    /// New session and process group, killed as a whole; killed when kiln dies.
+    pub process_group: Layer,
+    /// Empty environment, no inherited descriptors, `-I -S`.
+    pub clean_start: Layer,
+    /// A private size-limited tmpfs as the only writable directory (else a plain directory).
+    pub scratch: Layer,
+    /// Landlock: read-only system and interpreter paths, no network ports, no signals out.
+    pub landlock: Layer,
+    /// seccomp: an allow-list of system calls (no sockets, processes, exec, ptrace, mounts).
+    pub seccomp: Layer,
+    /// A network namespace with no interfaces.
+    pub net_namespace: Layer,
+    /// A user namespace.
+    pub user_namespace: Layer,
+    /// An unprivileged uid/gid per slot (when kiln runs as root).
+    pub uid: Layer,
+    /// cgroup memory and process limits per slot.
+    pub cgroup: Layer,
+}
+
+impl Protections {
+    /// The layers by name, in a fixed order.
+    pub fn layers(&self) -> [(&'static str, &Layer); 10] {
+        [
+            ("rlimits", &self.rlimits),
+            ("process_group", &self.process_group),
+            ("clean_start", &self.clean_start),
+            ("scratch", &self.scratch),
+            ("landlock", &self.landlock),
+            ("seccomp", &self.seccomp),
+            ("net_namespace", &self.net_namespace),
+            ("user_namespace", &self.user_namespace),
+            ("uid", &self.uid),
+            ("cgroup", &self.cgroup),
+        ]
+    }
+
+    /// Whether programs are confined at least by file-system or syscall rules.
+    pub fn confined(&self) -> bool {
+        self.landlock.active || self.seccomp.active
+    }
+
+    /// One line: the names of the active layers.
+    pub fn summary(&self) -> String {
+        let on: Vec<&str> = self
+            .layers()
+            .iter()
+            .filter(|(_, l)| l.active)
+            .map(|(n, _)| *n)
+            .collect();
+        let mode = if self.unsafe_mode && !self.confined() {
+            " (UNSAFE: unconfined)"
+        } else {
+            ""
+        };
+        format!(
+            "sandbox: {}{mode}",
+            if on.is_empty() {
+                "none".to_string()
+            } else {
+                on.join(", ")
+            }
+        )
+    }
+}
+
+impl fmt::Display for Protections {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{}", self.summary())?;
+        writeln!(f, "  python          {}", self.python)?;
+        for (name, layer) in self.layers() {
+            let state = if layer.active { "on " } else { "off" };
+            writeln!(f, "  {name:<15} {state} {}", layer.detail)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,444 @@
+//! The sandbox: probed once, then runs Python processes in a pool of slots (one process per slot
+//! at a time; each slot has its own scratch directory, uid and cgroup).
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Instant;
+
+use crate::SandboxError;
+use crate::protections::{Layer, Protections};
+use crate::python::{self, Interpreter};
+use crate::run::{RunLimits, RunOutput, supervise};
+
+#[cfg(target_os = "linux")]
+use crate::linux;
+
+/// How to set up a [`Sandbox`].
+#[derive(Debug, Clone)]
+pub struct SandboxOptions {
+    /// Run even when neither Landlock nor seccomp is available (the CLI's `--unsafe-no-sandbox`).
+    pub allow_unsafe: bool,
+    /// Processes run in parallel; 0 = the number of available cores.
+    pub slots: usize,
+    /// The interpreter; `None` finds `python3` (resolving wrappers such as pyenv shims).
+    pub python: Option<PathBuf>,
+    /// Slot `i` runs as uid/gid `uid_base + i` when kiln runs as root.
+    pub uid_base: u32,
+}
+
+impl Default for SandboxOptions {
+    fn default() -> Self {
+        Self {
+            allow_unsafe: false,
+            slots: 0,
+            python: None,
+            uid_base: 2_000_000_000,
+        }
+    }
+}
+
+/// Runs untrusted Python programs confined. See the crate docs for the layers.
+pub struct Sandbox {
+    protections: Protections,
+    interp: Interpreter,
+    /// The per-sandbox directory (harness, slot scratch directories); removed on drop.
+    root: PathBuf,
+    harness: PathBuf,
+    pool: SlotPool,
+    #[cfg(target_os = "linux")]
+    linux: linux::probe::Probed,
+    #[cfg(not(target_os = "linux"))]
+    work_dirs: Vec<PathBuf>,
+}
+
+static SANDBOXES: AtomicUsize = AtomicUsize::new(0);
+
+impl Sandbox {
+    /// Finds the interpreter, probes which layers work and prepares the slots. Refuses
+    /// ([`SandboxError::Unconfined`]) when neither file-system nor syscall confinement works,
+    /// unless `allow_unsafe`.
+    pub fn new(opts: SandboxOptions) -> Result<Sandbox, SandboxError> {
+        let slots = match opts.slots {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        // SAFETY: plain getter.
+        let is_root = cfg!(unix) && unsafe { libc::geteuid() } == 0;
+        let (interp, skipped) = python::find(opts.python.as_deref(), is_root)?;
+        let name = format!(
+            "kiln-sandbox-{}-{}",
+            std::process::id(),
+            SANDBOXES.fetch_add(1, Ordering::Relaxed)
+        );
+        remove_stale_dirs(&std::env::temp_dir());
+        let root = std::env::temp_dir().join(&name);
+        let dir = |p: &Path, mode: u32| -> Result<(), SandboxError> {
+            use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+            std::fs::DirBuilder::new()
+                .mode(mode)
+                .create(p)
+                .map_err(|e| SandboxError::io(p, e))?;
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| SandboxError::io(p, e))
+        };
+        dir(&root, 0o711)?;
+        let mut sandbox_dirs = RootGuard(Some(root.clone()));
+        let harness_dir = root.join("harness");
+        dir(&harness_dir, 0o755)?;
+        let harness = harness_dir.join("kiln_lcb.py");
+        std::fs::write(&harness, crate::grade::HARNESS)
+            .map_err(|e| SandboxError::io(&harness, e))?;
+        compile_harness(&interp.path, &harness)?;
+        let work_dirs: Vec<PathBuf> = (0..slots).map(|i| root.join(format!("slot{i}"))).collect();
+        for w in &work_dirs {
+            dir(w, 0o700)?;
+        }
+        let mut python = format!("{} ({})", interp.path.display(), interp.version);
+        if !skipped.is_empty() {
+            python += &format!("; skipped {}", skipped.join("; "));
+        }
+        let off = |why: &str| Layer::off(why);
+        #[cfg(target_os = "linux")]
+        let (linux, protections) = {
+            let p = linux::probe::probe(
+                &interp,
+                std::slice::from_ref(&harness_dir),
+                &work_dirs,
+                opts.uid_base,
+                &name,
+            )?;
+            let protections = Protections {
+                python,
+                unsafe_mode: opts.allow_unsafe,
+                rlimits: Layer::on(
+                    "CPU time, RLIMIT_DATA (not AS), stack, file size, open files, no core dumps",
+                ),
+                process_group: Layer::on(
+                    "own session; the whole group is killed; killed when kiln dies (PDEATHSIG)",
+                ),
+                clean_start: Layer::on(
+                    "empty environment, descriptors above 2 closed, python -I -S -B",
+                ),
+                scratch: p.scratch.clone(),
+                landlock: p.landlock.clone(),
+                seccomp: p.seccomp.clone(),
+                net_namespace: p.net_ns.clone(),
+                user_namespace: p.user_ns.clone(),
+                uid: p.uid.clone(),
+                cgroup: p.cgroup.clone(),
+            };
+            (p, protections)
+        };
+        #[cfg(not(target_os = "linux"))]
+        let protections = Protections {
+            python,
+            unsafe_mode: opts.allow_unsafe,
+            rlimits: Layer::on("CPU time, data size, stack, file size, open files, no core dumps"),
+            process_group: Layer::on("own process group, killed as a whole"),
+            clean_start: Layer::on("empty environment, python -I -S -B"),
+            scratch: off("plain directory, emptied after each run"),
+            landlock: off("Linux only"),
+            seccomp: off("Linux only"),
+            net_namespace: off("Linux only"),
+            user_namespace: off("Linux only"),
+            uid: off("Linux only"),
+            cgroup: off("Linux only"),
+        };
+        let _ = off;
+        refuse_unconfined(&protections, opts.allow_unsafe)?;
+        sandbox_dirs.0 = None;
+        let sandbox = Sandbox {
+            protections,
+            interp,
+            root,
+            harness,
+            pool: SlotPool::new(slots),
+            #[cfg(target_os = "linux")]
+            linux,
+            #[cfg(not(target_os = "linux"))]
+            work_dirs,
+        };
+        sandbox.self_test()?;
+        Ok(sandbox)
+    }
+
+    /// The layers programs run under (record them next to any results).
+    pub fn protections(&self) -> &Protections {
+        &self.protections
+    }
+
+    /// The number of processes that run in parallel.
+    pub fn slots(&self) -> usize {
+        self.pool.size
+    }
+
+    /// The interpreter programs run with.
+    pub fn python(&self) -> &Path {
+        &self.interp.path
+    }
+
+    /// This sandbox's own directory (the harness and the slots' scratch directories); every
+    /// sandboxed process names it on its command line. Removed when the sandbox is dropped.
+    pub fn directory(&self) -> &Path {
+        &self.root
+    }
+
+    /// The arguments that run the harness (imported from its directory, so its bytecode,
+    /// compiled once here, is reused).
+    pub(crate) fn harness_args(&self) -> [String; 3] {
+        let dir = self.harness.parent().expect("harness directory");
+        [
+            "-c".to_string(),
+            "import sys; sys.path.insert(0, sys.argv[1]); import kiln_lcb".to_string(),
+            dir.to_string_lossy().into_owned(),
+        ]
+    }
+
+    /// Runs `python -I -S -B <args>` confined in a free slot, with `stdin` as its input.
+    pub fn run_python(
+        &self,
+        args: &[&str],
+        stdin: &[u8],
+        limits: &RunLimits,
+    ) -> Result<RunOutput, SandboxError> {
+        let slot = self.pool.acquire();
+        let result = self.run_in_slot(slot.index, args, stdin, limits);
+        drop(slot);
+        result
+    }
+
+    #[cfg(target_os = "linux")]
+    fn run_in_slot(
+        &self,
+        slot: usize,
+        args: &[&str],
+        stdin: &[u8],
+        limits: &RunLimits,
+    ) -> Result<RunOutput, SandboxError> {
+        let res = &self.linux.slots[slot];
+        if !self.linux.layers.tmpfs {
+            empty_dir(&res.work).map_err(|e| SandboxError::io(&res.work, e))?;
+        }
+        let oom_before = match &res.cgroup {
+            Some(g) => {
+                g.set_memory(limits.memory_bytes.saturating_add(128 << 20))
+                    .map_err(SandboxError::Spawn)?;
+                g.oom_kills()
+            }
+            None => 0,
+        };
+        let mut full: Vec<&OsStr> = vec![OsStr::new("-I"), OsStr::new("-S"), OsStr::new("-B")];
+        full.extend(args.iter().map(OsStr::new));
+        let start = Instant::now();
+        let child = self
+            .linux
+            .platform
+            .spawn(&self.linux.layers, res, &full, limits)?;
+        let mut out = supervise(child, stdin, limits, start)
+            .map_err(|e| SandboxError::Spawn(e.to_string()))?;
+        if let Some(g) = &res.cgroup {
+            out.oom_killed = g.oom_kills() > oom_before;
+        }
+        Ok(out)
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn run_in_slot(
+        &self,
+        slot: usize,
+        args: &[&str],
+        stdin: &[u8],
+        limits: &RunLimits,
+    ) -> Result<RunOutput, SandboxError> {
+        crate::fallback::run(
+            &self.interp.path,
+            &self.work_dirs[slot],
+            args,
+            stdin,
+            limits,
+        )
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// Removes the sandbox directory if `Sandbox::new` fails half-way.
+struct RootGuard(Option<PathBuf>);
+
+impl Drop for RootGuard {
+    fn drop(&mut self) {
+        if let Some(p) = &self.0 {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+/// Compiles the harness to bytecode next to it (our own file, compiled by the interpreter outside
+/// the sandbox; the runs only read it).
+fn compile_harness(python: &Path, harness: &Path) -> Result<(), SandboxError> {
+    let out = std::process::Command::new(python)
+        .args([
+            "-I",
+            "-S",
+            "-c",
+            "import py_compile, sys; py_compile.compile(sys.argv[1], doraise=True)",
+        ])
+        .arg(harness)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| SandboxError::Spawn(format!("{}: {e}", python.display())))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(SandboxError::Spawn(format!(
+            "compiling the harness: {}",
+            err.trim()
+        )));
+    }
+    Ok(())
+}
+
+/// The pid in a name `kiln-sandbox-<pid>-...` if that process is gone (a sandbox that was never
+/// dropped: killed, or held in a static). Only where `/proc` tells.
+pub(crate) fn stale_owner(name: &str) -> Option<u32> {
+    let pid: u32 = name
+        .strip_prefix("kiln-sandbox-")?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()?;
+    let proc_fs = Path::new("/proc/self").exists();
+    (proc_fs && !Path::new(&format!("/proc/{pid}")).exists()).then_some(pid)
+}
+
+/// The rule: no untrusted code without file-system or syscall confinement, unless asked.
+fn refuse_unconfined(p: &Protections, allow_unsafe: bool) -> Result<(), SandboxError> {
+    if p.confined() || allow_unsafe {
+        Ok(())
+    } else {
+        Err(SandboxError::Unconfined(p.summary()))
+    }
+}
+
+/// Removes the directories of sandboxes whose process is gone.
+fn remove_stale_dirs(temp: &Path) {
+    for entry in std::fs::read_dir(temp).into_iter().flatten().flatten() {
+        if stale_owner(&entry.file_name().to_string_lossy()).is_some() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Removes everything inside `dir` (a plain scratch directory between runs).
+pub(crate) fn empty_dir(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let p = entry?.path();
+        if p.is_dir() && !p.is_symlink() {
+            std::fs::remove_dir_all(&p)?
+        } else {
+            std::fs::remove_file(&p)?
+        }
+    }
+    Ok(())
+}
+
+/// Free slot indices.
+struct SlotPool {
+    size: usize,
+    free: Mutex<Vec<usize>>,
+    ready: Condvar,
+}
+
+struct SlotGuard<'a> {
+    pool: &'a SlotPool,
+    index: usize,
+}
+
+impl SlotPool {
+    fn new(size: usize) -> Self {
+        Self {
+            size,
+            free: Mutex::new((0..size).rev().collect()),
+            ready: Condvar::new(),
+        }
+    }
+
+    fn acquire(&self) -> SlotGuard<'_> {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(index) = free.pop() {
+                return SlotGuard { pool: self, index };
+            }
+            free = self.ready.wait(free).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        self.pool
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(self.index);
+        self.pool.ready.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn protections(landlock: bool, seccomp: bool) -> Protections {
+        let l = |on: bool| {
+            if on {
+                Layer::on("x")
+            } else {
+                Layer::off("unavailable")
+            }
+        };
+        Protections {
+            python: "python3".into(),
+            unsafe_mode: false,
+            rlimits: l(true),
+            process_group: l(true),
+            clean_start: l(true),
+            scratch: l(true),
+            landlock: l(landlock),
+            seccomp: l(seccomp),
+            net_namespace: l(true),
+            user_namespace: l(true),
+            uid: l(true),
+            cgroup: l(true),
+        }
+    }
+
+    #[test]
+    fn refuses_without_file_system_and_syscall_confinement() {
+        let none = protections(false, false);
+        let err = refuse_unconfined(&none, false).unwrap_err();
+        assert!(matches!(err, SandboxError::Unconfined(_)));
+        assert!(err.to_string().contains("--unsafe-no-sandbox"), "{err}");
+        assert!(refuse_unconfined(&none, true).is_ok());
+        assert!(refuse_unconfined(&protections(true, false), false).is_ok());
+        assert!(refuse_unconfined(&protections(false, true), false).is_ok());
+    }
+
+    #[test]
+    fn stale_sandboxes_are_recognised_by_a_dead_pid() {
+        assert_eq!(
+            stale_owner(&format!("kiln-sandbox-{}-0", std::process::id())),
+            None
+        );
+        assert_eq!(
+            stale_owner("kiln-sandbox-4000000000-3-slot1"),
+            Some(4_000_000_000)
+        );
+        assert_eq!(stale_owner("other-123"), None);
+    }
+}

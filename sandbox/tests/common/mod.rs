@@ -1,0 +1,96 @@
+//! Shared helpers of the sandbox tests.
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+
+use kiln_sandbox::{Sandbox, SandboxOptions};
+
+/// One sandbox per test binary (the probe takes a few hundred milliseconds).
+pub fn sandbox() -> &'static Sandbox {
+    static S: OnceLock<Sandbox> = OnceLock::new();
+    S.get_or_init(|| {
+        Sandbox::new(SandboxOptions {
+            slots: 2,
+            ..SandboxOptions::default()
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot set up the sandbox: {e}\nThese tests need Python 3.9+ as `python3` (e.g. \
+                 `apt-get install python3`) and a Linux kernel with Landlock or seccomp."
+            )
+        })
+    })
+}
+
+/// Whether a layer must be active here, from what the kernel and kiln's privileges allow
+/// (on the development machine — root, Landlock ABI 7, cgroup v1 — all of them).
+pub fn expect_layer(name: &str) -> bool {
+    if !cfg!(target_os = "linux") {
+        return matches!(name, "rlimits" | "process_group" | "clean_start");
+    }
+    // SAFETY: plain getter.
+    let root = unsafe { libc::geteuid() } == 0;
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let userns = root
+        || (read("/proc/sys/user/max_user_namespaces")
+            .trim()
+            .parse::<u64>()
+            .unwrap_or(0)
+            > 0
+            && read("/proc/sys/kernel/unprivileged_userns_clone").trim() != "0"
+            && read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").trim() != "1");
+    match name {
+        // SAFETY: with a null attribute and size 0 this only returns the ABI version.
+        "landlock" => unsafe {
+            libc::syscall(
+                libc::SYS_landlock_create_ruleset,
+                std::ptr::null::<u8>(),
+                0usize,
+                1u32,
+            ) >= 1
+        },
+        "seccomp" => read("/proc/self/status").contains("Seccomp:"),
+        "net_namespace" | "user_namespace" | "scratch" => userns,
+        "uid" => root,
+        "cgroup" => root && std::path::Path::new("/sys/fs/cgroup/memory/tasks").exists(),
+        _ => true,
+    }
+}
+
+/// Processes still running that belong to this sandbox (their command line names its directory).
+pub fn leftovers() -> Vec<String> {
+    let marker = sandbox().directory().to_string_lossy().into_owned();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(&marker) {
+            found.push(format!("{name}: {cmd}"));
+        }
+    }
+    found
+}
+
+/// A unique name for files a test plants or checks.
+pub fn unique(tag: &str) -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "kiln-test-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Serialises tests that check for leftover processes (tests of one binary run in parallel and
+/// share the sandbox).
+pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
