@@ -46,6 +46,11 @@ pub enum Error {
     /// Input that is wrong regardless of any file (bad shapes, empty prompts, bad parameters).
     #[error("{0}")]
     InvalidInput(String),
+    /// The sandbox that runs model-written programs could not be set up (or refuses to run
+    /// unconfined).
+    #[cfg(feature = "code")]
+    #[error(transparent)]
+    Sandbox(#[from] kiln_sandbox::SandboxError),
 }
 
 impl Error {

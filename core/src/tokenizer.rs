@@ -6,6 +6,7 @@
 //!
 //! [`chat_template`] renders the model's Hugging Face chat template.
 
+#[cfg(feature = "code")]
 pub mod chat_template;
 
 use std::path::{Path, PathBuf};
@@ -152,6 +153,7 @@ impl Tokenizer {
         self.pad_token.as_deref().and_then(|t| self.token_id(t))
     }
 
+    #[cfg(feature = "code")]
     /// The chat template of the model directory this was loaded from (see
     /// [`chat_template::ChatTemplate::from_model_dir`]); `None` when it has none. Read on demand,
     /// so a tokenizer whose template kiln cannot parse still encodes.

@@ -1,8 +1,12 @@
 //! Subcommands of the `kiln` binary, one module each.
 
 mod bench;
+#[cfg(feature = "code")]
+mod code;
 mod data;
 mod eval;
+#[cfg(feature = "code")]
+mod eval_code;
 mod generate;
 mod init;
 mod logprobs;
@@ -46,10 +50,13 @@ enum Command {
     Opd(rl::RlArgs),
     /// Generate task data.
     Data(data::DataArgs),
-    /// Evaluate checkpoints (Interplay); score generations: answers, strict graphs, gold graphs.
+    /// Evaluate checkpoints (Interplay, code); score generations: answers, strict graphs, gold graphs.
     Eval(eval::EvalArgs),
     /// Charts (SVG) of evaluation results.
     Plot(plot::PlotArgs),
+    /// Code problems: grade completions by running them in the sandbox.
+    #[cfg(feature = "code")]
+    Code(code::CodeArgs),
 }
 
 impl Cli {
@@ -67,6 +74,8 @@ impl Cli {
             Command::Data(args) => data::run(args),
             Command::Eval(args) => eval::run(args),
             Command::Plot(args) => plot::run(args),
+            #[cfg(feature = "code")]
+            Command::Code(args) => code::run(args),
         }
     }
 }

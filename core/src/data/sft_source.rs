@@ -25,7 +25,6 @@ use sha2::{Digest, Sha256};
 
 use super::chat::{Message, SftRow};
 use crate::error::{Error, Result};
-use crate::io::parquet::read_parquet_columns;
 use crate::io::jsonl_records;
 
 /// The columns that make a conversation.
@@ -170,7 +169,7 @@ pub fn read_sft_rows(source: &SftSource) -> Result<SftRows> {
             };
             let mut wanted = names.clone();
             wanted.extend(key.filter(|k| !names.contains(k)));
-            let rows = read_parquet_columns(file, &wanted)?;
+            let rows = read_parquet(file, &wanted)?;
             rows.into_iter().enumerate().map(|(i, row)| (Place::Row(i + 1), row)).collect()
         } else {
             jsonl_records(file)?.map(|r| r.map(|r| (Place::Line(r.line), r.fields))).collect::<Result<_>>()?
@@ -216,6 +215,17 @@ pub fn read_sft_rows(source: &SftSource) -> Result<SftRows> {
     report.heldout_keys_sha256 = Some(hex(&Sha256::digest(held_keys.join("\n").as_bytes())));
     let (heldout, train): (Vec<_>, Vec<_>) = examples.into_iter().zip(held).partition(|(_, h)| *h);
     Ok(SftRows { train: train.into_iter().map(|(e, _)| e).collect(), heldout: heldout.into_iter().map(|(e, _)| e).collect(), report })
+}
+
+/// The chosen columns of a Parquet file's rows.
+#[cfg(feature = "code")]
+fn read_parquet(file: &Path, columns: &[&str]) -> Result<Vec<Map<String, Value>>> {
+    crate::io::parquet::read_parquet_columns(file, columns)
+}
+
+#[cfg(not(feature = "code"))]
+fn read_parquet(file: &Path, _columns: &[&str]) -> Result<Vec<Map<String, Value>>> {
+    Err(Error::data(file, None, "reading Parquet needs kiln-core's `code` feature (on by default in kiln)"))
 }
 
 /// `true` for the `heldout` keys with the smallest SHA-256 digests (ties by position).
@@ -278,7 +288,7 @@ fn wildcard_match(pattern: &str, name: &str) -> bool {
     true
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "code"))]
 mod tests {
     use super::*;
 

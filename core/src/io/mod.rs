@@ -5,6 +5,7 @@
 
 pub mod atomic;
 pub mod jsonl;
+#[cfg(feature = "code")]
 pub mod parquet;
 pub mod pyjson;
 pub mod python;

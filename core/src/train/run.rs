@@ -58,6 +58,7 @@ impl RunConfig {
     pub fn from_toml(path: &Path, text: &str) -> Result<Self> {
         let mut config: RunConfig = read_config(path, text, Family::NextToken)?;
         resolve_shared(base_dir(path), &mut config.model, &mut config.data, &mut config.output, &mut config.eval);
+        config.task.resolve_paths(base_dir(path));
         config.check().map_err(|message| Error::config(path, message))?;
         Ok(config)
     }
@@ -241,7 +242,7 @@ fn mixture_of(data: &MixtureData) -> Result<(Preset, f64)> {
     Ok((preset, budget))
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "code"))]
 mod tests {
     use super::*;
     use crate::data::sft_source::SftColumns;

@@ -95,27 +95,29 @@ impl CodePrompt {
 
 /// The prompt of `problem` under `template`.
 pub fn code_prompt(template: PromptTemplate, problem: &Problem) -> CodePrompt {
+    code_prompt_parts(template, &problem.question_content, &problem.starter_code)
+}
+
+/// The prompt of a question (and its starter code, `""` for none) under `template`.
+pub fn code_prompt_parts(template: PromptTemplate, question: &str, starter_code: &str) -> CodePrompt {
     let message = |role: &str, content: String| Message { role: role.into(), content };
+    // Python's truthiness of `question.starter_code`.
+    let starter = Some(starter_code).filter(|s| !s.is_empty());
     match template {
-        PromptTemplate::LcbQwen => CodePrompt::Raw(format!("{SYSTEM_MESSAGE_CODEQWEN}\n\n{}", codeqwen_question(problem))),
-        PromptTemplate::Lighteval => CodePrompt::Chat(vec![message("user", lighteval_query(problem))]),
+        PromptTemplate::LcbQwen => CodePrompt::Raw(format!("{SYSTEM_MESSAGE_CODEQWEN}\n\n{}", codeqwen_question(question, starter))),
+        PromptTemplate::Lighteval => CodePrompt::Chat(vec![message("user", lighteval_query(question, starter))]),
         PromptTemplate::Generic => CodePrompt::Chat(vec![
             message("system", SYSTEM_MESSAGE_GENERIC.into()),
-            message("user", generic_question(problem)),
+            message("user", generic_question(question, starter)),
         ]),
     }
 }
 
-/// The starter code, or `None` when empty (Python's truthiness of `question.starter_code`).
-fn starter(problem: &Problem) -> Option<&str> {
-    Some(problem.starter_code.as_str()).filter(|s| !s.is_empty())
-}
-
 /// LiveCodeBench `get_codeqwen_question_template_answer`.
-fn codeqwen_question(problem: &Problem) -> String {
+fn codeqwen_question(question: &str, starter: Option<&str>) -> String {
     let mut prompt = format!("{TASK_SENTENCE} You will NOT return anything except for the program.\n\n");
-    prompt += &format!("Question: {}\n\n", problem.question_content);
-    match starter(problem) {
+    prompt += &format!("Question: {question}\n\n");
+    match starter {
         Some(code) => prompt += &format!("{FORMATTING_MESSAGE_WITH_STARTER_CODE}\n```python\n{code}\n```\n\n<|im_end|>\n"),
         None => prompt += &format!("{FORMATTING_WITHOUT_STARTER_CODE}\n```python\n# YOUR CODE HERE\n```\n\n<|im_end|>\n"),
     }
@@ -123,10 +125,10 @@ fn codeqwen_question(problem: &Problem) -> String {
 }
 
 /// lighteval `prepare_prompt`.
-fn lighteval_query(problem: &Problem) -> String {
+fn lighteval_query(question: &str, starter: Option<&str>) -> String {
     let mut query = format!("{TASK_SENTENCE}\n\n");
-    query += &format!("Question: {}\n\n", problem.question_content);
-    match starter(problem) {
+    query += &format!("Question: {question}\n\n");
+    match starter {
         Some(code) => query += &format!("{FORMATTING_MESSAGE_WITH_STARTER_CODE}\n```python\n{code}\n```\n\n"),
         None => query += &format!("{FORMATTING_WITHOUT_STARTER_CODE}\n```python\n# YOUR CODE HERE\n```\n\n"),
     }
@@ -134,9 +136,9 @@ fn lighteval_query(problem: &Problem) -> String {
 }
 
 /// LiveCodeBench `get_generic_question_template_answer`.
-fn generic_question(problem: &Problem) -> String {
-    let mut prompt = format!("### Question:\n{}\n\n", problem.question_content);
-    match starter(problem) {
+fn generic_question(question: &str, starter: Option<&str>) -> String {
+    let mut prompt = format!("### Question:\n{question}\n\n");
+    match starter {
         Some(code) => prompt += &format!("### Format: {FORMATTING_MESSAGE_WITH_STARTER_CODE}\n```python\n{code}\n```\n\n"),
         None => prompt += &format!("### Format: {FORMATTING_WITHOUT_STARTER_CODE}\n```python\n# YOUR CODE HERE\n```\n\n"),
     }

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::problem::{ContestDate, Problem, RawProblem};
 use crate::error::{Error, Result};
+use crate::tasks::Source;
 
 /// The release files in order, with their problem counts.
 pub const RELEASE_FILES: [(&str, usize); 6] = [
@@ -133,6 +134,11 @@ pub struct Selection {
 /// before their tests are decoded. Errors name the file and line; a question id seen twice is
 /// an error.
 pub fn load_problems(path: &Path, selection: &Selection) -> Result<Vec<Problem>> {
+    Ok(load_selected(path, selection)?.into_iter().map(|(problem, _)| problem).collect())
+}
+
+/// [`load_problems`], with the file and line each problem was read from.
+pub fn load_selected(path: &Path, selection: &Selection) -> Result<Vec<(Problem, Source)>> {
     let files: Vec<PathBuf> = if path.is_dir() {
         let release = selection.release.as_ref().ok_or_else(|| {
             Error::InvalidInput(format!("{} is a directory: name the release to read from it (e.g. --release v6)", path.display()))
@@ -152,7 +158,7 @@ pub fn load_problems(path: &Path, selection: &Selection) -> Result<Vec<Problem>>
         }
         vec![path.to_path_buf()]
     };
-    let mut problems: Vec<Problem> = Vec::new();
+    let mut problems: Vec<(Problem, Source)> = Vec::new();
     let mut seen = std::collections::HashMap::new();
     for file in files {
         let reader = BufReader::new(File::open(&file).map_err(|e| Error::io(&file, e))?);
@@ -170,7 +176,7 @@ pub fn load_problems(path: &Path, selection: &Selection) -> Result<Vec<Problem>>
             if let Some((first_file, first_line)) = seen.insert(raw.question_id.clone(), (file.clone(), line_no)) {
                 return Err(at(format!("question_id {:?} already appears in {} line {first_line}", raw.question_id, first_file.display())));
             }
-            problems.push(raw.decode().map_err(at)?);
+            problems.push((raw.decode().map_err(at)?, Source { file: file.clone(), line: line_no }));
         }
     }
     Ok(problems)
