@@ -295,6 +295,18 @@ dir = "out"
     }
 
     #[test]
+    fn the_codeforces_cots_example_config_reads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/configs/sft_codeforces_cots.toml");
+        let config = RunConfig::from_toml(&path, &std::fs::read_to_string(&path).unwrap()).unwrap();
+        let DataSection::Sft(sft) = &config.data else { panic!("{:?}", config.data) };
+        assert!(sft.path.ends_with("codeforces-cots/data/solutions_py_decontaminated/train-*.parquet"));
+        assert_eq!((sft.columns.as_ref().and_then(|c| c.completion.as_deref()), sft.heldout), (Some("generation"), Some(128)));
+        assert_eq!((config.train.micro_batch, config.train.grad_accum, config.eval.every), (Some(1), Some(18), Some(20)));
+        let schedule = config.schedule.build(&Defaults::NEXT_TOKEN, 1e-5, 120).unwrap();
+        assert_eq!((schedule.warmup_steps, schedule.lr(119)), (4, 1e-6));
+    }
+
+    #[test]
     fn the_first_spellings_of_the_sft_keys_still_read() {
         let old = PARQUET_SFT
             .replace("kind = \"sft\"\npath", "sft")
