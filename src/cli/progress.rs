@@ -20,6 +20,7 @@ pub fn counter(total: u64, unit: &str) -> ProgressBar {
 }
 
 /// A bar counting `total` items of `unit`, with the rate and the time left.
+#[cfg_attr(not(feature = "code"), allow(dead_code))]
 pub fn with_eta(total: u64, unit: &str) -> ProgressBar {
     let bar = ProgressBar::new(total);
     let template = format!("{{elapsed_precise}} [{{bar:30}}] {{pos}}/{{len}} {unit} ({{per_sec}}, ETA {{eta}}) {{msg}}");

@@ -210,6 +210,7 @@ mod tests {
         assert_eq!(a.messages(), b.messages());
     }
 
+    #[cfg(feature = "code")]
     #[test]
     fn the_chatml_text_is_qwen2_5_s_chat_template_and_codeforces_rows_report_their_code() {
         use crate::data::sft_source::{SftColumns, SftSource, read_sft_rows};
