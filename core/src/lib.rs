@@ -8,13 +8,16 @@
 
 pub mod data;
 pub mod error;
+#[cfg(feature = "eval")]
 pub mod eval;
 pub mod generate;
 pub mod io;
 pub mod metrics;
 pub mod model;
+#[cfg(feature = "plot")]
 pub mod plot;
 pub mod rl;
+#[cfg(feature = "tasks")]
 pub mod tasks;
 pub mod train;
 pub mod tokenizer;

@@ -2,6 +2,7 @@
 //! [`Task`](crate::tasks::Task) interface), SFT chat rows.
 
 pub mod chat;
+#[cfg(feature = "tasks")]
 pub mod corpus;
 pub mod mixture;
 pub mod packing;

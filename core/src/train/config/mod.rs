@@ -23,7 +23,7 @@
 //! the line.
 
 pub mod legacy;
-#[cfg(test)]
+#[cfg(all(test, feature = "tasks"))]
 mod tests;
 
 use std::path::{Path, PathBuf};
@@ -60,7 +60,7 @@ impl Defaults {
     /// HF Trainer's (`lr` and `micro_batch` must be given).
     pub const NEXT_TOKEN: Defaults =
         Defaults { lr: None, weight_decay: 0.0, schedule: ScheduleKind::Linear, micro_batch: None, save_steps: None, eval_every: None };
-    /// The seed's verl settings (spec §6.1).
+    /// The seed's verl settings (`docs/interplay.md` §6.1).
     pub const POLICY_GRADIENT: Defaults = Defaults {
         lr: Some(1e-6),
         weight_decay: 0.01,
@@ -448,6 +448,7 @@ pub fn base_dir(path: &Path) -> &Path {
 }
 
 /// Resolves the paths of the shared sections against the config's directory.
+#[cfg(feature = "tasks")]
 pub(crate) fn resolve_shared(base: &Path, model: &mut ModelSection, data: &mut DataSection, output: &mut OutputSection, eval: &mut EvalSection) {
     let fix = |p: &mut PathBuf| resolve(base, p);
     model.init.iter_mut().chain(model.from.iter_mut()).chain(model.tokenizer.iter_mut()).for_each(fix);
