@@ -234,6 +234,7 @@ impl PgConfig {
         self.from_dir()?;
         let prompts = self.prompts()?;
         t.total_steps(|_| 0)?;
+        self.output.time_budget()?;
         if prompts.dir.is_some() != prompts.files.is_empty() {
             return Err("[data] needs exactly one of `dir` (per-op files) or `files`".into());
         }

@@ -269,6 +269,15 @@ pub struct OutputSection {
 }
 
 impl OutputSection {
+    /// The time budget, if any; it must be a finite number of seconds, at least 0.
+    pub fn time_budget(&self) -> std::result::Result<Option<std::time::Duration>, String> {
+        match self.time_budget_s {
+            None => Ok(None),
+            Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(std::time::Duration::from_secs_f64(s))),
+            Some(s) => Err(format!("[output] time_budget_s must be a finite number of seconds >= 0 (got {s})")),
+        }
+    }
+
     /// When to save.
     pub fn save_policy(&self, defaults: &Defaults) -> SavePolicy {
         SavePolicy {
@@ -392,8 +401,11 @@ pub struct PromptData {
 fn default_preset_task() -> String {
     "composition-10B/op_level".into()
 }
+/// The default `cutoff_len`; a model with a shorter context cuts it to its context.
+pub const DEFAULT_CUTOFF: usize = 2048;
+
 fn default_cutoff() -> usize {
-    2048
+    DEFAULT_CUTOFF
 }
 fn default_prompt_length() -> usize {
     1024
