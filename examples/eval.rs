@@ -23,6 +23,7 @@ use kiln::model::hf::{self, SaveDtype};
 use kiln::model::{Qwen2, Qwen2Config};
 use kiln::tasks::interplay::dataset::{Split, write_split};
 use kiln::tasks::interplay::eval::EvalData;
+use kiln::tasks::interplay::tiny_model::write_tiny_model;
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -47,14 +48,17 @@ struct Args {
     max_new_tokens: usize,
 }
 
-/// The tokenizer files shipped with the repository's test fixtures (the paper's tokenizer).
-fn tokenizer_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/interplay/qwen2_100M")
+/// The paper's tokenizer, written from the library's own data into `work/tokenizer`.
+fn tokenizer_dir(work: &std::path::Path) -> Result<PathBuf> {
+    let dir = work.join("tokenizer");
+    write_tiny_model(&dir)?;
+    Ok(dir)
 }
 
 /// A miniature release and test split under `work` (kept if already there).
 fn miniature(work: &std::path::Path) -> Result<(PathBuf, PathBuf)> {
     let release = work.join("release");
+    let tokenizer = tokenizer_dir(work)?;
     let config: Qwen2Config = serde_json::from_str(
         r#"{"vocab_size": 2200, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": true,
@@ -64,7 +68,7 @@ fn miniature(work: &std::path::Path) -> Result<(PathBuf, PathBuf)> {
         let dir = release.join(dir);
         if !dir.join("config.json").is_file() {
             let model: Qwen2<Cpu> = Qwen2::random(&config, seed as u64, &Default::default())?;
-            hf::save(&model, &dir, SaveDtype::F32, Some(&tokenizer_dir()))?;
+            hf::save(&model, &dir, SaveDtype::F32, Some(&tokenizer))?;
         }
     }
     let data = work.join("data");

@@ -105,3 +105,63 @@ fn resumed_run_is_bit_identical_to_an_uninterrupted_one() {
     let (a, b) = (model_a.to_hf_tensors(), model_b.to_hf_tensors());
     assert!(a.iter().zip(&b).all(|((sa, va), (sb, vb))| sa == sb && va == vb), "final weights differ");
 }
+
+/// Next-token loss whose loss is NaN at one step (index `poisoned`), as a diverging run has.
+struct PoisonedStep {
+    inner: NextTokenLoss,
+    poisoned: u64,
+    step: u64,
+}
+
+impl kiln::train::Objective<B> for PoisonedStep {
+    type Micro = <NextTokenLoss as kiln::train::Objective<B>>::Micro;
+
+    fn updates(&mut self, model: &Qwen2<B>, step: u64) -> kiln::Result<Vec<Vec<Self::Micro>>> {
+        self.step = step;
+        self.inner.updates(model, step)
+    }
+
+    fn loss(&mut self, model: &Qwen2<B>, micro: &Self::Micro) -> kiln::Result<(burn::tensor::Tensor<B, 1>, serde_json::Map<String, Value>)> {
+        let (loss, metrics) = self.inner.loss(model, micro)?;
+        Ok((if self.step == self.poisoned { loss.mul_scalar(f64::NAN) } else { loss }, metrics))
+    }
+
+    fn state(&self) -> Value {
+        kiln::train::Objective::<B>::state(&self.inner)
+    }
+
+    fn restore(&mut self, state: &Value) -> kiln::Result<()> {
+        kiln::train::Objective::<B>::restore(&mut self.inner, state)
+    }
+}
+
+/// A non-finite gradient norm skips the update (verl's rule): the weights and the optimizer
+/// state after that step are those before it, the step is counted in the metrics, and training
+/// goes on.
+#[test]
+fn a_non_finite_gradient_norm_skips_the_update() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let mut config = loop_config(&out, 3, None);
+    config.save = SavePolicy { every: Some(1.0), ..Default::default() };
+    let mut objective = PoisonedStep { inner: NextTokenLoss::new(samples(40), 2, 2, 1, 7).unwrap(), poisoned: 1, step: 0 };
+    let device = Default::default();
+    let start = Start::new(&config, false, &mut objective, &device, || Qwen2::random(&self::config(), 11, &device)).unwrap();
+    let (model, summary) = train(start, &mut objective, &config, |_| Ok(Default::default()), |_| {}).unwrap();
+    assert_eq!(summary.steps, 3);
+
+    let records = read_metrics(&out.join("metrics.jsonl")).unwrap();
+    assert_eq!(records[0].get("skipped_updates"), None, "nothing to count before the first skip");
+    assert_eq!((records[1]["skipped_updates"].as_u64(), records[1]["grad_norm"].as_f64()), (Some(1), None));
+    assert_eq!(records[2]["skipped_updates"].as_u64(), Some(0));
+    assert!(records[2]["loss"].as_f64().is_some_and(f64::is_finite));
+
+    let bytes = |step: u64, file: &str| std::fs::read(out.join(format!("checkpoint-{step}")).join(file)).unwrap();
+    for file in ["model.safetensors", "optimizer.safetensors"] {
+        assert!(bytes(1, file) == bytes(2, file), "{file} changed by the skipped update");
+        assert!(bytes(2, file) != bytes(3, file), "{file}: the next update applies");
+    }
+    let state: Value = serde_json::from_slice(&bytes(2, "trainer_state.json")).unwrap();
+    assert_eq!((state["step"].as_u64(), state["optimizer_step"].as_u64()), (Some(2), Some(1)));
+    assert!(model.to_hf_tensors().iter().all(|(_, values)| values.iter().all(|v| v.is_finite())));
+}

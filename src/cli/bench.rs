@@ -25,19 +25,27 @@ pub struct BenchArgs {
     model: Option<PathBuf>,
     #[arg(long, default_value = "cpu", value_parser = super::parse_backend)]
     backend: DeviceSpec,
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = positive)]
     batch: usize,
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = positive)]
     prompt_len: usize,
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = positive)]
     new_tokens: usize,
     /// Timed repetitions (the best is reported); one untimed warm-up run precedes them.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = positive)]
     repeats: usize,
     /// Measure training steps instead (AdamW, batch × prompt-len tokens; the median of
     /// `--repeats` steps after 2 warm-up steps is reported).
     #[arg(long)]
     train: bool,
+}
+
+/// A count of at least 1.
+fn positive(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("expected a whole number of at least 1, got {text:?}")),
+    }
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {

@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use burn::tensor::backend::Backend;
 use clap::Args;
 use kiln::backends::{DeviceSpec, Job};
@@ -42,13 +42,13 @@ impl Job for LogprobsJob {
 
     fn run<B: Backend>(self, device: B::Device) -> Result<()> {
         let args = self.0;
-        let ids = match (&args.text, &args.ids) {
-            (Some(text), None) => Tokenizer::from_file(&args.model)?.encode(text)?,
-            (None, Some(ids)) => super::parse_ids(ids)?,
+        let (ids, input) = match (&args.text, &args.ids) {
+            (Some(text), None) => (Tokenizer::from_file(&args.model)?.encode(text)?, "--text"),
+            (None, Some(ids)) => (super::parse_ids(ids)?, "--ids"),
             _ => bail!("give one of --text or --ids"),
         };
         let model = hf::load::<B>(&args.model, &device)?;
-        let logprobs = sequence_logprobs(&model, std::slice::from_ref(&ids), 512)?.remove(0);
+        let logprobs = sequence_logprobs(&model, std::slice::from_ref(&ids), 512).context(input)?.remove(0);
         let mut out = std::io::stdout().lock();
         if args.json {
             writeln!(out, "{}", serde_json::json!({ "ids": ids, "logprobs": logprobs }))?;

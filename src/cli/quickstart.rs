@@ -31,13 +31,21 @@ pub struct QuickstartArgs {
     #[arg(long, default_value = "kiln-quickstart")]
     out: PathBuf,
     /// Pre-training steps (8 packed 512-token blocks each).
-    #[arg(long, default_value_t = 150)]
+    #[arg(long, default_value_t = 150, value_parser = clap::value_parser!(u64).range(1..))]
     steps: u64,
     /// Wall-clock budget for pre-training, in minutes (it stops cleanly and saves).
-    #[arg(long, default_value_t = 6.0)]
+    #[arg(long, default_value_t = 6.0, value_parser = minutes)]
     minutes: f64,
     #[arg(long, default_value = "cpu", value_parser = super::parse_backend)]
     backend: DeviceSpec,
+}
+
+/// A finite, non-negative number of minutes.
+fn minutes(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(m) if m.is_finite() && m >= 0.0 => Ok(m),
+        _ => Err(format!("expected a finite number of minutes >= 0, got {text:?}")),
+    }
 }
 
 pub fn run(args: QuickstartArgs) -> Result<()> {

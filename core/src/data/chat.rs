@@ -7,11 +7,14 @@
 //! the `<|im_start|>assistant\n` headers) is context only. The whole text is tokenized at once
 //! and targets are chosen by character offsets, so the ids equal `tokenizer(apply_chat_template(...))`.
 
+#[cfg(feature = "tasks")]
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 use super::sample::Sample;
+#[cfg(feature = "tasks")]
 use super::sft_source::{SftExample, SftSource, read_sft_rows};
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
@@ -57,6 +60,60 @@ impl SftRow {
             }
         }
     }
+}
+
+/// The columns that make a conversation.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SftColumns {
+    /// A list of `{role, content}` messages ...
+    pub messages: Option<String>,
+    /// ... or a prompt (user turn or messages) and a completion (assistant turn or messages).
+    pub prompt: Option<String>,
+    pub completion: Option<String>,
+}
+
+impl SftColumns {
+    /// The column names to read; an error unless exactly one of the two shapes is given.
+    pub fn names(&self) -> Result<Vec<&str>> {
+        match (&self.messages, &self.prompt, &self.completion) {
+            (Some(m), None, None) => Ok(vec![m]),
+            (None, Some(p), Some(c)) => Ok(vec![p, c]),
+            _ => Err(Error::InvalidInput(
+                "SFT columns: give either `messages`, or `prompt` and `completion` (e.g. { messages = \"messages\" } or { prompt = \"prompt\", completion = \"generation\" })".into(),
+            )),
+        }
+    }
+
+    /// The conversation of one row.
+    pub fn conversation(&self, row: &Map<String, Value>) -> std::result::Result<Vec<Message>, String> {
+        let column = |name: &str| match row.get(name) {
+            None => Err(format!("no column {name:?}")),
+            Some(Value::Null) => Err(format!("column {name:?} is null")),
+            Some(value) => Ok(value),
+        };
+        let turns = |name: &str, role: &str| -> std::result::Result<Vec<Message>, String> {
+            match column(name)? {
+                Value::String(content) => Ok(vec![Message { role: role.into(), content: content.clone() }]),
+                value => messages_of(value).map_err(|e| format!("column {name:?}: {e}")),
+            }
+        };
+        match (&self.messages, &self.prompt, &self.completion) {
+            (Some(m), _, _) => messages_of(column(m)?).map_err(|e| format!("column {m:?}: {e}")),
+            (None, Some(p), Some(c)) => Ok([turns(p, "user")?, turns(c, "assistant")?].concat()),
+            _ => Err("no columns chosen".into()),
+        }
+    }
+}
+
+fn messages_of(value: &Value) -> std::result::Result<Vec<Message>, String> {
+    let list = value.as_array().ok_or("expected a string or a list of {role, content}")?;
+    list.iter()
+        .map(|m| match (m.get("role").and_then(Value::as_str), m.get("content").and_then(Value::as_str)) {
+            (Some(role), Some(content)) => Ok(Message { role: role.into(), content: content.into() }),
+            _ => Err(format!("a message without string `role` and `content`: {m}")),
+        })
+        .collect()
 }
 
 /// A rendered, tokenized row and what truncation removed.
@@ -133,6 +190,7 @@ pub struct SftReport {
 
 /// Renders every example (see [`render`]); a row that cannot be rendered is an error naming its
 /// file and line or row.
+#[cfg(feature = "tasks")]
 pub fn render_examples(examples: &[SftExample], tokenizer: &Tokenizer, system: Option<&str>, max_length: Option<usize>) -> Result<(Vec<Sample>, SftReport)> {
     let mut samples = Vec::with_capacity(examples.len());
     let mut report = SftReport { max_length, ..Default::default() };
@@ -152,6 +210,7 @@ pub fn render_examples(examples: &[SftExample], tokenizer: &Tokenizer, system: O
 
 /// Reads an SFT JSONL file (one [`SftRow`] per line) and renders every row; a bad line is an
 /// error naming file and line. [`super::sft_source`] reads Parquet, chosen columns and splits.
+#[cfg(feature = "tasks")]
 pub fn sft_samples(path: &Path, tokenizer: &Tokenizer, system: Option<&str>, max_length: Option<usize>) -> Result<(Vec<Sample>, SftReport)> {
     let rows = read_sft_rows(&SftSource { path: path.to_path_buf(), columns: None, split: None })?;
     render_examples(&rows.train, tokenizer, system, max_length)

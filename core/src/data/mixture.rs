@@ -1,5 +1,5 @@
 //! Pre-training mixtures from the Interplay `PRESET.json`, with the reference loader's
-//! file-count semantics (LLaMA-Factory `load_compose_data`, spec §2.6):
+//! file-count semantics (LLaMA-Factory `load_compose_data`, `docs/interplay.md` §2.6):
 //!
 //! ```text
 //! for op, p in preset:  size = label of the op's first shard ("…_1B" → 1e9)
@@ -165,7 +165,8 @@ pub fn effective_shares(takes: &[Take]) -> Vec<(u32, f64)> {
 mod tests {
     use super::*;
 
-    /// Per-op real tokens of the released "1B" shards (spec §2.6: count, total billions).
+    /// Per-op real tokens of the released "1B" shards (`docs/interplay.md` §2.6: count, total
+    /// billions).
     const RELEASE: [(u32, usize, f64); 9] = [
         (2, 8, 8.7),
         (3, 3, 2.7),

@@ -3,10 +3,12 @@
 //! chosen columns, the held-out split).
 
 pub mod chat;
+#[cfg(feature = "tasks")]
 pub mod corpus;
 pub mod mixture;
 pub mod packing;
 pub mod sample;
+#[cfg(feature = "tasks")]
 pub mod sft_source;
 
 pub use sample::{Sample, TrainBatch, collate};

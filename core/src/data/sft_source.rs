@@ -23,63 +23,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+pub use super::chat::SftColumns;
 use super::chat::{Message, SftRow};
 use crate::error::{Error, Result};
 use crate::io::jsonl_records;
-
-/// The columns that make a conversation.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SftColumns {
-    /// A list of `{role, content}` messages ...
-    pub messages: Option<String>,
-    /// ... or a prompt (user turn or messages) and a completion (assistant turn or messages).
-    pub prompt: Option<String>,
-    pub completion: Option<String>,
-}
-
-impl SftColumns {
-    /// The column names to read; an error unless exactly one of the two shapes is given.
-    pub fn names(&self) -> Result<Vec<&str>> {
-        match (&self.messages, &self.prompt, &self.completion) {
-            (Some(m), None, None) => Ok(vec![m]),
-            (None, Some(p), Some(c)) => Ok(vec![p, c]),
-            _ => Err(Error::InvalidInput(
-                "SFT columns: give either `messages`, or `prompt` and `completion` (e.g. { messages = \"messages\" } or { prompt = \"prompt\", completion = \"generation\" })".into(),
-            )),
-        }
-    }
-
-    /// The conversation of one row.
-    fn conversation(&self, row: &Map<String, Value>) -> std::result::Result<Vec<Message>, String> {
-        let column = |name: &str| match row.get(name) {
-            None => Err(format!("no column {name:?}")),
-            Some(Value::Null) => Err(format!("column {name:?} is null")),
-            Some(value) => Ok(value),
-        };
-        let turns = |name: &str, role: &str| -> std::result::Result<Vec<Message>, String> {
-            match column(name)? {
-                Value::String(content) => Ok(vec![Message { role: role.into(), content: content.clone() }]),
-                value => messages_of(value).map_err(|e| format!("column {name:?}: {e}")),
-            }
-        };
-        match (&self.messages, &self.prompt, &self.completion) {
-            (Some(m), _, _) => messages_of(column(m)?).map_err(|e| format!("column {m:?}: {e}")),
-            (None, Some(p), Some(c)) => Ok([turns(p, "user")?, turns(c, "assistant")?].concat()),
-            _ => Err("no columns chosen".into()),
-        }
-    }
-}
-
-fn messages_of(value: &Value) -> std::result::Result<Vec<Message>, String> {
-    let list = value.as_array().ok_or("expected a string or a list of {role, content}")?;
-    list.iter()
-        .map(|m| match (m.get("role").and_then(Value::as_str), m.get("content").and_then(Value::as_str)) {
-            (Some(role), Some(content)) => Ok(Message { role: role.into(), content: content.into() }),
-            _ => Err(format!("a message without string `role` and `content`: {m}")),
-        })
-        .collect()
-}
 
 /// How to hold rows out of training.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,7 +1,7 @@
 //! Evaluation of checkpoints on a task: the release walker, sharded and resumable sampling with
 //! the batched engine, and teacher-forced losses. What is sampled and which files are written
 //! from the samples is the task's ([`Evaluation`](crate::tasks::Evaluation)); for Interplay
-//! (spec `interplay.md` §8, `release-layout.md`) those are the reference's artifact files
+//! (`docs/interplay.md` §8, `docs/release-layout.md`) those are the reference's artifact files
 //! (`<model>_metrics.json`, generations, strict graph results, `results.json`,
 //! `summary.{json,csv}`) plus the paper's ID weighting beside them
 //! ([`crate::tasks::interplay::eval`]).

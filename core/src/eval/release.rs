@@ -1,4 +1,4 @@
-//! Which checkpoints to evaluate and what to call them. A release (spec `release-layout.md`)
+//! Which checkpoints to evaluate and what to call them. A release (`docs/release-layout.md`)
 //! holds Hugging Face model directories (those with a `config.json`) under `pretrain/`, `rl/`
 //! and `opd_refkl/`, at any depth; each is named by its path below the release root with `/`
 //! turned into `_` (`rl/op11_14_step200` → `rl_op11_14_step200`), so the names of one release

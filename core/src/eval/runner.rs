@@ -1,6 +1,6 @@
 //! The evaluation of a list of checkpoints on a task (`eval_checkpoints.py` for Interplay,
-//! spec §8.1–8.5): for every model, sample `samples` completions of every item of every part
-//! with the batched engine, shard by shard, then let the task write its files
+//! `docs/interplay.md` §8.1–8.5): for every model, sample `samples` completions of every item of
+//! every part with the batched engine, shard by shard, then let the task write its files
 //! ([`Evaluation`]).
 //!
 //! Files under `out` (the release's `evals/` layout):

@@ -124,6 +124,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         if params.n == 0 {
             return Err(Error::InvalidInput("n must be at least 1".into()));
         }
+        params.sampler.check()?;
         if !params.stop.strings.is_empty() && self.tokenizer.is_none() {
             return Err(Error::InvalidInput("stop strings need a tokenizer".into()));
         }

@@ -56,6 +56,17 @@ impl Sampler {
         Self { temperature: 0.0, top_k: 0, top_p: 1.0 }
     }
 
+    /// Checks the knobs: a finite temperature of at least 0 and `top_p` in (0, 1].
+    pub fn check(&self) -> crate::Result<()> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(crate::Error::InvalidInput(format!("temperature must be a finite number >= 0 (got {})", self.temperature)));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(crate::Error::InvalidInput(format!("top_p must be in (0, 1] (got {})", self.top_p)));
+        }
+        Ok(())
+    }
+
     /// Whether this sampler is greedy.
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0

@@ -1,5 +1,8 @@
-//! Output files that appear whole or not at all: written to a temporary sibling, synced and
-//! renamed on commit, removed if dropped uncommitted. And removals where "already gone" is fine.
+//! Output files and directories that appear whole or not at all: written to a temporary
+//! sibling, synced to disk and renamed on commit (the parent directory synced too, so the rename
+//! itself survives a power loss), removed if dropped uncommitted. Temporary directories that a
+//! killed process left behind are swept by the next run ([`sweep_partials`]). And removals where
+//! "already gone" is fine.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -57,7 +60,8 @@ impl AtomicFile {
             .into_inner()
             .map_err(|e| Error::io(&self.tmp, e.into_error()))?;
         file.sync_all().map_err(|e| Error::io(&self.tmp, e))?;
-        std::fs::rename(&self.tmp, &self.path).map_err(|e| Error::io(&self.path, e))
+        std::fs::rename(&self.tmp, &self.path).map_err(|e| Error::io(&self.path, e))?;
+        sync_dir(parent_of(&self.path))
     }
 }
 
@@ -74,6 +78,95 @@ pub fn write_atomic(path: &Path, contents: &str) -> Result<()> {
     let mut file = AtomicFile::create(path)?;
     file.write_str(contents)?;
     file.commit()
+}
+
+/// The marker in the name of a directory being written by [`write_dir_atomically`]:
+/// `.<name>.partial-<pid>`.
+const PARTIAL: &str = ".partial-";
+
+fn parent_of(path: &Path) -> &Path {
+    path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
+/// Flushes a directory's entries to disk (a no-op where directories cannot be opened).
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    #[cfg(unix)]
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, e))?;
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
+}
+
+/// Flushes every file under `dir`, then the directories themselves.
+fn sync_tree(dir: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let path = entry.map_err(|e| Error::io(dir, e))?.path();
+        if path.is_dir() {
+            sync_tree(&path)?;
+        } else {
+            File::open(&path).and_then(|f| f.sync_all()).map_err(|e| Error::io(&path, e))?;
+        }
+    }
+    sync_dir(dir)
+}
+
+/// Runs `write` on a fresh temporary sibling of `dir` (`.<name>.partial-<pid>`), flushes what it
+/// wrote to disk, renames it to `dir` and flushes the parent. `dir` must not exist or be an empty
+/// directory; on any error the temporary directory is removed and `dir` is untouched. A process
+/// killed midway leaves only the temporary directory, which [`sweep_partials`] removes.
+pub fn write_dir_atomically(dir: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    if dir.exists() {
+        let empty = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?.next().is_none();
+        if !empty {
+            return Err(Error::InvalidInput(format!("{} already exists and is not empty; not overwriting it", dir.display())));
+        }
+    }
+    let parent = parent_of(dir);
+    std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
+    let tmp = parent.join(format!(".{name}{PARTIAL}{}", std::process::id()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    let result = write(&tmp).and_then(|()| sync_tree(&tmp)).and_then(|()| {
+        if dir.exists() {
+            std::fs::remove_dir(dir).map_err(|e| Error::io(dir, e))?;
+        }
+        std::fs::rename(&tmp, dir).map_err(|e| Error::io(dir, e))?;
+        sync_dir(parent)
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    result
+}
+
+/// Removes the temporary directories of [`write_dir_atomically`] in `parent` that no running
+/// process is writing: left by a crash (kill -9, out of memory, a panic). Where running
+/// processes cannot be listed (no `/proc`), only this process's own are removed. Returns the
+/// removed directories.
+pub fn sweep_partials(parent: &Path) -> Result<Vec<PathBuf>> {
+    if !parent.is_dir() {
+        return Ok(Vec::new());
+    }
+    let procfs = Path::new("/proc/self").exists();
+    let mut removed = Vec::new();
+    for entry in std::fs::read_dir(parent).map_err(|e| Error::io(parent, e))? {
+        let path = entry.map_err(|e| Error::io(parent, e))?.path();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let pid = name
+            .strip_prefix('.')
+            .and_then(|n| n.rsplit_once(PARTIAL))
+            .and_then(|(_, pid)| pid.parse::<u32>().ok());
+        let Some(pid) = pid.filter(|_| path.is_dir()) else { continue };
+        let dead = pid == std::process::id() || (procfs && !Path::new("/proc").join(pid.to_string()).exists());
+        if dead {
+            remove_dir(&path)?;
+            removed.push(path);
+        }
+    }
+    Ok(removed)
 }
 
 /// Removes `path`; a missing file is fine.
@@ -95,6 +188,38 @@ pub fn remove_dir(dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn directories_appear_whole_and_crash_leftovers_are_swept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("checkpoint-3");
+        write_dir_atomically(&dir, |d| std::fs::write(d.join("a.txt"), "a").map_err(|e| Error::io(d, e))).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.join("a.txt")).unwrap(), "a");
+        // A failed write leaves nothing; an existing directory is never overwritten.
+        let failed = tmp.path().join("checkpoint-4");
+        assert!(write_dir_atomically(&failed, |_| Err(Error::InvalidInput("boom".into()))).is_err());
+        assert!(!failed.exists());
+        assert!(write_dir_atomically(&dir, |_| Ok(())).unwrap_err().to_string().contains("not overwriting"));
+
+        // Leftovers of dead processes (pid 0 never names a user process) and of this one go;
+        // a live process's (pid 1) and anything else stay.
+        let dead = tmp.path().join(".checkpoint-5.partial-0");
+        let own = tmp.path().join(format!(".checkpoint-6.partial-{}", std::process::id()));
+        let live = tmp.path().join(".checkpoint-7.partial-1");
+        let other = tmp.path().join(".checkpoint-8.partial-x");
+        for d in [&dead, &own, &live, &other] {
+            std::fs::create_dir_all(d.join("sub")).unwrap();
+        }
+        let mut removed = sweep_partials(tmp.path()).unwrap();
+        removed.sort();
+        let mut expected = vec![dead.clone(), own.clone()];
+        expected.sort();
+        if !Path::new("/proc/self").exists() {
+            expected.retain(|p| p == &own);
+        }
+        assert_eq!(removed, expected);
+        assert!(live.exists() && other.exists() && dir.join("a.txt").exists());
+    }
 
     #[test]
     fn uncommitted_files_vanish() {

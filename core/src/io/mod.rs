@@ -10,6 +10,6 @@ pub mod parquet;
 pub mod pyjson;
 pub mod python;
 
-pub use atomic::{AtomicFile, remove_dir, remove_file, write_atomic};
+pub use atomic::{AtomicFile, remove_dir, remove_file, sweep_partials, write_atomic, write_dir_atomically};
 pub use jsonl::{Record, jsonl_files, jsonl_records, read_jsonl};
 pub use pyjson::{Json, Style};

@@ -1,4 +1,4 @@
-//! The two pass@k estimators of the reference, which must be kept apart (spec §9.6):
+//! The two pass@k estimators of the reference, which must be kept apart (`docs/interplay.md` §9):
 //! the unbiased combinatorial one over answer exact match (`eval_checkpoints.py`, §8.1) and the
 //! ordered empirical one over strict graph results (`aggregate_graph_pass_results.py`, §8.5).
 

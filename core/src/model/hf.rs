@@ -316,32 +316,8 @@ fn write_safetensors(path: &Path, tensors: &BTreeMap<String, OwnedView>) -> Resu
         .map_err(|e| Error::checkpoint(path, format!("could not write safetensors: {e}")))
 }
 
-/// Runs `write` on a fresh temporary sibling of `dir`, then renames it to `dir`. `dir` must not
-/// exist or be an empty directory; on any error the temporary directory is removed and `dir`
-/// is untouched.
+/// Runs `write` on a fresh temporary sibling of `dir`, then renames it to `dir` (see
+/// [`crate::io::write_dir_atomically`]: files and directories are flushed to disk first).
 pub fn write_atomically(dir: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    if dir.exists() {
-        let empty = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?.next().is_none();
-        if !empty {
-            return Err(Error::InvalidInput(format!("{} already exists and is not empty; not overwriting it", dir.display())));
-        }
-    }
-    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
-    let tmp = parent.join(format!(".{name}.partial-{}", std::process::id()));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    }
-    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    let result = write(&tmp).and_then(|()| {
-        if dir.exists() {
-            std::fs::remove_dir(dir).map_err(|e| Error::io(dir, e))?;
-        }
-        std::fs::rename(&tmp, dir).map_err(|e| Error::io(dir, e))
-    });
-    if result.is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
-    result
+    crate::io::write_dir_atomically(dir, write)
 }

@@ -5,7 +5,7 @@ use burn::tensor::{DType, Int, Tensor, backend::Backend};
 
 use super::inputs::HostBatch;
 use super::qwen2::Qwen2;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// `log p(targets[b, t])` under `logits[b, t, :]`, computed in f32: `[B, T, V]` → `[B, T]`.
 pub fn token_logprobs<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 2> {
@@ -14,7 +14,10 @@ pub fn token_logprobs<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, In
 
 /// For each sequence, `[None, log p(ids[1] | ids[..1]), …, log p(ids[n-1] | ids[..n-1])]`.
 /// The LM head runs over `chunk` positions at a time, so `[B, T, V]` logits never exist at once.
+/// A sequence that is empty, longer than the model's context or holds an id outside its
+/// vocabulary is an error naming the sequence.
 pub fn sequence_logprobs<B: Backend>(model: &Qwen2<B>, sequences: &[Vec<u32>], chunk: usize) -> Result<Vec<Vec<Option<f32>>>> {
+    check_sequences(model, sequences)?;
     let device = model.device();
     let batch = HostBatch::right_padded(sequences, 0)?;
     let hidden = model.forward_hidden(&batch.to_device::<B>(&device), None);
@@ -34,4 +37,21 @@ pub fn sequence_logprobs<B: Backend>(model: &Qwen2<B>, sequences: &[Vec<u32>], c
         .enumerate()
         .map(|(r, ids)| std::iter::once(None).chain((1..ids.len()).map(|t| Some(values[r * seq + t - 1]))).collect())
         .collect())
+}
+
+/// Every sequence fits the model: non-empty, at most its context long, ids below `vocab_size`.
+pub fn check_sequences<B: Backend>(model: &Qwen2<B>, sequences: &[Vec<u32>]) -> Result<()> {
+    let (context, vocab) = (model.context_len(), model.config().vocab_size);
+    for (i, ids) in sequences.iter().enumerate() {
+        if ids.is_empty() {
+            return Err(Error::InvalidInput(format!("sequence {i} is empty")));
+        }
+        if ids.len() > context {
+            return Err(Error::InvalidInput(format!("sequence {i} has {} tokens; the model's context is {context}", ids.len())));
+        }
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::InvalidInput(format!("sequence {i} has token id {bad} >= vocab_size {vocab}")));
+        }
+    }
+    Ok(())
 }

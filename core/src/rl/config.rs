@@ -1,10 +1,10 @@
 //! The TOML config of `kiln rl` and `kiln opd`: the one run-config schema
-//! ([`crate::train::config`]) plus `[rollout]`, `[loss]`, `[reward]` and `[teacher]`. Defaults
-//! are the seed's verl settings (spec §6.1): n = 6 at temperature 1, 1024 prompts per step in
-//! mini-batches of 256 (4 optimizer updates) and micro-batches of 16, AdamW at a constant 1e-6
-//! with weight decay 0.01 and clipping at 1.0, clip ratio 0.2 with dual clip 3.0, token-mean
-//! aggregation, k3 KL to the initial policy with β = 0.001, a checkpoint and a validation every
-//! 20 steps. Paths are relative to the config file's directory.
+//! ([`crate::train::config`]) plus `[rollout]`, `[loss]`, `[reward]` and `[teacher]`. Defaults are
+//! the seed's verl settings (`docs/interplay.md` §6.1): n = 6 at temperature 1, 1024 prompts per
+//! step in mini-batches of 256 (4 optimizer updates) and micro-batches of 16, AdamW at a constant
+//! 1e-6 with weight decay 0.01 and clipping at 1.0, clip ratio 0.2 with dual clip 3.0, token-mean
+//! aggregation, k3 KL to the initial policy with β = 0.001, a checkpoint and a validation every 20
+//! steps. Paths are relative to the config file's directory.
 
 use std::path::{Path, PathBuf};
 
@@ -235,6 +235,7 @@ impl PgConfig {
         self.from_dir()?;
         let prompts = self.prompts()?;
         t.total_steps(|_| 0)?;
+        self.output.time_budget()?;
         if prompts.dir.is_some() != prompts.files.is_empty() {
             return Err("[data] needs exactly one of `dir` (per-op files) or `files`".into());
         }

@@ -1,5 +1,5 @@
 //! The per-token losses of the policy-gradient step, as verl's `core_algos.py` computes them
-//! (spec `interplay.md` §6.2): the clipped surrogate with dual clip, the loss aggregation
+//! (`docs/interplay.md` §6.2): the clipped surrogate with dual clip, the loss aggregation
 //! modes, the KL estimators to a reference policy; plus the full-vocabulary reverse KL of
 //! on-policy distillation and the policy's entropy.
 //!

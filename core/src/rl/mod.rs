@@ -7,7 +7,7 @@
 //! - [`reward`]: verifiable rewards, built by the run's task from `[reward]`
 //!   ([`Task`](crate::tasks::Task); nothing here names a concrete task).
 //! - [`advantage`], [`loss`]: verl's GRPO advantages, clipped surrogate, loss aggregation and
-//!   KL estimators (spec `interplay.md` §6.2), the OPD advantage and full-vocabulary KL.
+//!   KL estimators (`docs/interplay.md` §6.2), the OPD advantage and full-vocabulary KL.
 //! - [`batch`], [`objective`]: the learner's layout and the [`Objective`](crate::train::Objective)
 //!   that rolls out, scores and splits a step into optimizer updates.
 //! - [`validate`], [`config`], [`run`](mod@run): greedy per-group and ID/OOD validation, the TOML config
@@ -15,17 +15,27 @@
 
 pub mod advantage;
 pub mod batch;
+#[cfg(feature = "tasks")]
 pub mod config;
 #[cfg(test)]
 mod gradcheck_tests;
 pub mod loss;
+#[cfg(feature = "tasks")]
 pub mod objective;
+#[cfg(feature = "tasks")]
 pub mod prompts;
+#[cfg(feature = "tasks")]
 pub mod reward;
+#[cfg(feature = "tasks")]
 pub mod rollout;
+#[cfg(feature = "tasks")]
 pub mod run;
+#[cfg(feature = "tasks")]
 pub mod validate;
 
+#[cfg(feature = "tasks")]
 pub use config::PgConfig;
+#[cfg(feature = "tasks")]
 pub use objective::{PgSettings, PolicyGradient, Signal};
+#[cfg(feature = "tasks")]
 pub use run::{Method, run};

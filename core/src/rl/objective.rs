@@ -74,6 +74,7 @@ impl PgSettings {
                 self.mini_batch, r.n, self.micro_batch
             ));
         }
+        r.sampler.check().map_err(|e| format!("[rollout] {e}"))?;
         if c.dual <= 1.0 || c.low < 0.0 || c.high < 0.0 {
             return Err(format!("clip ratios must be non-negative and the dual clip must exceed 1 (got {c:?})"));
         }

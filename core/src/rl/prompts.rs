@@ -1,10 +1,10 @@
-//! RL prompts (verl's `CustomRLHFDataset` in the seed, spec §6.3): the items a task reads from
-//! JSONL files (for Interplay, the prompt `compose_text(row)` up to and including `<solution>`
-//! and the RL ground truth), tokenized; prompts longer than `max_prompt_length` tokens are
-//! dropped and counted (`filter_overlong_prompts`). Steps draw consecutive batches from a
-//! seeded shuffle of all prompts, reshuffled every epoch, with the incomplete last batch
-//! dropped (`RandomSampler`, `drop_last=True`). One file per op of equal length makes the draw
-//! uniform over ops, as in the release's `op11-14_uniform` runs.
+//! RL prompts (verl's `CustomRLHFDataset` in the seed, `docs/interplay.md` §6.3): the items a task
+//! reads from JSONL files (for Interplay, the prompt `compose_text(row)` up to and including
+//! `<solution>` and the RL ground truth), tokenized; prompts longer than `max_prompt_length` tokens
+//! are dropped and counted (`filter_overlong_prompts`). Steps draw consecutive batches from a
+//! seeded shuffle of all prompts, reshuffled every epoch, with the incomplete last batch dropped
+//! (`RandomSampler`, `drop_last=True`). One file per op of equal length makes the draw uniform over
+//! ops, as in the release's `op11-14_uniform` runs.
 
 use std::path::{Path, PathBuf};
 

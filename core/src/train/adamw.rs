@@ -63,6 +63,10 @@ impl<B: Backend> AdamW<B> {
     /// Clips `grads` by global norm, applies one update at learning rate `lr` to every
     /// parameter that has a gradient, and returns the model and the pre-clipping gradient norm.
     /// `names` gives each parameter's stable name (see [`Qwen2::param_names`]).
+    ///
+    /// A non-finite gradient norm (a NaN or infinite loss or gradient) skips the update, as verl
+    /// does: the model and the optimizer's moments and step count are left as they were, and the
+    /// returned norm tells the caller.
     pub fn update<AB, M>(&mut self, model: M, names: &HashMap<ParamId, String>, mut grads: GradientsParams, lr: f64) -> (M, f64)
     where
         AB: AutodiffBackend<InnerBackend = B>,
@@ -71,6 +75,9 @@ impl<B: Backend> AdamW<B> {
         let mut norm = SquaredNorm::<B> { grads: &grads, total: None };
         model.visit(&mut norm);
         let grad_norm = norm.total.map_or(0.0, |t| t.into_scalar().elem::<f64>()).sqrt();
+        if !grad_norm.is_finite() {
+            return (model, grad_norm);
+        }
         let clip = match self.config.max_grad_norm {
             // torch.nn.utils.clip_grad_norm_: coefficient clamped at 1, always applied.
             Some(max) if max > 0.0 => Some((max / (grad_norm + 1e-6)).min(1.0)),

@@ -5,9 +5,10 @@
 //! A checkpoint is written into a temporary sibling directory and renamed into place, so a
 //! crash mid-write leaves the previous checkpoints intact and never a half-written one.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -120,7 +121,11 @@ pub fn load_state<B: Backend>(path: &Path, device: &B::Device) -> Result<(Traine
     let state: TrainerState = serde_json::from_str(&text).map_err(|e| Error::json(&state_path, None, e))?;
     let tensors = hf::read_f32_safetensors(&path.join(OPTIMIZER_FILE))?;
     let mut halves: HashMap<String, (Option<Tensor<B, 1>>, Option<Tensor<B, 1>>)> = HashMap::new();
+    let file = path.join(OPTIMIZER_FILE);
     for (key, (shape, values)) in tensors {
+        if shape.len() != 1 {
+            return Err(Error::checkpoint(&file, format!("optimizer tensor {key} has shape {shape:?}; moments are stored flat")));
+        }
         let tensor = Tensor::from_data(TensorData::new(values, shape), device);
         let (name, kind) = key.rsplit_once('.').ok_or_else(|| Error::checkpoint(path, format!("bad optimizer tensor name {key}")))?;
         let entry = halves.entry(name.to_string()).or_default();
@@ -141,4 +146,53 @@ pub fn load_state<B: Backend>(path: &Path, device: &B::Device) -> Result<(Traine
         }
     }
     Ok((state, optimizer))
+}
+
+/// Checks that the optimizer state of the checkpoint at `path` belongs to `model`: moments for
+/// exactly the model's parameters, each of the parameter's size. (A mismatch — another model's
+/// checkpoint, or an edited one — would otherwise fail inside the first update, or silently
+/// restart some moments from zero.)
+pub fn check_moments<B: Backend, OB: Backend>(path: &Path, model: &Qwen2<B>, optimizer: &AdamW<OB>) -> Result<()> {
+    let file = path.join(OPTIMIZER_FILE);
+    let mut sizes = Sizes { names: model.param_names(), sizes: BTreeMap::new() };
+    model.visit(&mut sizes);
+    let sizes = sizes.sizes;
+    let mut unknown: Vec<&String> = optimizer.moments.keys().filter(|name| !sizes.contains_key(*name)).collect();
+    unknown.sort();
+    if let Some(name) = unknown.first() {
+        return Err(Error::checkpoint(&file, format!(
+            "has moments for {} parameter(s) the model does not have (first: {name}); it belongs to another model",
+            unknown.len()
+        )));
+    }
+    for (name, moments) in &optimizer.moments {
+        let (size, found) = (sizes[name], [moments.exp_avg.dims()[0], moments.exp_avg_sq.dims()[0]]);
+        if found != [size, size] {
+            return Err(Error::checkpoint(&file, format!("moments of {name} have {found:?} values; the parameter has {size}")));
+        }
+    }
+    let missing: Vec<&String> = sizes.keys().filter(|name| !optimizer.moments.contains_key(*name)).collect();
+    if let Some(name) = missing.first() {
+        return Err(Error::checkpoint(&file, format!(
+            "has moments for {} of the model's {} parameters (missing: {name}{})",
+            optimizer.moments.len(),
+            sizes.len(),
+            if missing.len() > 1 { ", …" } else { "" }
+        )));
+    }
+    Ok(())
+}
+
+/// Each parameter's number of values, by HF name.
+struct Sizes {
+    names: HashMap<ParamId, String>,
+    sizes: BTreeMap<String, usize>,
+}
+
+impl<B: Backend> ModuleVisitor<B> for Sizes {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(name) = self.names.get(&param.id) {
+            self.sizes.insert(name.clone(), param.val().shape().num_elements());
+        }
+    }
 }

@@ -33,7 +33,7 @@ impl MetricsLog {
                         kept.push('\n');
                     }
                 }
-                std::fs::write(path, kept).map_err(|e| Error::io(path, e))?;
+                crate::io::write_atomic(path, &kept)?;
             }
             None if path.is_file() => std::fs::remove_file(path).map_err(|e| Error::io(path, e))?,
             _ => {}

@@ -6,14 +6,17 @@
 pub mod adamw;
 pub mod checkpoint;
 pub mod config;
+#[cfg(feature = "tasks")]
 pub mod heldout;
 pub mod metrics;
 pub mod objective;
+#[cfg(feature = "tasks")]
 pub mod run;
 pub mod schedule;
 pub mod trainer;
 
 /// The old name of [`run`](mod@run) (the pre-training and SFT runs), kept for existing code.
+#[cfg(feature = "tasks")]
 pub mod recipes {
     pub use super::config::{DataSection, EvalSection, ModelSection, OutputSection, TrainSection};
     pub use super::run::{RunConfig, run, tokenizer_dir};
@@ -22,6 +25,7 @@ pub mod recipes {
 pub use adamw::{AdamW, AdamWConfig};
 pub use config::Defaults;
 pub use objective::{NextTokenLoss, Objective};
+#[cfg(feature = "tasks")]
 pub use run::{RunConfig, run};
 pub use schedule::{Decay, Schedule};
 pub use trainer::{LoopConfig, SavePolicy, Start, train};

@@ -3,16 +3,15 @@
 //! schedule, saving and held-out evaluation. The config schema is the one of every run
 //! ([`super::config`]).
 
-use std::path::Path;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::config::{
-    DataSection, Defaults, EvalSection, Family, MixtureData, ModelSection, OptimizerSection, OutputSection, ScheduleSection,
-    TrainSection, TokenCount, Typo, base_dir, read_config, resolve_shared,
+    DEFAULT_CUTOFF, DataSection, Defaults, EvalSection, Family, MixtureData, ModelSection, OptimizerSection, OutputSection,
+    ScheduleSection, TrainSection, TokenCount, Typo, base_dir, read_config, resolve_shared,
 };
 use super::heldout::HeldOut;
 use super::objective::NextTokenLoss;
@@ -80,7 +79,11 @@ impl RunConfig {
         if self.micro_batch()? == 0 || t.grad_accum == Some(0) {
             return Err("[train] micro_batch and grad_accum must be positive".into());
         }
+        if self.cutoff_len() == 0 || matches!(&self.data, DataSection::Sft(s) if s.max_length == Some(0)) {
+            return Err("[data] cutoff_len and max_length must be positive".into());
+        }
         t.total_steps(|_| 0)?;
+        self.output.time_budget()?;
         let lr = self.optimizer.lr(&d)?;
         self.schedule.build(&d, lr, 1)?;
         Ok(())
@@ -125,14 +128,18 @@ pub fn run<B: AutodiffBackend>(
     let task = config.task.build()?;
     let t = &config.train;
     let seed = t.seed.unwrap_or(SEED);
-    let (samples, heldout_rows, data_report) = training_samples(task.as_ref(), &config.data, &tokenizer, seed)?;
+    let model = start_config(&config.model)?;
+    let cutoff_len = fit_cutoff(&config.data, &model)?;
+    let (samples, heldout_rows, data_report) = training_samples(task.as_ref(), &config.data, &tokenizer, seed, cutoff_len)?;
+    check_samples(&samples, &config.data, &model, pad_id)?;
+    check_samples(&heldout_rows, &config.data, &model, pad_id)?;
 
     let (micro_batch, grad_accum) = (config.micro_batch().map_err(Error::InvalidInput)?, t.grad_accum.unwrap_or(GRAD_ACCUM));
     let samples_per_step = micro_batch * grad_accum;
     let total_steps = t
         .total_steps(|epochs| ((samples.len() as f64 * epochs) / samples_per_step as f64).ceil() as u64)
         .map_err(Error::InvalidInput)?;
-    on_data(&json!({ "data": data_report, "samples": samples.len(), "total_steps": total_steps }));
+    let data_summary = json!({ "data": data_report, "samples": samples.len(), "total_steps": total_steps });
     let loop_config = loop_config(
         &d,
         Sections { optimizer: &config.optimizer, schedule: &config.schedule, output: &config.output },
@@ -144,7 +151,8 @@ pub fn run<B: AutodiffBackend>(
     .map_err(Error::InvalidInput)?;
     let mut objective = NextTokenLoss::new(samples, micro_batch, grad_accum, pad_id, seed)?;
     let start = Start::<B>::new(&loop_config, resume, &mut objective, device, || fresh_model(&config.model, device))?;
-    let mut held_out = HeldOut::load(task, &config.eval, config.cutoff_len(), &tokenizer, pad_id)?;
+    on_data(&data_summary);
+    let mut held_out = HeldOut::load(task, &config.eval, cutoff_len, &tokenizer, pad_id)?;
     held_out.add_loss_samples(heldout_rows);
     let (_, summary) = train(start, &mut objective, &loop_config, |model| held_out.evaluate(model), on_record)?;
     Ok(summary)
@@ -178,7 +186,7 @@ pub fn loop_config(
         out_dir: output.dir.clone(),
         save: output.save_policy(defaults),
         eval_every,
-        time_budget: output.time_budget_s.map(Duration::from_secs_f64),
+        time_budget: output.time_budget()?,
         companions,
         run_config,
     })
@@ -192,13 +200,75 @@ fn fresh_model<B: Backend>(model: &ModelSection, device: &B::Device) -> Result<Q
     }
 }
 
+/// The config of the model a run starts from (`init`, or `from`'s `config.json`) and its path.
+fn start_config(model: &ModelSection) -> Result<(Qwen2Config, PathBuf)> {
+    let path = match (&model.init, &model.from) {
+        (Some(init), None) => init.clone(),
+        (None, Some(from)) => from.join("config.json"),
+        _ => return Err(Error::InvalidInput("[model] needs exactly one of `init` or `from`".into())),
+    };
+    Ok((Qwen2Config::from_file(&path)?, path))
+}
+
+/// The run's `cutoff_len`: at most the model's context. The default (2048) is cut to a shorter
+/// context; a value given above it is an error, before any step.
+fn fit_cutoff(data: &DataSection, (model, path): &(Qwen2Config, PathBuf)) -> Result<usize> {
+    let context = model.max_position_embeddings;
+    let (cutoff, max_length) = match data {
+        DataSection::Mixture(m) => (m.cutoff_len, None),
+        DataSection::Sft(s) => (s.cutoff_len, s.max_length),
+        DataSection::Prompts(_) => return Ok(context),
+    };
+    if let Some(max_length) = max_length.filter(|&m| m > context) {
+        return Err(Error::config(path, format!("the model's context is {context} tokens; [data] max_length = {max_length} exceeds it")));
+    }
+    match cutoff {
+        c if c <= context => Ok(c),
+        DEFAULT_CUTOFF => Ok(context),
+        c => Err(Error::config(path, format!("the model's context is {context} tokens; [data] cutoff_len = {c} exceeds it"))),
+    }
+}
+
+/// Every training sample fits the model: ids (and the pad id) below its `vocab_size`, at most
+/// its context long (SFT rows without `max_length`).
+fn check_samples(samples: &[Sample], data: &DataSection, (model, path): &(Qwen2Config, PathBuf), pad_id: u32) -> Result<()> {
+    let (vocab, context) = (model.vocab_size, model.max_position_embeddings);
+    let source = match data {
+        DataSection::Mixture(m) => m.root.clone(),
+        DataSection::Sft(s) => s.path.clone(),
+        DataSection::Prompts(_) => return Ok(()),
+    };
+    let what = |i: usize| match data {
+        DataSection::Sft(_) => format!("row {}", i + 1),
+        _ => format!("packed block {}", i + 1),
+    };
+    if pad_id as usize >= vocab {
+        return Err(Error::config(path, format!("the tokenizer's pad id {pad_id} is outside the model's vocabulary (vocab_size {vocab})")));
+    }
+    for (i, sample) in samples.iter().enumerate() {
+        if let Some(&bad) = sample.ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(Error::data(&source, None, format!(
+                "{} has token id {bad}, outside the vocabulary of the model ({} has vocab_size {vocab}); is the tokenizer the model's?",
+                what(i), path.display()
+            )));
+        }
+        if sample.ids.len() > context {
+            return Err(Error::data(&source, None, format!(
+                "{} has {} tokens, more than the model's context ({context}); set [data] max_length",
+                what(i), sample.ids.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The training samples, the rows held out of them for the loss (SFT `heldout`) and the data
 /// report.
-fn training_samples(task: &dyn Task, data: &DataSection, tokenizer: &Tokenizer, seed: u64) -> Result<(Vec<Sample>, Vec<Sample>, Value)> {
+fn training_samples(task: &dyn Task, data: &DataSection, tokenizer: &Tokenizer, seed: u64, cutoff_len: usize) -> Result<(Vec<Sample>, Vec<Sample>, Value)> {
     match data {
         DataSection::Mixture(mixture) => {
             let (preset, budget) = mixture_of(mixture)?;
-            let (samples, report) = pretrain_samples(task, &mixture.root, &preset, budget, tokenizer, mixture.cutoff_len, seed)?;
+            let (samples, report) = pretrain_samples(task, &mixture.root, &preset, budget, tokenizer, cutoff_len, seed)?;
             Ok((samples, Vec::new(), json!({ "mixture": report })))
         }
         DataSection::Sft(sft) => {
@@ -279,7 +349,7 @@ dir = "out"
         let corpus = (0..100).map(|i| format!("def f{i}(x):\n    return x * {i}\nthink about the problem {i}"));
         let tokenizer = Tokenizer::train_byte_level_bpe(corpus, 300, &["<|endoftext|>", "<|im_start|>", "<|im_end|>"]).unwrap();
         let task = config.task.build().unwrap();
-        let (train, heldout, report) = training_samples(task.as_ref(), &config.data, &tokenizer, 0).unwrap();
+        let (train, heldout, report) = training_samples(task.as_ref(), &config.data, &tokenizer, 0, 4096).unwrap();
         assert_eq!((train.len(), heldout.len()), (3, 2));
         assert_eq!((report["source"]["train"].as_u64(), report["source"]["heldout"].as_u64()), (Some(3), Some(2)));
         assert_eq!((report["sft"]["rows"].as_u64(), report["sft"]["max_length"].as_u64()), (Some(3), Some(4096)));
@@ -288,7 +358,7 @@ dir = "out"
         // Columns are never guessed for Parquet.
         let unnamed = PARQUET_SFT.replace("columns = { prompt = \"prompt\", completion = \"generation\" }\n", "");
         let config = RunConfig::from_toml(&fixtures().join("run.toml"), &unnamed).unwrap();
-        let err = training_samples(task.as_ref(), &config.data, &tokenizer, 0).unwrap_err().to_string();
+        let err = training_samples(task.as_ref(), &config.data, &tokenizer, 0, 4096).unwrap_err().to_string();
         assert!(err.contains("columns named"), "{err}");
         let err = RunConfig::from_toml(&fixtures().join("run.toml"), &PARQUET_SFT.replace("heldout", "held")).unwrap_err().to_string();
         assert!(err.contains("unknown field `held`"), "{err}");

@@ -120,12 +120,17 @@ impl<B: AutodiffBackend> Start<B> {
         device: &B::Device,
         fresh: impl FnOnce() -> Result<Qwen2<B>>,
     ) -> Result<Self> {
+        // Checkpoints a killed run was writing never became checkpoints: their directories go.
+        crate::io::sweep_partials(&config.out_dir)?;
         match checkpoint::latest_named(&config.out_dir, config.save.run_name.as_deref())? {
             Some((step, path)) if resume => {
                 let model = hf::load::<B>(&path, device)?;
                 let (state, optimizer) = checkpoint::load_state(&path, device)?;
+                checkpoint::check_moments(&path, &model, &optimizer)?;
+                if state.step != step {
+                    return Err(Error::checkpoint(&path, format!("trainer_state.json says step {}, the directory's name step {step}", state.step)));
+                }
                 objective.restore(&state.data)?;
-                debug_assert_eq!(step, state.step);
                 Ok(Self { model, optimizer, step: state.step })
             }
             Some((_, path)) => Err(Error::InvalidInput(format!(
@@ -163,6 +168,8 @@ where
         Ok(())
     };
     let eval_due = |s: u64| config.eval_every.is_some_and(|e| e > 0 && s.is_multiple_of(e));
+    // Updates skipped for a non-finite gradient norm (AdamW leaves the weights alone), warned once.
+    let mut skipped_total = 0u64;
     if !resumed && config.eval_every.is_some() {
         let mut record = evaluate(&model.valid())?;
         record.insert("step".into(), json!(0));
@@ -179,7 +186,7 @@ where
         let names = model.param_names();
         let lr = config.schedule.lr(step);
         // Several updates per step (RL mini-batches) log their mean loss and gradient norm.
-        let (mut loss_sum, mut norm_sum) = (0.0, 0.0);
+        let (mut loss_sum, mut norm_sum, mut skipped) = (0.0, 0.0, 0u64);
         let mut extras = Record::new();
         for micros in &updates {
             let mut accumulator = GradientsAccumulator::new();
@@ -193,6 +200,13 @@ where
             let (next, grad_norm) = optimizer.update(model, &names, accumulator.grads(), lr);
             model = next;
             norm_sum += grad_norm;
+            if !grad_norm.is_finite() {
+                if skipped_total == 0 {
+                    eprintln!("warning: step {}: gradient norm {grad_norm}; the update is skipped (counted as skipped_updates in the metrics; warned once)", step + 1);
+                }
+                skipped += 1;
+                skipped_total += 1;
+            }
         }
         let (loss_sum, grad_norm) = (loss_sum / updates.len() as f64, norm_sum / updates.len() as f64);
         let update_seconds = update_began.elapsed().as_secs_f64();
@@ -204,6 +218,9 @@ where
         record.insert("loss".into(), json!(loss_sum));
         record.insert("lr".into(), json!(lr));
         record.insert("grad_norm".into(), json!(grad_norm));
+        if skipped_total > 0 {
+            record.insert("skipped_updates".into(), json!(skipped));
+        }
         if let Some(tokens) = extras.get("tokens").and_then(Value::as_f64) {
             record.insert("tokens_per_s".into(), json!(tokens / seconds));
             record.insert("update_tokens_per_s".into(), json!(tokens / update_seconds));

@@ -1,4 +1,4 @@
-//! Answer extraction and answer-only exact match (spec §8.1, §6.4).
+//! Answer extraction and answer-only exact match (`docs/interplay.md` §8.1, §6.4).
 
 use std::sync::LazyLock;
 

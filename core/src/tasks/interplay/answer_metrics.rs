@@ -1,6 +1,7 @@
 //! Answer-only metrics of a generations file: the `<checkpoint>_metrics.json` that
-//! `eval_checkpoints.py` writes (spec §8.1): exact-match accuracy, mean response length and the
-//! unbiased pass@k, for ID (op ≤ threshold), OOD and their union, per op and per template.
+//! `eval_checkpoints.py` writes (`docs/interplay.md` §8.1): exact-match accuracy, mean response
+//! length and the unbiased pass@k, for ID (op ≤ threshold), OOD and their union, per op and per
+//! template.
 //!
 //! Loss fields are written as the reference writes them under `--skip-loss` (0.0 and `{}`)
 //! unless teacher-forced losses are given ([`SplitLoss`]).

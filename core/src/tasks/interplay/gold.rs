@@ -1,5 +1,6 @@
 //! Gold dependency graphs: building them from task rows (`build_gold_dependency_graphs.py`,
-//! spec §8.3) and loading them for scoring (`score_dependency_graphs.py::load_gold_graphs`).
+//! `docs/interplay.md` §8.3) and loading them for scoring
+//! (`score_dependency_graphs.py::load_gold_graphs`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -317,16 +317,16 @@ fn rewards_on_golden_cases() {
     assert!(strict_ones > 500, "{strict_ones}");
 }
 
-/// Step-by-step parser output against `scoring/parsed.jsonl` of the shared golden data, when
-/// that (large, uncommitted) file is available.
+/// Step-by-step parser output against `scoring/parsed.jsonl` (the reference parser's steps,
+/// graph and comparison for every generated sample; see the fixtures' README).
 #[test]
-fn parser_matches_parsed_jsonl_when_available() {
-    let path = Path::new("/work/shared/interplay/scoring/parsed.jsonl");
-    if !path.exists() {
-        return;
-    }
+fn parser_matches_parsed_jsonl() {
+    let path = fixture("scoring/parsed.jsonl");
     let generations = read_jsonl(&fixture("scoring/generations.jsonl")).unwrap();
-    for (line, record) in json_lines(path).iter().zip(&generations) {
+    let lines = json_lines(&path);
+    assert_eq!(lines.len(), generations.len(), "one parsed line per generation");
+    assert!(lines.iter().filter(|l| l["scored"].as_bool().unwrap()).count() > 2000);
+    for (line, record) in lines.iter().zip(&generations) {
         if !line["scored"].as_bool().unwrap() {
             continue;
         }

@@ -1,6 +1,6 @@
 //! Strict graph pass@k over `*.graph_results.jsonl` files (`aggregate_graph_pass_results.py`,
-//! spec §8.5): the ordered empirical estimator, per template × op, per template, per op and
-//! overall, written as `results.json`.
+//! `docs/interplay.md` §8.5): the ordered empirical estimator, per template × op, per template, per
+//! op and overall, written as `results.json`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};

@@ -1,4 +1,4 @@
-//! The Interplay reasoning task (spec `interplay.md`): GSM-Infinite "realistic" problems whose
+//! The Interplay reasoning task (`docs/interplay.md`): GSM-Infinite "realistic" problems whose
 //! difficulty is the number of operations `op`, ported from the reference repository
 //! Interplay-LM-Reasoning at `c6676bc`.
 //!

@@ -1,5 +1,6 @@
-//! RL rewards (spec §6.4): the pure outcome reward of `verl/dataset.py::compute_score` and the
-//! process-verified reward of `verl/reward_fn.py::compute_score_with_step_process`.
+//! RL rewards (`docs/interplay.md` §6.4): the pure outcome reward of
+//! `verl/dataset.py::compute_score` and the process-verified reward of
+//! `verl/reward_fn.py::compute_score_with_step_process`.
 //!
 //! Both compare answers as exact strings (not numerically), and the process reward, unlike the
 //! evaluation scorer, penalises extra predicted nodes.

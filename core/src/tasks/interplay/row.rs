@@ -1,4 +1,4 @@
-//! One task row, in the reference's JSONL schema (spec §2.1).
+//! One task row, in the reference's JSONL schema (`docs/interplay.md` §2.1).
 
 use serde::Deserialize;
 

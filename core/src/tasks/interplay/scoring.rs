@@ -1,5 +1,5 @@
 //! Strict graph scoring of generations against gold graphs (`score_dependency_graphs.py`,
-//! spec §8.4): per-sample `*.graph_results.jsonl` lines and the score report.
+//! `docs/interplay.md` §8.4): per-sample `*.graph_results.jsonl` lines and the score report.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};

@@ -1,6 +1,6 @@
-//! Interplay as a [`Task`]: rows of the reference's JSONL schema (spec §2.1) become items whose
-//! prompt is `compose_text(row)` up to and including `<solution>` and whose reference text is
-//! `compose_text(row) + "[EOS]"`; responses are judged by answer exact match
+//! Interplay as a [`Task`]: rows of the reference's JSONL schema (`docs/interplay.md` §2.1) become
+//! items whose prompt is `compose_text(row)` up to and including `<solution>` and whose reference
+//! text is `compose_text(row) + "[EOS]"`; responses are judged by answer exact match
 //! (`eval_checkpoints.py`) and rewarded by the seed's outcome or process-verified rewards (§6.4).
 //!
 //! Rows are read as `load_eval_rows` reads them: `problem` and `question` may be missing or

@@ -1,5 +1,5 @@
-//! The model-facing text format (spec §2.5): `compose_text`, the prompt (up to and including
-//! `<solution>`) and the completion ending in `[EOS]`.
+//! The model-facing text format (`docs/interplay.md` §2.5): `compose_text`, the prompt (up to and
+//! including `<solution>`) and the completion ending in `[EOS]`.
 
 use super::pystr::{first_line, strip};
 use super::row::Row;

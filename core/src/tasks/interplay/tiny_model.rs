@@ -29,11 +29,12 @@ pub const TINY_CONFIG: &str = r#"{
 }
 "#;
 
-/// The paper's tokenizer files (`model_configs/qwen2_100M/` of the reference repository).
+/// The paper's tokenizer files (`model_configs/qwen2_100M/` of the reference repository), kept
+/// in the crate's own data (`core/data/interplay/`, with their license).
 pub const PAPER_TOKENIZER_FILES: [(&str, &str); 3] = [
-    ("tokenizer.json", include_str!("../../../../tests/fixtures/interplay/qwen2_100M/tokenizer.json")),
-    ("tokenizer_config.json", include_str!("../../../../tests/fixtures/interplay/qwen2_100M/tokenizer_config.json")),
-    ("special_tokens_map.json", include_str!("../../../../tests/fixtures/interplay/qwen2_100M/special_tokens_map.json")),
+    ("tokenizer.json", include_str!("../../../data/interplay/qwen2_100M/tokenizer.json")),
+    ("tokenizer_config.json", include_str!("../../../data/interplay/qwen2_100M/tokenizer_config.json")),
+    ("special_tokens_map.json", include_str!("../../../data/interplay/qwen2_100M/special_tokens_map.json")),
 ];
 
 /// Writes [`TINY_CONFIG`] and the paper's tokenizer files into `dir` (created if missing).
@@ -67,5 +68,14 @@ mod tests {
         assert!(ids.iter().all(|&id| (id as usize) < config.vocab_size), "{ids:?}");
         assert_eq!(tokenizer.eos_id(), Some(3));
         assert_eq!(config.eos_token_ids(), vec![3]);
+    }
+
+    /// The library's copy of the paper's tokenizer is the golden one of the test fixtures.
+    #[test]
+    fn library_tokenizer_files_are_the_fixture_files() {
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/interplay/qwen2_100M");
+        for (name, text) in PAPER_TOKENIZER_FILES {
+            assert_eq!(text, std::fs::read_to_string(fixtures.join(name)).unwrap(), "{name}");
+        }
     }
 }

@@ -23,7 +23,7 @@
 //! the line.
 
 pub mod legacy;
-#[cfg(test)]
+#[cfg(all(test, feature = "tasks"))]
 mod tests;
 
 use std::path::{Path, PathBuf};
@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use super::adamw::AdamWConfig;
 use super::schedule::{Decay, Schedule};
 use super::trainer::SavePolicy;
-use crate::data::sft_source::SftColumns;
+use crate::data::chat::SftColumns;
 use crate::error::{Error, Result};
 
 /// Which family of runs a config is read for: their defaults and old forms differ.
@@ -61,7 +61,7 @@ impl Defaults {
     /// HF Trainer's (`lr` and `micro_batch` must be given).
     pub const NEXT_TOKEN: Defaults =
         Defaults { lr: None, weight_decay: 0.0, schedule: ScheduleKind::Linear, micro_batch: None, save_steps: None, eval_every: None };
-    /// The seed's verl settings (spec §6.1).
+    /// The seed's verl settings (`docs/interplay.md` §6.1).
     pub const POLICY_GRADIENT: Defaults = Defaults {
         lr: Some(1e-6),
         weight_decay: 0.01,
@@ -270,6 +270,15 @@ pub struct OutputSection {
 }
 
 impl OutputSection {
+    /// The time budget, if any; it must be a finite number of seconds, at least 0.
+    pub fn time_budget(&self) -> std::result::Result<Option<std::time::Duration>, String> {
+        match self.time_budget_s {
+            None => Ok(None),
+            Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(std::time::Duration::from_secs_f64(s))),
+            Some(s) => Err(format!("[output] time_budget_s must be a finite number of seconds >= 0 (got {s})")),
+        }
+    }
+
     /// When to save.
     pub fn save_policy(&self, defaults: &Defaults) -> SavePolicy {
         SavePolicy {
@@ -417,8 +426,11 @@ pub struct PromptData {
 fn default_preset_task() -> String {
     "composition-10B/op_level".into()
 }
+/// The default `cutoff_len`; a model with a shorter context cuts it to its context.
+pub const DEFAULT_CUTOFF: usize = 2048;
+
 fn default_cutoff() -> usize {
-    2048
+    DEFAULT_CUTOFF
 }
 fn default_prompt_length() -> usize {
     1024
@@ -473,6 +485,7 @@ pub fn base_dir(path: &Path) -> &Path {
 }
 
 /// Resolves the paths of the shared sections against the config's directory.
+#[cfg(feature = "tasks")]
 pub(crate) fn resolve_shared(base: &Path, model: &mut ModelSection, data: &mut DataSection, output: &mut OutputSection, eval: &mut EvalSection) {
     let fix = |p: &mut PathBuf| resolve(base, p);
     model.init.iter_mut().chain(model.from.iter_mut()).chain(model.tokenizer.iter_mut()).for_each(fix);

@@ -1,6 +1,6 @@
-//! The evaluation rows (`load_eval_rows` of `eval_checkpoints.py`, spec §8.1): every `*.jsonl`
-//! of a directory of per-op files, read in lexicographic file order (`op10…, op11…, …, op2…,
-//! op20…`), split into ID (op ≤ threshold) and OOD lists, each row tagged with `__idx`, its
+//! The evaluation rows (`load_eval_rows` of `eval_checkpoints.py`, `docs/interplay.md` §8.1): every
+//! `*.jsonl` of a directory of per-op files, read in lexicographic file order (`op10…, op11…, …,
+//! op2…, op20…`), split into ID (op ≤ threshold) and OOD lists, each row tagged with `__idx`, its
 //! position in its list. The strict scorer finds a row's gold graph through `__idx % rows per op`,
 //! which is why the per-op layout with equally long files matters.
 

@@ -1,4 +1,4 @@
-//! The Interplay evaluation files (spec `interplay.md` §8, `release-layout.md`), written from
+//! The Interplay evaluation files (`docs/interplay.md` §8, `docs/release-layout.md`), written from
 //! the samples [`crate::eval`] draws: the reference's `<model>_metrics.json` (answer accuracy
 //! and unbiased pass@k, per op and per template), strict reasoning-graph results with
 //! `results.json`, `summary.{json,csv}`, and the paper's ID weighting beside them.

@@ -1,8 +1,8 @@
 //! One line of `<model>_{id,ood}_generations.jsonl`, field for field as `eval_generation_vllm`
-//! writes it (spec §8.1): `op` (a string), `__idx`, `prompt`, the gold and generated answers
-//! (each twice, "raw" and not), `gen_solution_answer` (the completion stripped), `resp_tokens`
-//! (every generated id, a stop string's tokens included, as vLLM counts them), `exact_match` and
-//! `template`; written with `json.dumps(record, ensure_ascii=False)`.
+//! writes it (`docs/interplay.md` §8.1): `op` (a string), `__idx`, `prompt`, the gold and generated
+//! answers (each twice, "raw" and not), `gen_solution_answer` (the completion stripped),
+//! `resp_tokens` (every generated id, a stop string's tokens included, as vLLM counts them),
+//! `exact_match` and `template`; written with `json.dumps(record, ensure_ascii=False)`.
 
 use super::data::EvalRow;
 use crate::io::pyjson::{Json, Style};

@@ -1,7 +1,7 @@
-//! ID aggregates weighted two ways (spec §8.5): uniformly over ops (the reference's totals, which
-//! weigh ops equally because every op file has as many prompts) and as the paper's ID panel does,
-//! by difficulty band: op 2–4 at 20 %, op 5–7 at 30 %, op 8–10 at 50 % (each band the mean of its
-//! ops). Written beside the reference's files, never into them.
+//! ID aggregates weighted two ways (`docs/interplay.md` §8.5): uniformly over ops (the reference's
+//! totals, which weigh ops equally because every op file has as many prompts) and as the paper's ID
+//! panel does, by difficulty band: op 2–4 at 20 %, op 5–7 at 30 %, op 8–10 at 50 % (each band the
+//! mean of its ops). Written beside the reference's files, never into them.
 
 use super::data::Subset;
 use crate::io::pyjson::Json;

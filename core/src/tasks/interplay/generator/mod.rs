@@ -1,6 +1,6 @@
-//! The problem generator (spec §2.2–2.4): `forward_generator.drawAll` ("normalforward") and
-//! `reverse_generator.drawAllEquan` ("forwardreverse") at d = 2, `number_range = 5`, no
-//! modulus, `ip_max = 20`, `force = True`, with the op → op_max schedule of
+//! The problem generator (`docs/interplay.md` §2.2–2.4): `forward_generator.drawAll`
+//! ("normalforward") and `reverse_generator.drawAllEquan` ("forwardreverse") at d = 2,
+//! `number_range = 5`, no modulus, `ip_max = 20`, `force = True`, with the op → op_max schedule of
 //! `generate_zero_context_medium.py`.
 //!
 //! [`draw_problem`] is one attempt of the reference with `oplist = [op]`: it consumes the same

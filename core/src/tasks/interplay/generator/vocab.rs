@@ -1,5 +1,6 @@
-//! The three contexts (spec §2.4, `simple_names_three.py`) at depth d = 2: a category layer
-//! (places, cities, festivals) and an item layer whose totals are the abstract parameters.
+//! The three contexts (`docs/interplay.md` §2.4, `simple_names_three.py`) at depth d = 2: a
+//! category layer (places, cities, festivals) and an item layer whose totals are the abstract
+//! parameters.
 
 /// A problem context ("template").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,4 +1,4 @@
-//! Solution → dependency graph → comparison (spec §8.2–8.3): a port of
+//! Solution → dependency graph → comparison (`docs/interplay.md` §8.2–8.3): a port of
 //! `utils/solution_dependency_graph.py`, quirks included, since gold and predicted graphs are
 //! built by the same parser and its quirks are part of the metric.
 

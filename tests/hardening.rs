@@ -1,0 +1,344 @@
+//! Bad user input through the `kiln` binary: every case exits non-zero with exactly one line on
+//! stderr that names the input, never a panic, and nothing is trained or written first.
+//!
+//! Inputs: token ids outside the vocabulary or beyond the context (`logprobs`, `generate`, SFT
+//! data), `cutoff_len` / `max_length` above the model's context, sampling knobs, time budgets
+//! (`time_budget_s`, `--minutes`), `bench` counts, optimizer state that does not match the model
+//! on resume, truncated or corrupt safetensors, config.json with wrong types, JSONL with a bad
+//! line.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::fixture;
+use kiln::backends::Cpu;
+use kiln::model::hf::{self, SaveDtype};
+use kiln::model::{Qwen2, Qwen2Config};
+use kiln::tokenizer::Tokenizer;
+use safetensors::SafeTensors;
+use safetensors::tensor::TensorView;
+
+fn kiln(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).env_remove("RUST_BACKTRACE").output().unwrap()
+}
+
+/// Runs `kiln args`, expecting a failure: a non-zero exit, exactly one line on stderr, no panic,
+/// and that line containing every one of `expected`.
+fn fails_with(args: &[&str], expected: &[&str]) -> String {
+    let out = kiln(args);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "kiln {args:?} should fail; stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "kiln {args:?} panicked: {stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "kiln {args:?}: one line expected, got: {stderr}");
+    assert!(lines[0].starts_with("error:"), "{stderr}");
+    for e in expected {
+        assert!(lines[0].contains(e), "kiln {args:?}: {:?} should contain {e:?}", lines[0]);
+    }
+    lines[0].to_string()
+}
+
+fn ok(args: &[&str]) -> Output {
+    let out = kiln(args);
+    assert!(out.status.success(), "kiln {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+fn ids(range: std::ops::Range<u32>) -> String {
+    range.map(|i| (i % 90 + 3).to_string()).collect::<Vec<_>>().join(",")
+}
+
+#[test]
+fn token_ids_and_sampling_knobs() {
+    // tied_gqa2: vocab_size 97, context 256.
+    let model = fixture("hf/tied_gqa2");
+    let m = s(&model);
+    fails_with(&["logprobs", "--model", m, "--ids", "5,97"], &["--ids", "token id 97 >= vocab_size 97"]);
+    fails_with(&["logprobs", "--model", m, "--ids", &ids(0..257)], &["--ids", "257 tokens", "context is 256"]);
+    fails_with(&["generate", "--model", m, "--prompt-ids", "5,4000000000"], &["token id 4000000000 >= vocab_size 97"]);
+    fails_with(&["generate", "--model", m, "--prompt-ids", &ids(0..256)], &["256 tokens", "context is 256"]);
+    for (knob, expected) in [
+        ("--temperature=-1", "temperature must be a finite number >= 0"),
+        ("--temperature=nan", "temperature must be a finite number >= 0"),
+        ("--temperature=inf", "temperature must be a finite number >= 0"),
+        ("--top-p=0", "top_p must be in (0, 1]"),
+        ("--top-p=nan", "top_p must be in (0, 1]"),
+        ("--top-p=1.5", "top_p must be in (0, 1]"),
+    ] {
+        fails_with(&["generate", "--model", m, "--prompt-ids", "5,6", knob], &[expected]);
+    }
+    // At the limits, it works: a full-context sequence scores, a prompt one short of it samples.
+    ok(&["logprobs", "--model", m, "--ids", &ids(0..256)]);
+    ok(&["generate", "--model", m, "--prompt-ids", &ids(0..255), "--max-new-tokens", "4", "--seed", "1"]);
+}
+
+#[test]
+fn counts_and_time_budgets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = fixture("hf/tied_gqa2/config.json");
+    for (flag, value) in [("--repeats", "0"), ("--new-tokens", "0"), ("--batch", "0"), ("--prompt-len", "0")] {
+        fails_with(&["bench", "--config", s(&config), flag, value], &[flag, "expected a whole number of at least 1"]);
+    }
+    let out = tmp.path().join("quickstart");
+    for minutes in ["--minutes=-1", "--minutes=nan", "--minutes=inf"] {
+        fails_with(&["quickstart", "--out", s(&out), minutes], &["--minutes", "expected a finite number of minutes >= 0"]);
+    }
+    fails_with(&["quickstart", "--out", s(&out), "--steps", "0"], &["--steps"]);
+    assert!(!out.exists(), "nothing is written for bad arguments");
+
+    let run = tmp.path().join("run.toml");
+    for budget in ["-5.0", "nan", "inf", "-inf"] {
+        let text = format!(
+            "[model]\ninit = \"c.json\"\n\n[data]\nkind = \"sft\"\npath = \"sft.jsonl\"\n\n[train]\nsteps = 1\nmicro_batch = 1\n\n[optimizer]\nlr = 1e-3\n\n[output]\ndir = \"o\"\ntime_budget_s = {budget}\n"
+        );
+        std::fs::write(&run, text).unwrap();
+        fails_with(&["sft", "--config", s(&run)], &[s(&run), "time_budget_s must be a finite number of seconds >= 0"]);
+    }
+}
+
+/// A chat tokenizer, a small model written for it (`vocab_size`, context and width as given) and
+/// six SFT rows, under `dir`; returns the model directory.
+fn sft_setup(dir: &Path, vocab_size: Option<usize>, context: usize, hidden: usize) -> PathBuf {
+    let texts: Vec<String> = (0..60).map(|i| format!("What is {i} plus {}? It is {}.", i % 7, i + i % 7)).collect();
+    let tokenizer = Tokenizer::train_byte_level_bpe(texts.iter().cloned(), 300, &["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+        .unwrap()
+        .with_special_tokens("<|im_end|>", "<|endoftext|>")
+        .unwrap();
+    let model_dir = dir.join("model");
+    let tokenizer_dir = dir.join("tokenizer");
+    std::fs::create_dir_all(&tokenizer_dir).unwrap();
+    tokenizer.save(&tokenizer_dir).unwrap();
+    let config: Qwen2Config = serde_json::from_value(serde_json::json!({
+        "vocab_size": vocab_size.unwrap_or(tokenizer.vocab_size()), "hidden_size": hidden, "intermediate_size": 2 * hidden,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": true,
+        "max_position_embeddings": context, "rope_theta": 10000.0, "eos_token_id": tokenizer.eos_id(),
+    }))
+    .unwrap();
+    let model: Qwen2<Cpu> = Qwen2::random(&config, 1, &Default::default()).unwrap();
+    hf::save(&model, &model_dir, SaveDtype::F32, Some(&tokenizer_dir)).unwrap();
+    let rows: String = (0..6)
+        .map(|i| format!("{{\"prompt\": \"What is {i} plus 2?\", \"completion\": \"It is {}.\"}}\n", i + 2))
+        .collect();
+    std::fs::write(dir.join("sft.jsonl"), rows).unwrap();
+    model_dir
+}
+
+fn sft_toml(data: &str, train: &str, output: &str) -> String {
+    format!(
+        "[model]\nfrom = \"model\"\n\n[data]\nkind = \"sft\"\npath = \"sft.jsonl\"\nsystem_prompt = \"\"\n{data}\n\n[train]\n{train}\nmicro_batch = 2\nseed = 3\n\n[optimizer]\nlr = 1e-3\n\n[output]\n{output}\n"
+    )
+}
+
+#[test]
+fn data_that_does_not_fit_the_model_fails_before_any_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run.toml");
+    let r = s(&run);
+    let out = tmp.path().join("out");
+
+    // Ids beyond a model vocabulary smaller than the tokenizer's.
+    sft_setup(tmp.path(), Some(40), 128, 32);
+    std::fs::write(&run, sft_toml("", "steps = 2", "dir = \"out\"")).unwrap();
+    fails_with(&["sft", "--config", r], &["sft.jsonl", "row 1 has token id", "outside the vocabulary", "vocab_size 40"]);
+    assert!(!out.exists(), "no step was taken");
+
+    // Rows longer than the context, without max_length; max_length and cutoff_len above it.
+    std::fs::remove_dir_all(tmp.path().join("model")).unwrap();
+    let model = sft_setup(tmp.path(), None, 16, 32);
+    let config = model.join("config.json");
+    fails_with(&["sft", "--config", r], &["sft.jsonl", "row 1 has", "more than the model's context (16)", "max_length"]);
+    std::fs::write(&run, sft_toml("max_length = 64", "steps = 2", "dir = \"out\"")).unwrap();
+    fails_with(&["sft", "--config", r], &[s(&config), "context is 16 tokens", "max_length = 64"]);
+    std::fs::write(&run, sft_toml("max_length = 16\ncutoff_len = 64", "steps = 2", "dir = \"out\"")).unwrap();
+    fails_with(&["sft", "--config", r], &[s(&config), "context is 16 tokens", "cutoff_len = 64"]);
+    let pretrain = format!(
+        "[model]\ninit = \"{}\"\n\n[data]\nkind = \"mixture\"\nroot = \"data\"\nops = [2]\nprobs = [1.0]\ntokens = 1e3\ncutoff_len = 512\n\n[train]\nsteps = 1\nmicro_batch = 1\n\n[optimizer]\nlr = 1e-3\n\n[output]\ndir = \"out\"\n",
+        s(&config)
+    );
+    std::fs::write(&run, pretrain).unwrap();
+    fails_with(&["pretrain", "--config", r], &[s(&config), "cutoff_len = 512"]);
+    assert!(!out.exists(), "no step was taken");
+
+    // A JSONL line that is not a row.
+    std::fs::write(tmp.path().join("sft.jsonl"), "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"a\"\n").unwrap();
+    std::fs::write(&run, sft_toml("max_length = 16", "steps = 2", "dir = \"out\"")).unwrap();
+    fails_with(&["sft", "--config", r], &["sft.jsonl line 2"]);
+}
+
+#[test]
+fn broken_model_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let copy = |name: &str| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        for file in ["config.json", "model.safetensors"] {
+            std::fs::copy(fixture("hf/tied_gqa2").join(file), dir.join(file)).unwrap();
+        }
+        dir
+    };
+    let bytes = std::fs::read(fixture("hf/tied_gqa2/model.safetensors")).unwrap();
+
+    let truncated = copy("truncated");
+    std::fs::write(truncated.join("model.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
+    let header = copy("bad_header");
+    let mut corrupt = bytes.clone();
+    corrupt[8..24].copy_from_slice(b"!!!!!!!!!!!!!!!!");
+    std::fs::write(header.join("model.safetensors"), corrupt).unwrap();
+    let huge = copy("huge_header");
+    let mut corrupt = bytes.clone();
+    corrupt[..8].copy_from_slice(&(1u64 << 60).to_le_bytes());
+    std::fs::write(huge.join("model.safetensors"), corrupt).unwrap();
+    let empty = copy("empty");
+    std::fs::write(empty.join("model.safetensors"), b"").unwrap();
+    for dir in [&truncated, &header, &huge, &empty] {
+        let file = dir.join("model.safetensors");
+        fails_with(&["logprobs", "--model", s(dir), "--ids", "1,2"], &[s(&file), "not a valid safetensors file"]);
+        fails_with(&["generate", "--model", s(dir), "--prompt-ids", "1,2"], &[s(&file), "not a valid safetensors file"]);
+    }
+
+    let types = copy("types");
+    let config = types.join("config.json");
+    let text = std::fs::read_to_string(&config).unwrap().replace("\"hidden_size\": 48", "\"hidden_size\": \"48\"");
+    assert!(text.contains("\"48\""));
+    std::fs::write(&config, text).unwrap();
+    fails_with(&["logprobs", "--model", s(&types), "--ids", "1,2"], &[s(&config), "invalid type"]);
+    std::fs::write(&config, "{\"vocab_size\": -3}").unwrap();
+    fails_with(&["generate", "--model", s(&types), "--prompt-ids", "1,2"], &[s(&config)]);
+}
+
+/// Rewrites the safetensors file at `path` with `edit` applied to its tensors (name → (shape,
+/// f32 values)).
+fn edit_safetensors(path: &Path, edit: impl FnOnce(&mut HashMap<String, (Vec<usize>, Vec<u8>)>)) {
+    let bytes = std::fs::read(path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: HashMap<String, (Vec<usize>, Vec<u8>)> =
+        st.tensors().into_iter().map(|(n, v)| (n, (v.shape().to_vec(), v.data().to_vec()))).collect();
+    edit(&mut tensors);
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, (shape, data))| (n.clone(), TensorView::new(safetensors::Dtype::F32, shape.clone(), data).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
+#[test]
+fn resuming_with_optimizer_state_of_another_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    sft_setup(tmp.path(), None, 64, 32);
+    let run = tmp.path().join("run.toml");
+    let r = s(&run);
+    // Two steps, a checkpoint after each; then the run is resumed for a third.
+    std::fs::write(&run, sft_toml("max_length = 32", "steps = 2", "dir = \"out\"\nsave_steps = 1")).unwrap();
+    ok(&["sft", "--config", r]);
+    std::fs::write(&run, sft_toml("max_length = 32", "steps = 3", "dir = \"out\"\nsave_steps = 1")).unwrap();
+    let checkpoint = tmp.path().join("out/checkpoint-2");
+    let optimizer = checkpoint.join("optimizer.safetensors");
+    let original = std::fs::read(&optimizer).unwrap();
+    let restore = || std::fs::write(&optimizer, &original).unwrap();
+
+    edit_safetensors(&optimizer, |t| {
+        t.retain(|n, _| !n.starts_with("model.norm.weight"));
+    });
+    fails_with(&["sft", "--config", r, "--resume"], &[s(&optimizer), "missing: model.norm.weight"]);
+    restore();
+    edit_safetensors(&optimizer, |t| {
+        let (shape, data) = t.get_mut("model.norm.weight.exp_avg").unwrap();
+        shape[0] -= 1;
+        data.truncate(data.len() - 4);
+    });
+    fails_with(&["sft", "--config", r, "--resume"], &[s(&optimizer), "moments of model.norm.weight have"]);
+    restore();
+    edit_safetensors(&optimizer, |t| {
+        for kind in ["exp_avg", "exp_avg_sq"] {
+            t.insert(format!("model.layers.7.mlp.up_proj.weight.{kind}"), (vec![2], vec![0; 8]));
+        }
+    });
+    fails_with(&["sft", "--config", r, "--resume"], &[s(&optimizer), "another model", "model.layers.7"]);
+    restore();
+    edit_safetensors(&optimizer, |t| {
+        let (shape, _) = t.get_mut("model.norm.weight.exp_avg").unwrap();
+        *shape = vec![shape[0] / 8, 8];
+    });
+    fails_with(&["sft", "--config", r, "--resume"], &[s(&optimizer), "moments are stored flat"]);
+    std::fs::write(&optimizer, &original[..original.len() / 3]).unwrap();
+    fails_with(&["sft", "--config", r, "--resume"], &[s(&optimizer), "not a valid safetensors file"]);
+    std::fs::write(checkpoint.join("trainer_state.json"), "{\"step\": \"two\"}").unwrap();
+    fails_with(&["sft", "--config", r, "--resume"], &["trainer_state.json", "invalid type"]);
+
+    // Nothing already written was touched by the failed resumes.
+    assert_eq!(std::fs::read_dir(tmp.path().join("out")).unwrap().count(), 3, "checkpoint-1, checkpoint-2, metrics.jsonl");
+}
+
+fn losses(metrics: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|r| Some((r["step"].as_u64()?, r["loss"].as_f64()?)))
+        .collect()
+}
+
+/// `kiln sft` killed with SIGKILL after its second checkpoint (of six, three steps per epoch)
+/// resumes with `--resume` and ends bit-identical to an uninterrupted run: weights, optimizer
+/// moments and every step's loss. A partial checkpoint directory left by the kill is swept.
+#[test]
+fn resume_after_sigkill_is_bit_identical_across_an_epoch_boundary() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Six rows, two per micro-batch: an epoch is three steps; two epochs are six.
+    sft_setup(tmp.path(), None, 64, 128);
+    let config = |name: &str| {
+        let path = tmp.path().join(format!("{name}.toml"));
+        std::fs::write(&path, sft_toml("max_length = 48", "epochs = 2", &format!("dir = \"{name}\"\nsave_steps = 1"))).unwrap();
+        path
+    };
+    let (whole, cut) = (config("whole"), config("cut"));
+    ok(&["sft", "--config", s(&whole)]);
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["sft", "--config", s(&cut)])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = tmp.path().join("cut");
+    let began = Instant::now();
+    while !out.join("checkpoint-2/trainer_state.json").is_file() {
+        assert!(child.try_wait().unwrap().is_none(), "kiln sft exited before its second checkpoint");
+        assert!(began.elapsed() < Duration::from_secs(600), "no second checkpoint after 10 minutes");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let latest = kiln::train::checkpoint::latest(&out).unwrap().unwrap().0;
+    eprintln!("killed after checkpoint {latest}");
+    // Steps take about a second here: the kill lands before the epoch boundary (after step 3).
+    assert!((2..=3).contains(&latest), "killed after checkpoint {latest}: the resumed run should cross the epoch boundary");
+    // What a kill during a checkpoint's write leaves behind.
+    let partial = out.join(format!(".checkpoint-{}.partial-{}", latest + 1, child.id()));
+    std::fs::create_dir_all(&partial).unwrap();
+    std::fs::write(partial.join("model.safetensors"), b"half a file").unwrap();
+
+    let resumed = ok(&["sft", "--config", s(&cut), "--resume"]);
+    assert!(String::from_utf8_lossy(&resumed.stderr).contains("6 steps"), "{}", String::from_utf8_lossy(&resumed.stderr));
+    let leftovers: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.contains(".partial-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    for file in ["model.safetensors", "optimizer.safetensors"] {
+        let (a, b) = (tmp.path().join("whole/checkpoint-6").join(file), out.join("checkpoint-6").join(file));
+        assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(), "{file} differs after the resume (killed after step {latest})");
+    }
+    let (a, b) = (losses(&tmp.path().join("whole/metrics.jsonl")), losses(&out.join("metrics.jsonl")));
+    assert_eq!(a.len(), 6);
+    assert_eq!(a, b, "per-step losses (killed after step {latest})");
+}
