@@ -1,6 +1,7 @@
 //! Key/value cache for incremental decoding.
 //!
-//! Each layer keeps `k` and `v` as `[batch, kv_heads, cached_len, head_dim]` (after RoPE, before
+//! Each layer keeps `k` and `v` as `[batch, kv_heads, cached_len, head_dim]` (`[batch, cached_len,
+//! kv_heads, head_dim]` on the fused CPU path, `model::fused`; after RoPE, before
 //! the GQA expansion, so memory is `kv_heads`-wide, not `heads`-wide). The cache also keeps which
 //! cached key positions are real tokens (left padding and finished rows are not).
 
@@ -15,9 +16,16 @@ pub struct LayerCache<B: Backend> {
 impl<B: Backend> LayerCache<B> {
     /// Appends new keys/values `[batch, kv_heads, new, head_dim]` and returns the full ones.
     pub fn append(&mut self, k: Tensor<B, 4>, v: Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        self.append_along(k, v, 2)
+    }
+
+    /// Appends new keys/values along axis `dim` (the sequence axis of the layout in use: 2 for
+    /// `[batch, kv_heads, seq, head_dim]`, 1 for the fused CPU path's `[batch, seq, kv_heads,
+    /// head_dim]`) and returns the full ones.
+    pub fn append_along(&mut self, k: Tensor<B, 4>, v: Tensor<B, 4>, dim: usize) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let (k, v) = match self.kv.take() {
             None => (k, v),
-            Some((k0, v0)) => (Tensor::cat(vec![k0, k], 2), Tensor::cat(vec![v0, v], 2)),
+            Some((k0, v0)) => (Tensor::cat(vec![k0, k], dim), Tensor::cat(vec![v0, v], dim)),
         };
         self.kv = Some((k.clone(), v.clone()));
         (k, v)
