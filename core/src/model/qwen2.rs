@@ -35,6 +35,11 @@ impl<B: Backend> RmsNorm<B> {
     }
 
     pub fn forward<const N: usize>(&self, x: Tensor<B, N>) -> Tensor<B, N> {
+        if fused::available::<B>()
+            && let Some(y) = fused::rms_norm(x.clone(), self.weight.val(), self.eps)
+        {
+            return y;
+        }
         let dtype = x.dtype();
         let x = x.cast(DType::F32);
         let inv_rms = (x.clone().square().mean_dim(N - 1) + self.eps).sqrt().recip();
@@ -60,8 +65,12 @@ impl<B: Backend> Mlp<B> {
     }
 
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let gate = silu(self.gate_proj.forward(x.clone()));
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+        let (gate, up) = (self.gate_proj.forward(x.clone()), self.up_proj.forward(x));
+        let hidden = match fused::available::<B>() {
+            true => fused::swiglu(gate.clone(), up.clone()),
+            false => None,
+        };
+        self.down_proj.forward(hidden.unwrap_or_else(|| silu(gate) * up))
     }
 }
 

@@ -70,6 +70,11 @@ impl<B: Backend> RotaryEmbedding<B> {
 impl<B: Backend> RopeTables<B> {
     /// Rotates `x` `[batch, seq, heads, head_dim]` (sequence-major, as projections produce it).
     pub fn apply_seq_major(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        if super::fused::available::<B>()
+            && let Some(y) = super::fused::rope(x.clone(), &self.cos, &self.sin)
+        {
+            return y;
+        }
         let [batch, _, seq, head_dim] = self.cos.dims();
         let swap = |t: &Tensor<B, 4>| t.clone().reshape([batch, seq, 1, head_dim]);
         Self { cos: swap(&self.cos), sin: swap(&self.sin) }.apply(x)

@@ -235,29 +235,34 @@ impl Rows {
     }
 }
 
-/// Whether row `limit`'s query may see key `j < width`: at or before itself, and real or itself.
+/// Splits a score row at its query's own key: `(seen, later)`, `seen` = keys `0..=limit`; keys
+/// in `seen` that are padding (other than the query itself) are set to `-inf`.
 #[inline(always)]
-fn visible(j: usize, limit: usize, valid: &[u8]) -> bool {
-    j <= limit && (valid[j] != 0 || j == limit)
+fn visible<'a>(row: &'a mut [f32], limit: usize, valid: &[u8]) -> (&'a mut [f32], &'a mut [f32]) {
+    let (seen, later) = row.split_at_mut(limit + 1);
+    if !valid[..limit].iter().all(|&v| v != 0) {
+        for (s, &v) in seen[..limit].iter_mut().zip(valid) {
+            *s = if v != 0 { *s } else { f32::NEG_INFINITY };
+        }
+    }
+    (seen, later)
 }
 
 simd_fn! {
     /// Masked softmax of `[rows, width]` scores in place; `lse[r]` = log Σ exp over row `r`.
     fn softmax_rows(scores: &mut [f32], width: usize, limits: &[usize], valid: &[u8], lse: &mut [f32]) {
         for (r, row) in scores.chunks_exact_mut(width).enumerate() {
-            let limit = limits[r];
-            let mut max = f32::NEG_INFINITY;
-            for (j, s) in row.iter_mut().enumerate() {
-                *s = if visible(j, limit, valid) { *s } else { f32::NEG_INFINITY };
-                max = max.max(*s);
-            }
+            let (seen, later) = visible(row, limits[r], valid);
+            later.fill(0.0);
+            let max = seen.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
             let mut sum = 0.0f32;
-            for s in row.iter_mut() {
+            for s in seen.iter_mut() {
+                // exp(-inf - max) is clamped to a tiny positive number, not 0: keep masked at 0.
                 *s = if *s == f32::NEG_INFINITY { 0.0 } else { simd::exp(*s - max) };
                 sum += *s;
             }
             let inv = 1.0 / sum;
-            row.iter_mut().for_each(|s| *s *= inv);
+            seen.iter_mut().for_each(|s| *s *= inv);
             lse[r] = max + sum.ln();
         }
     }
@@ -267,9 +272,11 @@ simd_fn! {
     /// Scores `[rows, width]` → probabilities `exp(s - lse[r])`, masked ones 0.
     fn probabilities(scores: &mut [f32], width: usize, limits: &[usize], valid: &[u8], lse: &[f32]) {
         for (r, row) in scores.chunks_exact_mut(width).enumerate() {
-            let (limit, l) = (limits[r], lse[r]);
-            for (j, s) in row.iter_mut().enumerate() {
-                *s = if visible(j, limit, valid) { simd::exp(*s - l) } else { 0.0 };
+            let l = lse[r];
+            let (seen, later) = visible(row, limits[r], valid);
+            later.fill(0.0);
+            for s in seen.iter_mut() {
+                *s = if *s == f32::NEG_INFINITY { 0.0 } else { simd::exp(*s - l) };
             }
         }
     }

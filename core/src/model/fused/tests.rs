@@ -5,7 +5,8 @@ use burn::tensor::activation::softmax;
 use burn::tensor::{Bool, Distribution, ElementConversion, Tensor, TensorData, backend::Backend};
 use burn_flex::Flex;
 
-use super::{KeyMask, attention};
+use super::{KeyMask, attention, rms_norm, rope, swiglu};
+use burn::tensor::activation::silu;
 
 type Ad = Autodiff<Flex>;
 
@@ -80,4 +81,75 @@ fn attention_gradients_match_burn_autodiff() {
             assert!(err < 5e-5, "t {t}, s {s}: d{name} max |Δ| = {err:e}");
         }
     }
+}
+
+fn normal<B: Backend, const D: usize>(shape: [usize; D]) -> Tensor<B, D> {
+    Tensor::random(shape, Distribution::Normal(0.0, 1.0), &Default::default())
+}
+
+/// Values of `fused` and `plain` on the same inputs, and their gradients through a random
+/// weighting of the output, agree within `tol`.
+fn check_op<const N: usize, const D: usize, const E: usize>(
+    inputs: [Tensor<Ad, D>; N],
+    fused: impl Fn([Tensor<Ad, D>; N]) -> Option<Tensor<Ad, E>>,
+    plain: impl Fn([Tensor<Ad, D>; N]) -> Tensor<Ad, E>,
+    tol: f32,
+) {
+    let run = |use_fused: bool| {
+        let inputs = inputs.clone().map(|t| t.require_grad());
+        let out = match use_fused {
+            true => fused(inputs.clone()).expect("fused path under autodiff"),
+            false => plain(inputs.clone()),
+        };
+        let grads = (out.clone() * weights_for(&out)).sum().backward();
+        (out, inputs.map(|x| x.grad(&grads).expect("gradient")))
+    };
+    let ((got, got_grads), (want, want_grads)) = (run(true), run(false));
+    let err = max_diff(got.inner(), want.inner());
+    assert!(err < tol, "values: max |Δ| = {err:e}");
+    for (i, (g, w)) in got_grads.into_iter().zip(want_grads).enumerate() {
+        let err = max_diff(g, w);
+        assert!(err < tol, "gradient of input {i}: max |Δ| = {err:e}");
+    }
+}
+
+/// A fixed pseudo-random weighting of the output (the same for both runs).
+fn weights_for<const E: usize>(out: &Tensor<Ad, E>) -> Tensor<Ad, E> {
+    let n = out.shape().num_elements();
+    let values: Vec<f32> = (0..n).map(|i| ((i * 7919) % 113) as f32 / 56.0 - 1.0).collect();
+    Tensor::from_data(TensorData::new(values, out.dims()), &Default::default())
+}
+
+#[test]
+fn swiglu_matches_silu_times_up() {
+    check_op([normal([3, 5, 37]), normal([3, 5, 37]) * 3.0], |[g, u]| swiglu(g, u), |[g, u]| silu(g) * u, 1e-5);
+}
+
+#[test]
+fn rope_matches_rotate_half() {
+    let (b, t, h, d) = (2, 5, 3, 8);
+    let cos = normal::<Ad, 4>([b, 1, t, d]);
+    let sin = normal::<Ad, 4>([b, 1, t, d]);
+    let plain = |x: Tensor<Ad, 4>| {
+        let (c, s) = (cos.clone().reshape([b, t, 1, d]), sin.clone().reshape([b, t, 1, d]));
+        let rotated = Tensor::cat(vec![x.clone().narrow(3, d / 2, d / 2).neg(), x.clone().narrow(3, 0, d / 2)], 3);
+        x * c + rotated * s
+    };
+    check_op([normal([b, t, h, d])], |[x]| rope(x, &cos, &sin), |[x]| plain(x), 1e-5);
+}
+
+#[test]
+fn rms_norm_matches_the_formula() {
+    let weight = normal::<Ad, 1>([48]);
+    let plain = |x: Tensor<Ad, 3>, w: Tensor<Ad, 1>| {
+        let inv = (x.clone().square().mean_dim(2) + 1e-6).sqrt().recip();
+        x * inv * w.unsqueeze()
+    };
+    // The weight's gradient is checked through a rank-3 view of it.
+    check_op(
+        [normal([4, 3, 48]) * 2.0, weight.clone().reshape([1, 1, 48])],
+        |[x, w]| rms_norm(x, w.reshape([48]), 1e-6),
+        |[x, w]| plain(x, w.reshape([48])),
+        2e-5,
+    );
 }

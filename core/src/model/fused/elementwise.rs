@@ -1,0 +1,150 @@
+//! Row-wise kernels of a Qwen2 block on contiguous f32 buffers, forward and backward: SwiGLU's
+//! `silu(gate) · up`, rotary embedding, RMSNorm. Work is split into chunks of rows on rayon's
+//! pool; each chunk runs a [`simd_fn!`] body.
+
+use rayon::prelude::*;
+
+use super::simd::{self, simd_fn};
+
+/// Elements per parallel chunk of the elementwise kernels (large enough to amortise a task).
+const CHUNK: usize = 1 << 14;
+
+/// `silu(gate) · up`.
+pub fn swiglu(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    assert_eq!(gate.len(), up.len());
+    let mut out = vec![0.0f32; gate.len()];
+    out.par_chunks_mut(CHUNK).zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK))).for_each(|(o, (g, u))| swiglu_body(o, g, u));
+    out
+}
+
+simd_fn! {
+    fn swiglu_body(out: &mut [f32], gate: &[f32], up: &[f32]) {
+        for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+            *o = g * simd::sigmoid(g) * u;
+        }
+    }
+}
+
+/// Gradients `(d gate, d up)` of [`swiglu`] given `dout`.
+pub fn swiglu_backward(gate: &[f32], up: &[f32], dout: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    assert!(gate.len() == up.len() && up.len() == dout.len());
+    let mut dgate = vec![0.0f32; gate.len()];
+    let mut dup = vec![0.0f32; gate.len()];
+    dgate
+        .par_chunks_mut(CHUNK)
+        .zip(dup.par_chunks_mut(CHUNK))
+        .zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK)).zip(dout.par_chunks(CHUNK)))
+        .for_each(|((dg, du), ((g, u), d))| swiglu_backward_body(dg, du, g, u, d));
+    (dgate, dup)
+}
+
+simd_fn! {
+    fn swiglu_backward_body(dgate: &mut [f32], dup: &mut [f32], gate: &[f32], up: &[f32], dout: &[f32]) {
+        for i in 0..dgate.len().min(dup.len()).min(gate.len()).min(up.len()).min(dout.len()) {
+            let (g, u, d) = (gate[i], up[i], dout[i]);
+            let s = simd::sigmoid(g);
+            dup[i] = d * g * s;
+            // d silu(g) / dg = s · (1 + g · (1 - s))
+            dgate[i] = d * u * s * (1.0 + g * (1.0 - s));
+        }
+    }
+}
+
+/// Rotary embedding of `x` `[rows, heads, d]` with `cos`, `sin` `[rows, d]` (one row per token):
+/// `x·cos + rotate_half(x)·sin`; with `inverse`, the transposed rotation (`sin` negated), which
+/// is also the backward pass.
+pub fn rope(x: &[f32], cos: &[f32], sin: &[f32], heads: usize, d: usize, inverse: bool) -> Vec<f32> {
+    let rows = cos.len() / d;
+    assert!(x.len() == rows * heads * d && sin.len() == cos.len() && d % 2 == 0);
+    let mut out = vec![0.0f32; x.len()];
+    let per_chunk = (CHUNK / (heads * d)).max(1);
+    out.par_chunks_mut(per_chunk * heads * d)
+        .zip(x.par_chunks(per_chunk * heads * d))
+        .zip(cos.par_chunks(per_chunk * d).zip(sin.par_chunks(per_chunk * d)))
+        .for_each(|((o, x), (c, s))| rope_body(o, x, c, s, heads, d, if inverse { -1.0 } else { 1.0 }));
+    out
+}
+
+simd_fn! {
+    fn rope_body(out: &mut [f32], x: &[f32], cos: &[f32], sin: &[f32], heads: usize, d: usize, sign: f32) {
+        let half = d / 2;
+        // The transpose of the rotation swaps which half of `sin` multiplies which half.
+        let (sa, sb) = if sign > 0.0 { (0, half) } else { (half, 0) };
+        for ((o, x), (c, s)) in out.chunks_exact_mut(heads * d).zip(x.chunks_exact(heads * d)).zip(cos.chunks_exact(d).zip(sin.chunks_exact(d))) {
+            for (o, x) in o.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
+                let (x1, x2) = x.split_at(half);
+                let (o1, o2) = o.split_at_mut(half);
+                let (s1, s2) = (&s[sa..sa + half], &s[sb..sb + half]);
+                for i in 0..half {
+                    o1[i] = x1[i] * c[i] - sign * x2[i] * s1[i];
+                    o2[i] = x2[i] * c[half + i] + sign * x1[i] * s2[i];
+                }
+            }
+        }
+    }
+}
+
+/// RMSNorm of rows of width `weight.len()`: `x / √(mean(x²) + eps) · weight`; also returns the
+/// per-row `1 / √(mean(x²) + eps)` for the backward pass.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
+    let width = weight.len();
+    let rows = x.len() / width;
+    let mut out = vec![0.0f32; x.len()];
+    let mut inv = vec![0.0f32; rows];
+    let per_chunk = (CHUNK / width).max(1);
+    out.par_chunks_mut(per_chunk * width)
+        .zip(inv.par_chunks_mut(per_chunk))
+        .zip(x.par_chunks(per_chunk * width))
+        .for_each(|((o, r), x)| rms_norm_body(o, r, x, weight, eps));
+    (out, inv)
+}
+
+simd_fn! {
+    fn rms_norm_body(out: &mut [f32], inv: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
+        let width = weight.len();
+        for ((o, r), x) in out.chunks_exact_mut(width).zip(inv.iter_mut()).zip(x.chunks_exact(width)) {
+            *r = 1.0 / (simd::dot(x, x) / width as f32 + eps).sqrt();
+            for ((o, &x), &w) in o.iter_mut().zip(x).zip(weight) {
+                *o = x * *r * w;
+            }
+        }
+    }
+}
+
+/// Gradients `(dx, dweight)` of [`rms_norm`] given `dout` and its saved `inv`.
+pub fn rms_norm_backward(x: &[f32], weight: &[f32], inv: &[f32], dout: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let width = weight.len();
+    let per_chunk = (CHUNK / width).max(1);
+    let mut dx = vec![0.0f32; x.len()];
+    let dweight = dx
+        .par_chunks_mut(per_chunk * width)
+        .zip(x.par_chunks(per_chunk * width).zip(dout.par_chunks(per_chunk * width)).zip(inv.par_chunks(per_chunk)))
+        .map(|(dx, ((x, dout), inv))| {
+            let mut dw = vec![0.0f32; width];
+            rms_norm_backward_body(dx, &mut dw, x, weight, inv, dout);
+            dw
+        })
+        .reduce(|| vec![0.0f32; width], |mut a, b| {
+            a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+            a
+        });
+    (dx, dweight)
+}
+
+simd_fn! {
+    /// `dx = r·(g∘w) − x·r³·mean((g∘w)∘x)`, `dw += g∘x·r` per row (`g` = dout, `r` = inv).
+    fn rms_norm_backward_body(dx: &mut [f32], dw: &mut [f32], x: &[f32], weight: &[f32], inv: &[f32], dout: &[f32]) {
+        let width = weight.len();
+        for (((dx, x), g), &r) in dx.chunks_exact_mut(width).zip(x.chunks_exact(width)).zip(dout.chunks_exact(width)).zip(inv) {
+            let mut dot = 0.0f32;
+            for i in 0..width {
+                dot += g[i] * weight[i] * x[i];
+            }
+            let c = r * r * r * dot / width as f32;
+            for i in 0..width {
+                dx[i] = r * g[i] * weight[i] - x[i] * c;
+                dw[i] += g[i] * x[i] * r;
+            }
+        }
+    }
+}
