@@ -148,3 +148,52 @@ simd_fn! {
         }
     }
 }
+
+/// Per row of `logits` `[rows, vocab]`: `log_softmax(row)[target]`, and the row's log-sum-exp
+/// (kept for the backward pass). The log-softmax itself is never stored.
+pub fn token_logprobs(logits: &[f32], vocab: usize, targets: &[u32]) -> (Vec<f32>, Vec<f32>) {
+    assert_eq!(logits.len(), targets.len() * vocab);
+    let mut out = vec![0.0f32; targets.len()];
+    let mut lse = vec![0.0f32; targets.len()];
+    let per_chunk = (CHUNK / vocab).max(1);
+    out.par_chunks_mut(per_chunk)
+        .zip(lse.par_chunks_mut(per_chunk))
+        .zip(logits.par_chunks(per_chunk * vocab).zip(targets.par_chunks(per_chunk)))
+        .for_each(|((o, l), (x, t))| token_logprobs_body(o, l, x, vocab, t));
+    (out, lse)
+}
+
+simd_fn! {
+    fn token_logprobs_body(out: &mut [f32], lse: &mut [f32], logits: &[f32], vocab: usize, targets: &[u32]) {
+        for (((o, l), row), &t) in out.iter_mut().zip(lse.iter_mut()).zip(logits.chunks_exact(vocab)).zip(targets) {
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let sum: f32 = row.iter().map(|&x| simd::exp(x - max)).sum();
+            *l = max + sum.ln();
+            *o = row[t as usize] - *l;
+        }
+    }
+}
+
+/// Gradient of [`token_logprobs`]' logits given `grad` `[rows]`:
+/// `grad[r] · (onehot(target) − softmax(row))`.
+pub fn token_logprobs_backward(logits: &[f32], vocab: usize, targets: &[u32], lse: &[f32], grad: &[f32]) -> Vec<f32> {
+    let mut dlogits = vec![0.0f32; logits.len()];
+    let per_chunk = (CHUNK / vocab).max(1);
+    dlogits
+        .par_chunks_mut(per_chunk * vocab)
+        .zip(logits.par_chunks(per_chunk * vocab))
+        .zip(targets.par_chunks(per_chunk).zip(lse.par_chunks(per_chunk)).zip(grad.par_chunks(per_chunk)))
+        .for_each(|((d, x), ((t, l), g))| token_logprobs_backward_body(d, x, vocab, t, l, g));
+    dlogits
+}
+
+simd_fn! {
+    fn token_logprobs_backward_body(dlogits: &mut [f32], logits: &[f32], vocab: usize, targets: &[u32], lse: &[f32], grad: &[f32]) {
+        for ((((d, row), &t), &l), &g) in dlogits.chunks_exact_mut(vocab).zip(logits.chunks_exact(vocab)).zip(targets).zip(lse).zip(grad) {
+            for (d, &x) in d.iter_mut().zip(row) {
+                *d = -g * simd::exp(x - l);
+            }
+            d[t as usize] += g;
+        }
+    }
+}

@@ -232,3 +232,19 @@ pub fn rms_norm<B: Backend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 1
         Forward { output, grad }
     })
 }
+
+pub fn token_logprobs<B: Backend>(logits: Tensor<B, 3>, targets: &[u32]) -> Option<Tensor<B, 2>> {
+    let [batch, seq, vocab] = logits.dims();
+    if targets.len() != batch * seq || targets.iter().any(|&t| t as usize >= vocab) {
+        return None;
+    }
+    let targets: Arc<Vec<u32>> = Arc::new(targets.to_vec());
+    run::<B, 1, 3, 2>([logits], move |[logits]| {
+        let (out, lse) = ew::token_logprobs(f32s(logits), vocab, &targets);
+        let logits = logits.clone();
+        let grad: GradFn = Arc::new(move |dout| {
+            vec![Some(from_vec(ew::token_logprobs_backward(f32s(&logits), vocab, &targets, &lse, f32s(dout)), &[batch, seq, vocab]))]
+        });
+        Forward { output: from_vec(out, &[batch, seq]), grad }
+    })
+}

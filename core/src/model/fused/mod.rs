@@ -80,6 +80,18 @@ pub fn rms_norm<B: Backend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 1
     }
 }
 
+/// `log_softmax(logits)[b, t, targets[b, t]]`: `[B, T, V]` → `[B, T]`, `targets` row-major
+/// `[B, T]` on the host.
+pub fn token_logprobs<B: Backend>(logits: Tensor<B, 3>, targets: &[u32]) -> Option<Tensor<B, 2>> {
+    #[cfg(feature = "flex")]
+    return flex::token_logprobs(logits, targets);
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = (logits, targets);
+        None
+    }
+}
+
 #[cfg(feature = "flex")]
 mod flex;
 

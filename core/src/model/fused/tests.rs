@@ -5,7 +5,7 @@ use burn::tensor::activation::softmax;
 use burn::tensor::{Bool, Distribution, ElementConversion, Tensor, TensorData, backend::Backend};
 use burn_flex::Flex;
 
-use super::{KeyMask, attention, rms_norm, rope, swiglu};
+use super::{KeyMask, attention, rms_norm, rope, swiglu, token_logprobs};
 use burn::tensor::activation::silu;
 
 type Ad = Autodiff<Flex>;
@@ -152,4 +152,14 @@ fn rms_norm_matches_the_formula() {
         |[x, w]| plain(x, w.reshape([48])),
         2e-5,
     );
+}
+
+#[test]
+fn token_logprobs_match_log_softmax_and_gather() {
+    let (b, t, v) = (2, 3, 37);
+    let targets: Vec<u32> = (0..b * t).map(|i| (i * 11 % v) as u32).collect();
+    let ids: Tensor<Ad, 2, burn::tensor::Int> =
+        Tensor::from_data(TensorData::new(targets.iter().map(|&x| x as i64).collect::<Vec<_>>(), [b, t]), &Default::default());
+    let plain = |x: Tensor<Ad, 3>| burn::tensor::activation::log_softmax(x, 2).gather(2, ids.clone().unsqueeze_dim(2)).squeeze_dim::<2>(2);
+    check_op([normal([b, t, v]) * 4.0], |[x]| token_logprobs(x, &targets), |[x]| plain(x), 2e-5);
 }
