@@ -197,3 +197,51 @@ simd_fn! {
         }
     }
 }
+
+/// The scalars of one AdamW update, each rounded to f32 as burn's scalar ops round them.
+#[derive(Debug, Clone, Copy)]
+pub struct AdamWStep {
+    /// Gradient-clipping coefficient.
+    pub clip: Option<f32>,
+    /// Decoupled weight decay factor `1 - lr·wd`.
+    pub decay: Option<f32>,
+    /// `1 - β1`.
+    pub w: f32,
+    pub beta2: f32,
+    /// `1 - β2`.
+    pub one_minus_beta2: f32,
+    /// `√(1 - β2^t)`.
+    pub bias_correction2_sqrt: f32,
+    pub eps: f32,
+    /// `lr / (1 - β1^t)`.
+    pub step_size: f32,
+}
+
+/// One AdamW update in a single pass: `(param, exp_avg, exp_avg_sq)` after the step, each
+/// element computed with the same f32 operations in the same order as `train::adamw` runs them
+/// with burn's ops (so results are bit-identical).
+pub fn adamw(param: &[f32], grad: &[f32], exp_avg: &[f32], exp_avg_sq: &[f32], s: AdamWStep) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let n = param.len();
+    assert!(grad.len() == n && exp_avg.len() == n && exp_avg_sq.len() == n);
+    let (mut p, mut m, mut v) = (vec![0.0f32; n], vec![0.0f32; n], vec![0.0f32; n]);
+    p.par_chunks_mut(CHUNK)
+        .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
+        .zip(param.par_chunks(CHUNK).zip(grad.par_chunks(CHUNK)).zip(exp_avg.par_chunks(CHUNK).zip(exp_avg_sq.par_chunks(CHUNK))))
+        .for_each(|((p, (m, v)), ((p0, g), (m0, v0)))| adamw_body(p, m, v, p0, g, m0, v0, s));
+    (p, m, v)
+}
+
+simd_fn! {
+    fn adamw_body(p: &mut [f32], m: &mut [f32], v: &mut [f32], p0: &[f32], g: &[f32], m0: &[f32], v0: &[f32], s: AdamWStep) {
+        for i in 0..p.len().min(m.len()).min(v.len()).min(p0.len()).min(g.len()).min(m0.len()).min(v0.len()) {
+            let grad = match s.clip { Some(c) => g[i] * c, None => g[i] };
+            let param = match s.decay { Some(d) => p0[i] * d, None => p0[i] };
+            let exp_avg = m0[i] + (grad - m0[i]) * s.w;
+            let exp_avg_sq = v0[i] * s.beta2 + (grad * s.one_minus_beta2) * grad;
+            let denom = exp_avg_sq.sqrt() / s.bias_correction2_sqrt + s.eps;
+            p[i] = param - (exp_avg / denom) * s.step_size;
+            m[i] = exp_avg;
+            v[i] = exp_avg_sq;
+        }
+    }
+}

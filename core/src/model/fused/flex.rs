@@ -248,3 +248,27 @@ pub fn token_logprobs<B: Backend>(logits: Tensor<B, 3>, targets: &[u32]) -> Opti
         Forward { output: from_vec(out, &[batch, seq]), grad }
     })
 }
+
+pub fn adamw<B: Backend>(
+    param: Tensor<B, 1>,
+    grad: Tensor<B, 1>,
+    moments: Option<(Tensor<B, 1>, Tensor<B, 1>)>,
+    step: ew::AdamWStep,
+) -> Option<(Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>)> {
+    if !is_flex::<B>() {
+        return None;
+    }
+    let n = param.dims()[0];
+    let values = |t: Tensor<B, 1>| primitive::<B, FlexTensor, 1>(t).and_then(|t| contiguous(&t));
+    let (p, g) = (values(param)?, values(grad)?);
+    let (m, v) = match moments {
+        Some((m, v)) => (values(m)?, values(v)?),
+        None => {
+            let zeros = from_vec(vec![0.0; n], &[n]);
+            (zeros.clone(), zeros)
+        }
+    };
+    let (p, m, v) = ew::adamw(f32s(&p), f32s(&g), f32s(&m), f32s(&v), step);
+    let wrap = |x: Vec<f32>| tensor::<B, _, 1>(from_vec(x, &[n]));
+    Some((wrap(p), wrap(m), wrap(v)))
+}

@@ -92,6 +92,19 @@ pub fn token_logprobs<B: Backend>(logits: Tensor<B, 3>, targets: &[u32]) -> Opti
     }
 }
 
+/// One AdamW update of a flattened parameter on Flex (no autodiff): `(param, exp_avg,
+/// exp_avg_sq)` after the step, bit-identical to `train::adamw`'s burn ops; `moments` `None`
+/// starts them at zero.
+#[cfg(feature = "flex")]
+pub fn adamw<B: Backend>(
+    param: Tensor<B, 1>,
+    grad: Tensor<B, 1>,
+    moments: Option<(Tensor<B, 1>, Tensor<B, 1>)>,
+    step: elementwise::AdamWStep,
+) -> Option<(Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>)> {
+    flex::adamw(param, grad, moments, step)
+}
+
 #[cfg(feature = "flex")]
 mod flex;
 

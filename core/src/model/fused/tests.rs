@@ -163,3 +163,31 @@ fn token_logprobs_match_log_softmax_and_gather() {
     let plain = |x: Tensor<Ad, 3>| burn::tensor::activation::log_softmax(x, 2).gather(2, ids.clone().unsqueeze_dim(2)).squeeze_dim::<2>(2);
     check_op([normal([b, t, v]) * 4.0], |[x]| token_logprobs(x, &targets), |[x]| plain(x), 2e-5);
 }
+
+/// The fused AdamW step is bit-identical to `train::adamw`'s chain of burn ops.
+#[test]
+fn adamw_step_is_bit_identical_to_burn_ops() {
+    let (lr, wd, b1, b2, eps, clip, t) = (3e-3f64, 0.1f64, 0.9f64, 0.999f64, 1e-8f64, 0.37f64, 3i32);
+    let n = 40_000;
+    let [p, g, m] = [0, 1, 2].map(|_| normal::<Flex, 1>([n]));
+    let v = normal::<Flex, 1>([n]).abs();
+    let grad = g.clone().mul_scalar(clip);
+    let exp_avg = m.clone() + (grad.clone() - m.clone()).mul_scalar(1.0 - b1);
+    let exp_avg_sq = v.clone().mul_scalar(b2) + grad.clone().mul_scalar(1.0 - b2) * grad;
+    let denom = exp_avg_sq.clone().sqrt().div_scalar((1.0 - b2.powi(t)).sqrt()).add_scalar(eps);
+    let want = p.clone().mul_scalar(1.0 - lr * wd) - (exp_avg.clone() / denom).mul_scalar(lr / (1.0 - b1.powi(t)));
+    let step = super::elementwise::AdamWStep {
+        clip: Some(clip as f32),
+        decay: Some((1.0 - lr * wd) as f32),
+        w: (1.0 - b1) as f32,
+        beta2: b2 as f32,
+        one_minus_beta2: (1.0 - b2) as f32,
+        bias_correction2_sqrt: (1.0 - b2.powi(t)).sqrt() as f32,
+        eps: eps as f32,
+        step_size: (lr / (1.0 - b1.powi(t))) as f32,
+    };
+    let (got, got_m, got_v) = super::adamw(p, g, Some((m, v)), step).expect("fused AdamW on Flex");
+    for (a, b) in [(got, want), (got_m, exp_avg), (got_v, exp_avg_sq)] {
+        assert_eq!(a.into_data().to_vec::<f32>().unwrap(), b.into_data().to_vec::<f32>().unwrap());
+    }
+}
