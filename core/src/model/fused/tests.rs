@@ -191,3 +191,45 @@ fn adamw_step_is_bit_identical_to_burn_ops() {
         assert_eq!(a.into_data().to_vec::<f32>().unwrap(), b.into_data().to_vec::<f32>().unwrap());
     }
 }
+
+/// On the fused path, prefill plus cached decoding of a left-padded batch gives the logits of one
+/// full forward pass over the whole sequences (and the model does take the fused path).
+#[test]
+fn cached_decoding_with_fused_attention_equals_a_full_forward() {
+    use crate::model::{HostBatch, Qwen2, Qwen2Config};
+    let config: Qwen2Config = serde_json::from_str(
+        r#"{"vocab_size": 97, "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 2,
+            "num_attention_heads": 6, "num_key_value_heads": 2, "tie_word_embeddings": true,
+            "max_position_embeddings": 64, "rope_theta": 10000.0, "initializer_range": 0.3}"#,
+    )
+    .unwrap();
+    let device = Default::default();
+    let model = Qwen2::<Flex>::random(&config, 7, &device).unwrap();
+    assert!(super::available::<Flex>());
+    let rows: Vec<Vec<u32>> = vec![(0..12).map(|t| (t * 5 + 1) % 97).collect(), (0..9).map(|t| (t * 11 + 3) % 97).collect()];
+    let full = model.forward(&HostBatch::left_padded(&rows, 0).unwrap().to_device::<Flex>(&device));
+    // The same sequences: a prefill of the first 6 (5 for the shorter row) tokens, then one
+    // token at a time through the cache.
+    let prefix: Vec<Vec<u32>> = rows.iter().map(|r| r[..r.len() - 6].to_vec()).collect();
+    let mut cache = model.new_cache();
+    let prefill = HostBatch::left_padded(&prefix, 0).unwrap();
+    let _ = model.forward_hidden(&prefill.to_device::<Flex>(&device), Some(&mut cache));
+    let mut seen: Vec<usize> = prefix.iter().map(Vec::len).collect();
+    for step in 0..6 {
+        let ids: Vec<u32> = rows.iter().zip(&seen).map(|(r, &n)| r[n]).collect();
+        let batch = HostBatch { batch: 2, seq: 1, ids: ids.clone(), valid: vec![true; 2] };
+        let mut inputs = batch.to_device::<Flex>(&device);
+        let positions: Vec<i64> = seen.iter().map(|&n| n as i64).collect();
+        inputs.positions = Tensor::from_data(TensorData::new(positions, [2, 1]), &device);
+        let logits = model.logits(model.forward_hidden(&inputs, Some(&mut cache)));
+        for (b, r) in rows.iter().enumerate() {
+            // Row b's token `seen[b]` sits at column `pad + seen[b]` of the full left-padded pass.
+            let column = 12 - r.len() + seen[b];
+            let want = full.clone().narrow(0, b, 1).narrow(1, column, 1);
+            let got = logits.clone().narrow(0, b, 1);
+            let err = max_diff(got, want);
+            assert!(err < 1e-4, "step {step}, row {b}: max |Δ logit| = {err:e}");
+        }
+        seen.iter_mut().for_each(|n| *n += 1);
+    }
+}
