@@ -134,7 +134,7 @@ impl<B: Backend> AdamW<B> {
             let t = (self.step as i32).max(1);
             let step = crate::model::fused::elementwise::AdamWStep {
                 clip: clip.map(|c| c as f32),
-                decay: (decays(name) && c.weight_decay != 0.0).then(|| (1.0 - lr * c.weight_decay) as f32),
+                decay: (decays(name) && c.weight_decay != 0.0).then_some((1.0 - lr * c.weight_decay) as f32),
                 w: (1.0 - c.beta1) as f32,
                 beta2: c.beta2 as f32,
                 one_minus_beta2: (1.0 - c.beta2) as f32,

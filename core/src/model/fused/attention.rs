@@ -156,7 +156,7 @@ pub fn backward(
 }
 
 fn check(dims: Dims, q: &[f32], k: &[f32], v: &[f32], valid: &[u8]) {
-    assert!(dims.kv_heads > 0 && dims.heads % dims.kv_heads == 0 && dims.keys >= dims.queries);
+    assert!(dims.kv_heads > 0 && dims.heads.is_multiple_of(dims.kv_heads) && dims.keys >= dims.queries);
     assert!(q.len() == dims.q_len() && k.len() == dims.kv_len() && v.len() == dims.kv_len());
     assert_eq!(valid.len(), dims.batch * dims.keys);
 }

@@ -55,7 +55,7 @@ simd_fn! {
 /// is also the backward pass.
 pub fn rope(x: &[f32], cos: &[f32], sin: &[f32], heads: usize, d: usize, inverse: bool) -> Vec<f32> {
     let rows = cos.len() / d;
-    assert!(x.len() == rows * heads * d && sin.len() == cos.len() && d % 2 == 0);
+    assert!(x.len() == rows * heads * d && sin.len() == cos.len() && d.is_multiple_of(2));
     let mut out = vec![0.0f32; x.len()];
     let per_chunk = (CHUNK / (heads * d)).max(1);
     out.par_chunks_mut(per_chunk * heads * d)
