@@ -48,6 +48,7 @@ fn detect() -> Level {
 
 /// Defines `fn name(args) -> ret { body }` compiled for each [`Level`] and dispatched at run time.
 /// The body must be safe code; the per-level copies only differ in the instructions used.
+#[allow(unused_macros)] // the kernels using it need the `flex` feature
 macro_rules! simd_fn {
     ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$meta])*
@@ -75,6 +76,7 @@ macro_rules! simd_fn {
         }
     };
 }
+#[allow(unused_imports)]
 pub(crate) use simd_fn;
 
 /// `e^x` for `-87 ≤ x ≤ 88` (clamped outside), branch-free so loops over it vectorise (Cephes' `expf`: range reduction
