@@ -254,13 +254,8 @@ simd_fn! {
         for (r, row) in scores.chunks_exact_mut(width).enumerate() {
             let (seen, later) = visible(row, limits[r], valid);
             later.fill(0.0);
-            let max = seen.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-            let mut sum = 0.0f32;
-            for s in seen.iter_mut() {
-                // exp(-inf - max) is clamped to a tiny positive number, not 0: keep masked at 0.
-                *s = if *s == f32::NEG_INFINITY { 0.0 } else { simd::exp(*s - max) };
-                sum += *s;
-            }
+            let max = simd::max(seen);
+            let sum = simd::exp_shifted_sum(seen, max);
             let inv = 1.0 / sum;
             seen.iter_mut().for_each(|s| *s *= inv);
             lse[r] = max + sum.ln();

@@ -166,8 +166,16 @@ pub fn token_logprobs(logits: &[f32], vocab: usize, targets: &[u32]) -> (Vec<f32
 simd_fn! {
     fn token_logprobs_body(out: &mut [f32], lse: &mut [f32], logits: &[f32], vocab: usize, targets: &[u32]) {
         for (((o, l), row), &t) in out.iter_mut().zip(lse.iter_mut()).zip(logits.chunks_exact(vocab)).zip(targets) {
-            let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-            let sum: f32 = row.iter().map(|&x| simd::exp(x - max)).sum();
+            let max = simd::max(row);
+            let mut acc = [0.0f32; 16];
+            let chunks = row.chunks_exact(16);
+            let rest: f32 = chunks.remainder().iter().map(|&x| simd::exp(x - max)).sum();
+            for c in chunks {
+                for i in 0..16 {
+                    acc[i] += simd::exp(c[i] - max);
+                }
+            }
+            let sum = acc.iter().sum::<f32>() + rest;
             *l = max + sum.ln();
             *o = row[t as usize] - *l;
         }

@@ -124,6 +124,41 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// The largest element (`-inf` for an empty slice), in 16 independent lanes so it vectorises
+/// (a single running `max` is a sequential chain the compiler may not reorder).
+#[inline(always)]
+pub fn max(xs: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 16];
+    let chunks = xs.chunks_exact(16);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for i in 0..16 {
+            acc[i] = if c[i] > acc[i] { c[i] } else { acc[i] };
+        }
+    }
+    rest.iter().chain(&acc).fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+}
+
+/// Replaces every `x` by `e^(x - shift)` (`-inf` by exactly 0) and returns their sum, summed in
+/// 16 independent lanes so the loop vectorises.
+#[inline(always)]
+pub fn exp_shifted_sum(xs: &mut [f32], shift: f32) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let mut chunks = xs.chunks_exact_mut(16);
+    for c in &mut chunks {
+        for i in 0..16 {
+            c[i] = if c[i] == f32::NEG_INFINITY { 0.0 } else { exp(c[i] - shift) };
+            acc[i] += c[i];
+        }
+    }
+    let mut sum: f32 = acc.iter().sum();
+    for x in chunks.into_remainder() {
+        *x = if *x == f32::NEG_INFINITY { 0.0 } else { exp(*x - shift) };
+        sum += *x;
+    }
+    sum
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,6 +173,17 @@ mod tests {
         }
         assert!(worst < 2e-7, "max relative error {worst:e}");
         assert!(exp(-1e30) < 1e-37 && exp(-1e30) >= 0.0);
+    }
+
+    #[test]
+    fn max_and_exp_sum_cover_every_element() {
+        let mut xs: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
+        xs[5] = f32::NEG_INFINITY;
+        let m = xs.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        assert_eq!(max(&xs), m);
+        let want: f32 = xs.iter().map(|&x| if x == f32::NEG_INFINITY { 0.0 } else { (x - m).exp() }).sum();
+        let got = exp_shifted_sum(&mut xs, m);
+        assert!((got - want).abs() < 1e-5 && xs[5] == 0.0, "{got} vs {want}");
     }
 
     #[test]
