@@ -8,7 +8,7 @@ mod cli;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// mimalloc's `mi_option_purge_delay` (index in `mi_option_e` of mimalloc v2's `mimalloc.h`).
+/// mimalloc's `mi_option_purge_delay` (its index in `mi_option_e` of `mimalloc.h`, v2 and v3 alike).
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 /// Freed memory stays with the process for reuse (no purging back to the OS), unless
