@@ -46,6 +46,9 @@ pub enum Error {
     /// Input that is wrong regardless of any file (bad shapes, empty prompts, bad parameters).
     #[error("{0}")]
     InvalidInput(String),
+    /// A data-parallel run stopped: a peer failed, was lost or disagrees (the message names it).
+    #[error("{0}")]
+    Distributed(String),
 }
 
 impl Error {

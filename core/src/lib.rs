@@ -3,10 +3,11 @@
 //! Everything here is generic over burn's [`Backend`](burn::tensor::backend::Backend): the Qwen2
 //! model and its Hugging Face checkpoints ([`model`]), the tokenizer ([`tokenizer`]) and the
 //! batched generation engine ([`generate`]), training ([`train`], [`rl`]) on tasks behind one
-//! interface ([`tasks`]), checkpoint evaluation ([`eval`]), files ([`io`]), pass@k
+//! interface ([`tasks`]), checkpoint evaluation ([`eval`]), data-parallel replicas ([`dist`]), files ([`io`]), pass@k
 //! ([`metrics`]) and SVG charts ([`plot`]).
 
 pub mod data;
+pub mod dist;
 pub mod error;
 pub mod eval;
 pub mod generate;

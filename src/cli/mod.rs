@@ -2,6 +2,7 @@
 
 mod bench;
 mod data;
+mod dist;
 mod eval;
 mod generate;
 mod init;
