@@ -143,9 +143,10 @@ impl<B: AutodiffBackend> PolicyGradient<B> {
         Ok(Self { settings, prompts, signal, reference, tokenizer, eos_ids, pad_id, step_metrics: Map::new(), rank: 0, world: 1 })
     }
 
-    /// This objective as data-parallel replica `rank` of `world`: it rolls out its consecutive
-    /// share of each step's prompts (whole groups, so group advantages are unchanged) with its
-    /// own sampling seed, and each update takes `mini_batch / world` of its prompts (verl's
+    /// This objective as data-parallel replica `rank` of `world`: of every mini-batch of the
+    /// step's prompts it rolls out its consecutive share (`mini_batch / world` prompts, whole
+    /// groups, so group advantages are unchanged) with its own sampling seed, so that the
+    /// replicas' mean gradient is the one of the mini-batch on one device (verl's
     /// `ppo_mini_batch_size` is global, `ppo_micro_batch_size_per_gpu` per replica).
     pub fn shard(mut self, rank: usize, world: usize) -> Result<Self> {
         let s = &self.settings;
@@ -217,8 +218,9 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         let s = self.settings;
         let began = Instant::now();
         let policy = model.valid();
-        let share = s.prompts_per_step / self.world;
-        let prompts: Vec<_> = self.prompts.batch(step, s.prompts_per_step, s.seed)?.into_iter().skip(self.rank * share).take(share).collect();
+        let share = s.mini_batch / self.world;
+        let step_prompts = self.prompts.batch(step, s.prompts_per_step, s.seed)?;
+        let prompts: Vec<_> = step_prompts.chunks(s.mini_batch).flat_map(|update| update[self.rank * share..(self.rank + 1) * share].iter().copied()).collect();
         let seed = step_seed(s.seed, step) ^ (self.rank as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let responses = rollout(&policy, &self.tokenizer, &self.eos_ids, &prompts, &s.rollout, seed)?;
         let rollout_s = began.elapsed().as_secs_f64();
