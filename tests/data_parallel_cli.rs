@@ -173,6 +173,34 @@ fn two_and_three_nodes_match_one_process_with_the_whole_batch() {
     }
 }
 
+/// Two processes of two replicas each (the engine inside a process, the ring between them), and
+/// one process of two replicas named in the config, against one device with the whole batch.
+#[test]
+fn replicas_in_processes_and_from_the_config_match_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let steps = 3;
+    let single = write_config(dir, "single", 4, steps, "");
+    let out = kiln().args(["pretrain", "--config", single.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let multi = write_config(dir, "multi", 1, steps, "");
+    succeed(&run_nodes(&[&multi, &multi], &["--devices", "cpu,cpu"]));
+    let listed = write_config(dir, "listed", 2, steps, "").to_str().unwrap().to_string();
+    let text = std::fs::read_to_string(&listed).unwrap().replace("seed = 5", "seed = 5\ndevices = [\"cpu\", \"cpu\"]");
+    std::fs::write(&listed, text).unwrap();
+    let out = kiln().args(["pretrain", "--config", &listed]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reference = weights(&dir.join(format!("single/checkpoint-{steps}")));
+    for run in ["multi", "listed"] {
+        let difference = max_relative_difference(&weights(&dir.join(run).join(format!("checkpoint-{steps}"))), &reference);
+        assert!(difference <= 1e-6, "{run}: weights differ by {difference:e} relative");
+        assert_eq!(losses(&dir.join(run)).len(), steps as usize);
+    }
+    // Devices of two backends do not make one run.
+    let out = kiln().args(["pretrain", "--config", &listed, "--devices", "cpu,cuda:0"]).output().unwrap();
+    assert!(last_line(&out).contains("must all be of one backend (got cpu and cuda:0)"), "{}", stderr(&out));
+}
+
 #[test]
 fn a_resumed_two_node_run_equals_an_uninterrupted_one() {
     let tmp = tempfile::tempdir().unwrap();

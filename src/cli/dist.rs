@@ -57,12 +57,17 @@ impl DistArgs {
             (1, _) if self.node_rank > 0 => bail!("--node-rank {} needs --nnodes above it", self.node_rank),
             (1, _) => Ok(None),
             (_, None) => bail!("--nnodes {} needs --master-addr HOST:PORT (where node 0 listens)", self.nnodes),
-            (nnodes, Some(master)) => Ok(Some(NodeSpec {
-                nnodes,
-                node_rank: self.node_rank,
-                master: master.clone(),
-                timeout: Duration::from_secs_f64(self.dist_timeout),
-            })),
+            (nnodes, Some(master)) => {
+                if self.node_rank > 0 {
+                    eprintln!("node {} of {nnodes}: progress, evaluation and checkpoints are shown and written by node 0", self.node_rank);
+                }
+                Ok(Some(NodeSpec {
+                    nnodes,
+                    node_rank: self.node_rank,
+                    master: master.clone(),
+                    timeout: Duration::from_secs_f64(self.dist_timeout),
+                }))
+            }
         }
     }
 }

@@ -16,6 +16,21 @@
 //! Ranks are global: node `n`'s local replica `l` is rank `n · devices + l`; rank 0 is the
 //! main replica (it logs, evaluates and writes checkpoints). Every replica reaches identical
 //! weights: gradients are summed in one order and the result is copied, never re-summed.
+//!
+//! Other work can be spread the same way, evaluation over rows for instance: [`launch`] one
+//! replica per device, let each take its [`Replica::shard`] of the rows and [`Replica::gather`]
+//! the results (every replica gets all of them, in rank order):
+//!
+//! ```
+//! use kiln_core::dist::{self, Replica};
+//!
+//! let rows: Vec<u64> = (1..=10).collect();
+//! let score = |replica: Replica, _device: &()| -> kiln_core::Result<u64> {
+//!     let mine: u64 = rows[replica.shard(rows.len())].iter().sum();
+//!     Ok(replica.gather(mine.into())?.iter().filter_map(|v| v.as_u64()).sum())
+//! };
+//! assert_eq!(dist::launch(&[(), ()], None, "eval", score, score).unwrap(), 55);
+//! ```
 
 mod engine;
 mod group;

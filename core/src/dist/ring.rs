@@ -93,19 +93,26 @@ impl Ring {
                 data.len()
             )));
         }
-        let mut incoming = Vec::new();
+        let mut incoming: Vec<f32> = Vec::new();
         for phase in 0..2 {
             for step in 0..p - 1 {
                 // Reduce-scatter sends chunk (i − s), then all-gather sends chunk (i + 1 − s).
                 let send = (node + p * 2 + phase - step) % p;
                 let recv = (send + p - 1) % p;
-                let outgoing = encode(&data[chunks[send].clone()]);
-                incoming.resize(chunks[recv].len() * 4, 0);
-                exchange(next, prev, &outgoing, &mut incoming, abort, (next_node, prev_node))?;
-                let target = &mut data[chunks[recv].clone()];
-                for (value, bytes) in target.iter_mut().zip(incoming.chunks_exact(4)) {
-                    let received = f32::from_le_bytes(bytes.try_into().expect("4 bytes"));
-                    *value = if phase == 0 { *value + received } else { received };
+                let (sent, received) = (chunks[send].clone(), chunks[recv].clone());
+                if phase == 0 {
+                    // The chunks differ, but both live in `data`: receive aside, then add.
+                    incoming.resize(received.len(), 0.0);
+                    exchange(next, prev, wire(&data[sent]), wire_mut(&mut incoming), abort, (next_node, prev_node))?;
+                    data[received].iter_mut().zip(&incoming).for_each(|(value, other)| *value += other);
+                } else {
+                    let (head, tail) = data.split_at_mut(sent.start.max(received.start));
+                    let (outgoing, target) = if sent.start < received.start {
+                        (&head[sent.clone()], &mut tail[..received.len()])
+                    } else {
+                        (&tail[..sent.len()], &mut head[received.clone()])
+                    };
+                    exchange(next, prev, wire(outgoing), wire_mut(target), abort, (next_node, prev_node))?;
                 }
             }
         }
@@ -135,8 +142,16 @@ fn chunk_ranges(n: usize, p: usize) -> Vec<Range<usize>> {
         .collect()
 }
 
-fn encode(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+/// The bytes sent for `values`: f32 in memory order, little-endian on every target kiln builds
+/// for (sent and received without a copy).
+#[cfg(target_endian = "little")]
+fn wire(values: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(values)
+}
+
+#[cfg(target_endian = "little")]
+fn wire_mut(values: &mut [f32]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(values)
 }
 
 fn hello(token: u64, node: usize) -> [u8; 16] {
