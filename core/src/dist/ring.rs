@@ -257,10 +257,11 @@ mod tests {
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
         for (k, &len) in [1usize, 2, 1000, 7, 3].iter().enumerate() {
-            for j in 0..len {
+            for (j, value) in results[0][k].iter().enumerate() {
                 let expected: f32 = (0..3).map(|node| (node * 100 + j + k) as f32 * 0.1).sum();
-                assert!((results[0][k][j] - expected).abs() <= 1e-4 * expected.abs().max(1.0), "call {k} value {j}");
+                assert!((value - expected).abs() <= 1e-4 * expected.abs().max(1.0), "call {k} value {j}");
             }
+            assert_eq!(results[0][k].len(), len);
             assert_eq!(results[0][k], results[1][k]);
             assert_eq!(results[0][k], results[2][k]);
         }

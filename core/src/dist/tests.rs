@@ -124,7 +124,7 @@ fn three_nodes_gather_and_sum_on_loopback() {
 fn nodes_with_another_config_are_refused() {
     let results = nodes(2, 20, &["one", "two"], |_| ());
     for result in results {
-        let err = result.err().expect("both nodes fail").to_string();
+        let err = result.expect_err("both nodes fail").to_string();
         assert!(err.contains("node 1 runs another configuration than node 0"), "{err}");
     }
 }

@@ -126,9 +126,9 @@ pub struct TrainSection {
     /// Data order (pretrain, sft; 42). RL runs seed their prompt order with `[data] seed`.
     pub seed: Option<u64>,
     /// Data-parallel devices of each process, one replica each (`["cuda:0", "cuda:1"]`,
-    /// `["cpu", "cpu"]`; default: the CLI's `--backend`). Batches are per replica: a step
-    /// takes `micro_batch × grad_accum` samples (rl, opd: `prompts_per_step / replicas`
-    /// prompts) on every replica. `--devices` on the command line overrides it.
+    /// `["cpu", "cpu"]`; default: the CPU). Batches are per replica: a step takes
+    /// `micro_batch × grad_accum` samples (rl, opd: `prompts_per_step / replicas` prompts) on
+    /// every replica. `--devices` or `--backend` on the command line override it.
     pub devices: Option<Vec<String>>,
 }
 
