@@ -137,6 +137,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out_dir: out.join("run"),
         save: SavePolicy { every: Some(0.5), ..SavePolicy::default() },
         eval_every: None,
+        eval_steps: Vec::new(),
         time_budget: None,
         companions: Some(tokenizer_dir.clone()),
         run_config: json!({ "example": "library" }),

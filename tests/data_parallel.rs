@@ -64,6 +64,7 @@ fn loop_config(out: &Path, steps: u64, budget: Option<Duration>) -> LoopConfig {
         out_dir: out.to_path_buf(),
         save: SavePolicy { every: Some(0.5), ..Default::default() },
         eval_every: None,
+        eval_steps: Vec::new(),
         time_budget: budget,
         companions: Some(fixture("interplay/qwen2_100M")),
         run_config: serde_json::json!({"test": true}),

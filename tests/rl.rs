@@ -379,6 +379,7 @@ fn a_custom_reward_plugs_in_and_flat_groups_carry_no_signal() {
         out_dir: tmp.path().to_path_buf(),
         save: SavePolicy { last: false, ..Default::default() },
         eval_every: None,
+        eval_steps: Vec::new(),
         time_budget: None,
         companions: None,
         run_config: Value::Null,

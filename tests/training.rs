@@ -46,6 +46,7 @@ fn loop_config(out: &Path, steps: u64, budget: Option<Duration>) -> LoopConfig {
         out_dir: out.to_path_buf(),
         save: SavePolicy { every: Some(0.5), ..Default::default() },
         eval_every: None,
+        eval_steps: Vec::new(),
         time_budget: budget,
         companions: Some(fixture("interplay/qwen2_100M")),
         run_config: serde_json::json!({"test": true}),
@@ -164,4 +165,46 @@ fn a_non_finite_gradient_norm_skips_the_update() {
     let state: Value = serde_json::from_slice(&bytes(2, "trainer_state.json")).unwrap();
     assert_eq!((state["step"].as_u64(), state["optimizer_step"].as_u64()), (Some(2), Some(1)));
     assert!(model.to_hf_tensors().iter().all(|(_, values)| values.iter().all(|v| v.is_finite())));
+}
+
+/// `eval_steps` evaluates after the chosen steps, and the step a time budget stops at is
+/// evaluated too (its checkpoint's validation signal), while other steps are not.
+#[test]
+fn chosen_eval_steps_and_the_stop_step_are_evaluated() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("study");
+    let mut config = loop_config(&out, 10, None);
+    config.eval_steps = vec![2, 3];
+    config.save = SavePolicy { milestones: vec![2], last: true, ..Default::default() };
+    let device = Default::default();
+    let mut objective = NextTokenLoss::new(samples(40), 2, 2, 1, 7).unwrap();
+    let start = Start::new(&config, false, &mut objective, &device, || Qwen2::random(&self::config(), 11, &device)).unwrap();
+    let mut calls = 0;
+    let evaluate = |_: &Qwen2<Cpu>| {
+        calls += 1;
+        Ok(serde_json::Map::from_iter([("eval_loss".to_owned(), serde_json::json!(calls as f64))]))
+    };
+    let (_, summary) = train(start, &mut objective, &config, evaluate, |_| {}).unwrap();
+    assert_eq!(summary.steps, 10);
+    let evaluated: Vec<u64> = read_metrics(&out.join("metrics.jsonl"))
+        .unwrap()
+        .iter()
+        .filter(|r| r.contains_key("eval_loss"))
+        .map(|r| r["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(evaluated, [2, 3, 10], "no step-0 evaluation unless 0 is chosen; the last step always");
+
+    // A zero budget stops after the first update: that step is evaluated and saved.
+    let out = tmp.path().join("stopped");
+    let mut config = loop_config(&out, 100_000, Some(Duration::ZERO));
+    config.eval_steps = vec![60, 120];
+    let mut objective = NextTokenLoss::new(samples(40), 2, 2, 1, 7).unwrap();
+    let start = Start::new(&config, false, &mut objective, &device, || Qwen2::random(&self::config(), 11, &device)).unwrap();
+    let evaluate = |_: &Qwen2<Cpu>| Ok(serde_json::Map::from_iter([("eval_loss".to_owned(), serde_json::json!(1.5))]));
+    let (_, summary) = train(start, &mut objective, &config, evaluate, |_| {}).unwrap();
+    assert!(summary.stopped_early);
+    let records = read_metrics(&out.join("metrics.jsonl")).unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!((records[0]["step"].as_u64(), records[0]["eval_loss"].as_f64()), (Some(1), Some(1.5)));
+    assert_eq!(summary.checkpoints, [out.join("checkpoint-1")]);
 }

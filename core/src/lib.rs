@@ -171,6 +171,7 @@
 //!     out_dir: tmp.path().join("run"),
 //!     save: SavePolicy::default(), // a checkpoint after the last step
 //!     eval_every: None,
+//!     eval_steps: Vec::new(),
 //!     time_budget: None,
 //!     companions: None,
 //!     run_config: Value::Null,

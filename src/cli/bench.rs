@@ -95,6 +95,7 @@ impl TrainJob for TrainBenchJob {
             out_dir: out.clone(),
             save: SavePolicy { last: false, ..Default::default() },
             eval_every: None,
+            eval_steps: Vec::new(),
             time_budget: None,
             companions: None,
             run_config: serde_json::Value::Null,

@@ -119,7 +119,7 @@ fn replica_run<B: AutodiffBackend>(
         None => None,
     };
     let eval_every = config.eval.as_ref().map(|e| e.every.or(d.eval_every).unwrap_or_default());
-    let loop_config = loop_config(
+    let mut loop_config = loop_config(
         &d,
         Sections { optimizer: &config.optimizer, schedule: &config.schedule, output: &config.output },
         total_steps,
@@ -128,6 +128,7 @@ fn replica_run<B: AutodiffBackend>(
         json!({ "config": config, "prompts": prompts.report }),
     )
     .map_err(Error::InvalidInput)?;
+    loop_config.eval_steps = config.eval.as_ref().map(|e| e.steps.clone()).unwrap_or_default();
     let validator = match &config.eval {
         Some(eval) if replica.is_main() => {
             let dir = eval.rows.as_deref().ok_or_else(|| Error::InvalidInput("[eval] needs `rows`".into()))?;

@@ -179,7 +179,7 @@ fn replica_run<B: AutodiffBackend>(
         .total_steps(|epochs| ((samples.len() as f64 * epochs) / samples_per_step as f64).ceil() as u64)
         .map_err(Error::InvalidInput)?;
     let data_summary = json!({ "data": data_report, "samples": samples.len(), "total_steps": total_steps });
-    let loop_config = loop_config(
+    let mut loop_config = loop_config(
         &d,
         Sections { optimizer: &config.optimizer, schedule: &config.schedule, output: &config.output },
         total_steps,
@@ -188,6 +188,7 @@ fn replica_run<B: AutodiffBackend>(
         json!({ "config": config, "data": data_report, "samples": samples.len() }),
     )
     .map_err(Error::InvalidInput)?;
+    loop_config.eval_steps = config.eval.steps.clone();
     let mut objective = NextTokenLoss::new(samples, micro_batch, grad_accum, pad_id, seed)?.shard(replica.rank(), replica.world());
     // Rank 0 resumes (or refuses to overwrite); the others start from its state (dist::sync_start).
     let start = match replica.is_main() {
@@ -236,6 +237,7 @@ pub fn loop_config(
         out_dir: output.dir.clone(),
         save: output.save_policy(defaults),
         eval_every,
+        eval_steps: Vec::new(),
         time_budget: output.time_budget()?,
         companions,
         run_config,

@@ -73,6 +73,9 @@ pub struct LoopConfig {
     pub save: SavePolicy,
     /// Evaluate every n steps (and before the first and after the last).
     pub eval_every: Option<u64>,
+    /// Also evaluate after these steps (0: before the first). With either setting the run is
+    /// also evaluated after its last step, including a stop by the time budget.
+    pub eval_steps: Vec<u64>,
     /// Stop cleanly (and save) once this much wall-clock time has passed.
     pub time_budget: Option<Duration>,
     /// Tokenizer files copied into every checkpoint.
@@ -190,10 +193,11 @@ where
         }
         Ok(())
     };
-    let eval_due = |s: u64| config.eval_every.is_some_and(|e| e > 0 && s.is_multiple_of(e));
+    let evaluating = config.eval_every.is_some() || !config.eval_steps.is_empty();
+    let eval_due = |s: u64| config.eval_every.is_some_and(|e| e > 0 && s.is_multiple_of(e)) || config.eval_steps.contains(&s);
     // Updates skipped for a non-finite gradient norm (AdamW leaves the weights alone), warned once.
     let mut skipped_total = 0u64;
-    if !resumed && config.eval_every.is_some() && main {
+    if !resumed && (config.eval_every.is_some() || config.eval_steps.contains(&0)) && main {
         let mut record = evaluate(&model.valid())?;
         record.insert("step".into(), json!(0));
         emit(&mut log, record)?;
@@ -264,15 +268,15 @@ where
             record.insert("rss_mib".into(), json!(rss));
         }
         record.extend(extras);
-        if (eval_due(step) || step == config.total_steps)
-            && config.eval_every.is_some() && main {
-                record.extend(evaluate(&model.valid())?);
-            }
-        emit(&mut log, record)?;
-
         let out_of_time = config.time_budget.is_some_and(|budget| began.elapsed() >= budget) && step < config.total_steps;
         // Rank 0's clock decides for every replica.
         let out_of_time = if replica.world() > 1 { replica.broadcast(json!(out_of_time))?.as_bool() == Some(true) } else { out_of_time };
+        // The last step (also one the time budget ends) is evaluated: its checkpoint's signal.
+        if (eval_due(step) || step == config.total_steps || out_of_time) && evaluating && main {
+            record.extend(evaluate(&model.valid())?);
+        }
+        emit(&mut log, record)?;
+
         if (config.save.saves(step, config.total_steps) || out_of_time) && main {
             let state = TrainerState {
                 step,

@@ -12,7 +12,7 @@
 //!              #      | "cosine_with_min_lr" (min_lr | min_lr_rate) | "cosine_then_floor"
 //!              #        (floor_lr, decay_steps); warmup_ratio | warmup_steps
 //! [output]     # dir, name, save_steps, milestones, time_budget_s
-//! [eval]       # every, rows (a JSONL file or directory), ops, rows_per_op, max_new_tokens,
+//! [eval]       # every, steps, rows (a JSONL file or directory), ops, rows_per_op, max_new_tokens,
 //!              # id_max_op
 //! ```
 //!
@@ -23,6 +23,8 @@
 //! the line.
 
 pub mod legacy;
+#[cfg(all(test, feature = "tasks"))]
+mod code_sft_tests;
 #[cfg(all(test, feature = "tasks"))]
 mod tests;
 
@@ -303,6 +305,11 @@ impl OutputSection {
 pub struct EvalSection {
     /// Every n steps, and before the first and after the last (rl, opd: 20).
     pub every: Option<u64>,
+    /// Also after these steps (0: before the first), e.g. a study's checkpoint steps
+    /// `[60, 120]`. With `every` or `steps` the last step is evaluated too, also when the time
+    /// budget ends the run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<u64>,
     /// A JSONL file or a directory of them (`heldout` in pretrain/sft configs, `dir` in
     /// `[validation]`).
     #[serde(alias = "heldout", alias = "dir")]
