@@ -1,0 +1,74 @@
+//! The code-SFT study's configs (`examples/configs/code_sft/`) against the study's numbers
+//! (spec code-sft.md §4.3, §5.3, §9): model, data and split, completion-only loss, effective
+//! batch 18, the baseline's 60-step cosine, the candidate's cosine through step 120 held at
+//! 1e-6, its milestones, safety cap, wall-clock stop and validation steps.
+
+use std::path::Path;
+
+use crate::data::sft_source::SftColumns;
+use crate::train::config::{DataSection, Defaults, ScheduleKind};
+use crate::train::run::{RunConfig, Sections, loop_config};
+
+fn study(name: &str) -> RunConfig {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/configs/code_sft").join(name);
+    RunConfig::from_toml(&path, &std::fs::read_to_string(&path).unwrap()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// What both recipes share: model, data, held-out rows, loss columns, batch, optimizer.
+fn assert_shared(config: &RunConfig) {
+    assert!(config.model.from.as_ref().unwrap().ends_with("Qwen2.5-Coder-1.5B-Instruct"));
+    let DataSection::Sft(sft) = &config.data else { panic!("{:?}", config.data) };
+    assert!(sft.path.ends_with("codeforces-cots/data/solutions_py_decontaminated/train-*.parquet"));
+    // A prompt and a completion column: the loss is on the completion only (§4.3).
+    let columns = SftColumns { prompt: Some("prompt".into()), completion: Some("generation".into()), messages: None };
+    assert_eq!(sft.columns.as_ref(), Some(&columns));
+    assert_eq!((sft.heldout, sft.split_key.as_deref()), (Some(128), None), "128 held out by sha256(id)");
+    let (micro, accum) = (config.train.micro_batch.unwrap(), config.train.grad_accum.unwrap());
+    assert_eq!(micro * accum, 18, "effective batch 18");
+    assert_eq!((config.optimizer.lr, config.optimizer.max_grad_norm), (Some(1e-5), 0.2));
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12 * b.abs().max(1e-12)
+}
+
+#[test]
+fn the_baseline_is_60_cosine_steps() {
+    let config = study("baseline.toml");
+    assert_shared(&config);
+    assert_eq!(config.train.steps, Some(60));
+    assert_eq!(config.schedule.kind, Some(ScheduleKind::Cosine));
+    let schedule = config.schedule.build(&Defaults::NEXT_TOKEN, 1e-5, 60).unwrap();
+    // Warm-up ceil(0.03 · 60) = 2: HF's λ(0) = 0, λ(1) = 0.5; then cosine over 58 updates.
+    assert_eq!((schedule.warmup_steps, schedule.lr(0), schedule.lr(1), schedule.lr(2)), (2, 0.0, 5e-6, 1e-5));
+    assert!(close(schedule.lr(31), 5e-6), "{}", schedule.lr(31));
+    assert!(schedule.lr(59) < 1e-8, "cosine to 0 at the end: {}", schedule.lr(59));
+    let policy = config.output.save_policy(&Defaults::NEXT_TOKEN);
+    assert!(policy.saves(60, 60) && !policy.saves(59, 60));
+    assert_eq!(config.output.time_budget().unwrap(), None);
+}
+
+#[test]
+fn the_candidate_holds_1e_6_after_step_120_until_the_clock_stops_it() {
+    let config = study("candidate.toml");
+    assert_shared(&config);
+    assert_eq!(config.train.steps, Some(100_000), "the safety cap");
+    let sections = Sections { optimizer: &config.optimizer, schedule: &config.schedule, output: &config.output };
+    let l = loop_config(&Defaults::NEXT_TOKEN, sections, 100_000, config.eval.every, None, serde_json::Value::Null).unwrap();
+    let lr = |k| l.schedule.lr(k);
+    assert_eq!((l.schedule.warmup_steps, lr(0), lr(4)), (4, 0.0, 1e-5));
+    // Cosine from step 4 to 120: halfway (k = 62) at 5e-6; λ(119) is below the floor.
+    assert!(close(lr(62), 5e-6), "{}", lr(62));
+    // Reading (i), max(1e-6, cosine): the floor binds once the cosine falls under it (k ≈ 97).
+    assert!(lr(90) > 1e-6 && lr(90) < 2e-6, "{}", lr(90));
+    for k in [100, 119, 120, 121, 840, 99_999] {
+        assert_eq!(lr(k), 1e-6, "held at 1e-6 at step {k}");
+    }
+    // Milestones 60 and 120, the wall-clock stop saves (the trainer saves when it stops), and
+    // no other saves before the cap.
+    assert!(l.save.saves(60, 100_000) && l.save.saves(120, 100_000) && l.save.saves(100_000, 100_000));
+    assert!(!l.save.saves(841, 100_000) && !l.save.saves(180, 100_000));
+    assert!(l.time_budget.is_some_and(|t| t.as_secs() > 0));
+    // Validation NLL before the first update and at the milestones (and at the stop step).
+    assert_eq!((config.eval.every, config.eval.steps.as_slice()), (None, &[0, 60, 120][..]));
+}
