@@ -113,6 +113,28 @@ pub fn latest_named(dir: &Path, run: Option<&str>) -> Result<Option<(u64, PathBu
     Ok(best)
 }
 
+/// The checkpoint directory of `dir` saved after `step`, under any of [`checkpoint_name`]'s
+/// forms (`checkpoint-60`, `step60`, `<run>_step60`); an error naming `dir` and the step when
+/// there is none or more than one.
+pub fn at_step(dir: &Path, step: u64) -> Result<PathBuf> {
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+    let mut found = Vec::new();
+    for entry in entries {
+        let path = entry.map_err(|e| Error::io(dir, e))?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
+        let digits = name.strip_prefix("checkpoint-").or_else(|| name.rsplit_once("step").map(|(_, d)| d));
+        let at = digits.filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())).and_then(|d| d.parse::<u64>().ok());
+        if at == Some(step) && path.is_dir() {
+            found.push(path);
+        }
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => Err(Error::data(dir, None, format!("no checkpoint of step {step} (checkpoint-{step}, step{step} or <run>_step{step})"))),
+        _ => Err(Error::data(dir, None, format!("several checkpoints of step {step}: {}", found.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")))),
+    }
+}
+
 /// Reads the trainer state and optimizer of a checkpoint (the model loads with
 /// [`hf::load`]).
 pub fn load_state<B: Backend>(path: &Path, device: &B::Device) -> Result<(TrainerState, AdamW<B>)> {
@@ -194,5 +216,25 @@ impl<B: Backend> ModuleVisitor<B> for Sizes {
         if let Some(name) = self.names.get(&param.id) {
             self.sizes.insert(name.clone(), param.val().shape().num_elements());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn at_step_finds_every_naming_and_names_what_is_missing() {
+        let tmp = tempfile::tempdir().unwrap();
+        for name in ["checkpoint-60", "checkpoint-600", "op11_14_step120", "step841", "step9.txt"] {
+            std::fs::create_dir(tmp.path().join(name)).unwrap();
+        }
+        assert_eq!(at_step(tmp.path(), 60).unwrap(), tmp.path().join("checkpoint-60"));
+        assert_eq!(at_step(tmp.path(), 120).unwrap(), tmp.path().join("op11_14_step120"));
+        assert_eq!(at_step(tmp.path(), 841).unwrap(), tmp.path().join("step841"));
+        let err = at_step(tmp.path(), 9).unwrap_err().to_string();
+        assert!(err.contains("no checkpoint of step 9") && err.contains(&tmp.path().display().to_string()), "{err}");
+        std::fs::create_dir(tmp.path().join("step60")).unwrap();
+        assert!(at_step(tmp.path(), 60).unwrap_err().to_string().contains("several checkpoints of step 60"));
     }
 }

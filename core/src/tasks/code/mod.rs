@@ -16,8 +16,12 @@
 //!   [`crate::eval::evaluate`]).
 //! - [`summary`]: pass@k overall, per difficulty and per platform, per-problem counts, and
 //!   `no_code` counts.
+//! - [`decontaminate`]: 8-gram overlap of training rows with evaluation problems.
+//! - [`study`]: the code-SFT study's statistics: standard errors across problems and paired
+//!   comparisons of two runs with a bootstrap interval.
 
 pub mod code_problem;
+pub mod decontaminate;
 pub mod evaluation;
 pub mod extract;
 pub mod grade;
@@ -26,6 +30,7 @@ pub mod problem;
 pub mod prompt;
 pub mod release;
 pub mod sampling;
+pub mod study;
 pub mod summary;
 pub mod task;
 

@@ -4,7 +4,8 @@
 //! A problem with `n` samples of which `c` pass gets the unbiased estimate
 //! `1 − C(n−c, k) / C(n, k)` (the Codex estimator; c/n for k = 1), and pass@k is its mean over
 //! problems. As in LiveCodeBench, pass@k is reported only when every problem has at least k
-//! samples. `no_code` counts samples from which no program was extracted.
+//! samples. `no_code` counts samples from which no program was extracted, `extracted` the others;
+//! `pass@1_stderr` is the standard error of pass@1 across problems ([`super::study`]).
 
 use std::collections::BTreeMap;
 
@@ -61,6 +62,8 @@ pub struct PassSummary {
     pub pass_at_k: Vec<(u64, f64)>,
     /// Samples per verdict (first failing test's verdict), by name.
     pub verdicts: BTreeMap<&'static str, usize>,
+    /// Standard error of pass@1 across problems (none under 2 problems).
+    pub stderr: Option<f64>,
 }
 
 impl PassSummary {
@@ -71,9 +74,10 @@ impl PassSummary {
 }
 
 impl Serialize for PassSummary {
-    /// `{"pass@1", "pass@5", …, "problems", "samples", "correct", "no_code", "verdicts"}`.
+    /// `{"pass@1", "pass@5", …, "problems", "samples", "correct", "no_code", "verdicts",
+    /// "extracted", "pass@1_stderr"}`.
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(Some(5 + self.pass_at_k.len()))?;
+        let mut map = serializer.serialize_map(Some(7 + self.pass_at_k.len()))?;
         for (k, value) in &self.pass_at_k {
             map.serialize_entry(&format!("pass@{k}"), value)?;
         }
@@ -82,12 +86,14 @@ impl Serialize for PassSummary {
         map.serialize_entry("correct", &self.correct)?;
         map.serialize_entry("no_code", &self.no_code)?;
         map.serialize_entry("verdicts", &self.verdicts)?;
+        map.serialize_entry("extracted", &(self.samples - self.no_code))?;
+        map.serialize_entry("pass@1_stderr", &self.stderr)?;
         map.end()
     }
 }
 
 /// A problem's counts: what standard errors and paired comparisons of runs need (spec §9).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ProblemCount {
     pub question_id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -134,6 +140,7 @@ pub fn pass_summary<'a>(outcomes: impl IntoIterator<Item = &'a ProblemOutcome>, 
         no_code: outcomes.iter().flat_map(|o| &o.samples).filter(|s| !s.has_code()).count(),
         pass_at_k,
         verdicts,
+        stderr: super::study::pass1_stderr(&outcomes.iter().map(|o| pass_probability(o.samples.len() as u64, o.correct() as u64, 1)).collect::<Vec<_>>()),
     }
 }
 
@@ -230,7 +237,9 @@ mod tests {
         assert_eq!(s.per_problem[2], h1);
         assert_eq!(s.overall.verdicts, BTreeMap::from([("accepted", 6), ("no_code", 4), ("wrong_answer", 4)]));
         let json = serde_json::to_string(&s.by_platform["codeforces"]).unwrap();
-        assert_eq!(json, r#"{"pass@1":0.5,"pass@2":1.0,"problems":1,"samples":2,"correct":1,"no_code":0,"verdicts":{"accepted":1,"wrong_answer":1}}"#);
+        assert_eq!(json, r#"{"pass@1":0.5,"pass@2":1.0,"problems":1,"samples":2,"correct":1,"no_code":0,"verdicts":{"accepted":1,"wrong_answer":1},"extracted":2,"pass@1_stderr":null}"#);
+        // Rates 1, 0, 0.25, 0.5 (mean 0.4375): Σ squared deviations 0.546875, ddof 1, over √4.
+        assert!((s.overall.stderr.unwrap() - (0.546875f64 / 3.0).sqrt() / 2.0).abs() < 1e-15, "{:?}", s.overall.stderr);
         assert!(pass_summary(&[], &[1]).pass_at_k.is_empty());
     }
 }
