@@ -193,7 +193,7 @@ fn hex(bytes: &[u8]) -> String {
 
 /// The data files of `path`: itself, the `.parquet` (else `.jsonl`) files of a directory, or the
 /// files matching a `*` pattern in the file name; sorted by name.
-fn source_files(path: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn source_files(path: &Path) -> Result<Vec<PathBuf>> {
     let pattern = path.file_name().and_then(|n| n.to_str()).filter(|n| n.contains('*'));
     let dir = match pattern {
         Some(_) => path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")),
