@@ -1,4 +1,5 @@
-//! `kiln data interplay`: generate Interplay task splits in the reference layout.
+//! `kiln data interplay`: generate Interplay task splits in the reference layout; `kiln data
+//! decontaminate` ([`super::decontaminate`]).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -20,6 +21,10 @@ pub struct DataArgs {
 enum DataCommand {
     /// Generate Interplay (GSM-Infinite "realistic") problems, one file per op.
     Interplay(InterplayArgs),
+    /// 8-gram overlap between training rows and evaluation problems (OpenR1's decontamination
+    /// rule): which rows share word 8-grams with which LiveCodeBench problems.
+    #[cfg(feature = "code")]
+    Decontaminate(super::decontaminate::DecontaminateArgs),
 }
 
 #[derive(Debug, Args)]
@@ -83,6 +88,8 @@ fn parse_split(text: &str) -> Result<Split> {
 pub fn run(args: DataArgs) -> Result<()> {
     match args.command {
         DataCommand::Interplay(args) => interplay(args),
+        #[cfg(feature = "code")]
+        DataCommand::Decontaminate(args) => super::decontaminate::run(args),
     }
 }
 

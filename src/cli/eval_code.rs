@@ -10,6 +10,7 @@ use clap::Args;
 use kiln::backends::{DeviceSpec, Job};
 use kiln::eval::{EvalEvent, EvalSettings, ModelEntry, evaluate, named_models};
 use kiln::generate::Sampler;
+use kiln::tasks::code::study::RunFigures;
 use kiln::tasks::code::task::limits;
 use kiln::tasks::code::{CodeEvaluation, CodeProblem, CodeSampling, DEFAULT_KS, DateWindow, PromptTemplate, Release, Selection, load_selected};
 use kiln::tokenizer::chat_template::ChatTemplate;
@@ -19,13 +20,23 @@ use super::code::SandboxArgs;
 use super::progress;
 
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct CodeEvalArgs {
-    /// The Hugging Face model directory to evaluate.
-    #[arg(long)]
-    model: PathBuf,
+    #[command(subcommand)]
+    command: Option<super::code_study::CodeEvalCommand>,
+    /// Hugging Face model directories to evaluate, one after the other (repeat or list several).
+    #[arg(long = "model", alias = "models", num_args = 1.., required_unless_present = "run")]
+    models: Vec<PathBuf>,
+    /// A training run's output directory whose --checkpoints are evaluated.
+    #[arg(long, requires = "checkpoints")]
+    run: Option<PathBuf>,
+    /// Steps of the --run checkpoints to evaluate, e.g. 60,120,841 (checkpoint-60, step60 or
+    /// <run>_step60).
+    #[arg(long, value_delimiter = ',', requires = "run")]
+    checkpoints: Vec<u64>,
     /// LiveCodeBench problems: one JSONL file, or the directory of release files (with --release).
-    #[arg(long)]
-    problems: PathBuf,
+    #[arg(long, required = true)]
+    problems: Option<PathBuf>,
     /// Release: v6 (= test6.jsonl, 175 problems), release_v6 (all 1,055), vA_vB, release_latest.
     #[arg(long)]
     release: Option<String>,
@@ -38,6 +49,11 @@ pub struct CodeEvalArgs {
     /// Only the first N selected problems (a quick probe).
     #[arg(long)]
     limit: Option<usize>,
+    /// The greedy probe: one greedy sample per problem on the N problems with the smallest
+    /// sha256(question_id), graded on their public tests (the code-SFT study's 64-problem public
+    /// probe: --probe 64).
+    #[arg(long, conflicts_with = "limit")]
+    probe: Option<usize>,
     /// Prompt: lcb-qwen (LiveCodeBench's CodeQwen ChatML), lighteval or generic (both through
     /// the model's chat template).
     #[arg(long, default_value = "lcb-qwen")]
@@ -73,26 +89,51 @@ pub struct CodeEvalArgs {
     #[arg(long)]
     overwrite: bool,
     /// Output directory.
-    #[arg(long)]
-    out: PathBuf,
+    #[arg(long, required = true)]
+    out: Option<PathBuf>,
     #[command(flatten)]
     sandbox: SandboxArgs,
 }
 
-pub fn run(args: CodeEvalArgs) -> Result<()> {
+pub fn run(mut args: CodeEvalArgs) -> Result<()> {
+    if let Some(command) = args.command {
+        return super::code_study::run(command);
+    }
+    let (Some(problems_path), Some(out)) = (args.problems.clone(), args.out.clone()) else { bail!("--problems and --out are required") };
     let template: PromptTemplate = args.template.parse()?;
     let release = args.release.as_deref().map(Release::parse).transpose()?;
     let selection = Selection { release, window: DateWindow::parse(args.from.as_deref(), args.to.as_deref())? };
-    let mut selected = load_selected(&args.problems, &selection)?;
+    let mut selected = load_selected(&problems_path, &selection)?;
     selected.truncate(args.limit.unwrap_or(usize::MAX));
-    let models = named_models(std::slice::from_ref(&args.model))?;
+    if let Some(count) = args.probe {
+        selected = kiln::tasks::code::study::probe_subset(selected, |(p, _)| p.question_id.as_str(), count);
+        (args.n, args.temperature, args.top_p, args.top_k) = (1, 0.0, 1.0, 0);
+    }
+    let mut paths = args.models.clone();
+    if let Some(run) = &args.run {
+        for &step in &args.checkpoints {
+            paths.push(kiln::train::checkpoint::at_step(run, step)?);
+        }
+    }
+    let models = named_models(&paths)?;
     let chat_template = match template {
         PromptTemplate::LcbQwen => None,
-        _ => Some(ChatTemplate::from_model_dir(&args.model)?.ok_or_else(|| {
-            anyhow::anyhow!("{}: the model has no chat template; --template {template} needs one (use lcb-qwen)", args.model.display())
+        // The models of one evaluation share a prompt: the first one's template renders it.
+        _ => Some(ChatTemplate::from_model_dir(&paths[0])?.ok_or_else(|| {
+            anyhow::anyhow!("{}: the model has no chat template; --template {template} needs one (use lcb-qwen)", paths[0].display())
         })?),
     };
-    let problems: Vec<(CodeProblem, kiln::tasks::Source)> = selected.iter().map(|(p, s)| (CodeProblem::from_lcb(p), s.clone())).collect();
+    let public_only = args.probe.is_some();
+    let problems: Vec<(CodeProblem, kiln::tasks::Source)> = selected
+        .iter()
+        .map(|(p, s)| {
+            let mut problem = CodeProblem::from_lcb(p);
+            if public_only {
+                problem.tests.truncate(p.public_tests.len());
+            }
+            (problem, s.clone())
+        })
+        .collect();
     let prompts = problems.iter().map(|(p, _)| p.prompt(template).render(chat_template.as_ref())).collect::<kiln::Result<Vec<_>>>()?;
     let stop: Vec<String> = args.stop.iter().filter(|s| !s.is_empty()).cloned().collect();
     let sampling = CodeSampling {
@@ -105,8 +146,9 @@ pub fn run(args: CodeEvalArgs) -> Result<()> {
         seed: args.seed,
     };
     let settings_record = json!({
-        "problems": args.problems, "release": args.release, "from": args.from, "to": args.to, "limit": args.limit,
+        "problems": problems_path, "release": args.release, "from": args.from, "to": args.to, "limit": args.limit,
         "template": template, "sampling": sampling,
+        "probe": args.probe.map(|count| json!({ "problems": count, "rule": "smallest sha256(question_id)", "tests": "public" })),
     });
     let limits = limits(args.sandbox.timeout, true)?;
     let sandbox = args.sandbox.sandbox()?;
@@ -134,12 +176,12 @@ pub fn run(args: CodeEvalArgs) -> Result<()> {
     eprintln!(
         "{} problems from {}, {} samples each ({} template) -> {}",
         evaluation.problems().len(),
-        args.problems.display(),
+        problems_path.display(),
         args.n,
         template,
-        args.out.display()
+        out.display()
     );
-    kiln::backends::run(args.backend, CodeEvalJob { models, evaluation: Arc::new(evaluation), out: args.out, settings, bar })?
+    kiln::backends::run(args.backend, CodeEvalJob { models, evaluation: Arc::new(evaluation), out, settings, bar })?
 }
 
 struct CodeEvalJob {
@@ -158,7 +200,12 @@ impl Job for CodeEvalJob {
         let mut started = std::time::Instant::now();
         let mut resumed = 0;
         evaluate::<B>(&self.models, self.evaluation.as_ref(), &self.out, &self.settings, &device, |event| match event {
-            EvalEvent::Model { name, .. } => eprintln!("{name}"),
+            EvalEvent::Model { name, .. } => {
+                // One bar per model: it starts over.
+                (resumed, started) = (0, std::time::Instant::now());
+                bar.set_position(0);
+                bar.suspend(|| eprintln!("{name}"));
+            }
             EvalEvent::Skipped { name } => eprintln!("  {name}: finished already, skipped (--overwrite re-evaluates)"),
             EvalEvent::Generating { done, total, new_samples, new_tokens, .. } => {
                 if new_samples == 0 && done > 0 && resumed == 0 {
@@ -174,25 +221,15 @@ impl Job for CodeEvalJob {
                 let eta = if rate > 0.0 { format!(", ETA {:.0} s", (total - done) as f64 / rate) } else { String::new() };
                 bar.set_message(format!("{rate:.2} samples/s, {:.0} tokens/s{eta}", new_tokens as f64 / seconds));
             }
-            EvalEvent::Stage { name, stage } => {
-                bar.finish_and_clear();
-                eprintln!("  {name}: {stage}");
-            }
-            EvalEvent::Finished { name, summary } => {
-                let f = |key: &str| summary.get(key).and_then(|v| v.as_f64());
-                let overall = |key: &str| summary.get("overall").and_then(|o| o.get(key)).and_then(|v| v.as_f64()).unwrap_or(0.0);
-                let pass = |k: &str| f(k).map_or("-".to_owned(), |v| format!("{v:.4}"));
-                eprintln!(
-                    "  {name}: pass@1 {} pass@5 {} ({} of {} samples accepted, {} without code)",
-                    pass("pass@1"),
-                    pass("pass@5"),
-                    overall("correct"),
-                    overall("samples"),
-                    overall("no_code")
-                );
+            EvalEvent::Stage { name, stage } => bar.suspend(|| eprintln!("  {name}: {stage}")),
+            EvalEvent::Finished { name, .. } => {
+                let path = CodeEvaluation::summary_path(&self.out, name);
+                let line = kiln::tasks::code::study::read_counts(&path).map(|counts| RunFigures::of(&counts).to_string());
+                bar.suspend(|| eprintln!("  {name}: {}", line.unwrap_or_else(|e| e.to_string())));
             }
         })?;
-        eprintln!("wrote {}", CodeEvaluation::summary_path(&self.out, &self.models[0].name).display());
+        bar.finish_and_clear();
+        eprintln!("wrote {}", self.out.join("summary.json").display());
         Ok(())
     }
 }

@@ -3,7 +3,11 @@
 mod bench;
 #[cfg(feature = "code")]
 mod code;
+#[cfg(feature = "code")]
+mod code_study;
 mod data;
+#[cfg(feature = "code")]
+mod decontaminate;
 mod dist;
 mod eval;
 #[cfg(feature = "code")]
