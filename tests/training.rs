@@ -176,9 +176,9 @@ fn chosen_eval_steps_and_the_stop_step_are_evaluated() {
     let mut config = loop_config(&out, 10, None);
     config.eval_steps = vec![2, 3];
     config.save = SavePolicy { milestones: vec![2], last: true, ..Default::default() };
-    let device = Default::default();
+    let device = burn::tensor::Device::<B>::default();
     let mut objective = NextTokenLoss::new(samples(40), 2, 2, 1, 7).unwrap();
-    let start = Start::new(&config, false, &mut objective, &device, || Qwen2::random(&self::config(), 11, &device)).unwrap();
+    let start = Start::<B>::new(&config, false, &mut objective, &device, || Qwen2::random(&self::config(), 11, &device)).unwrap();
     let mut calls = 0;
     let evaluate = |_: &Qwen2<Cpu>| {
         calls += 1;
@@ -199,7 +199,7 @@ fn chosen_eval_steps_and_the_stop_step_are_evaluated() {
     let mut config = loop_config(&out, 100_000, Some(Duration::ZERO));
     config.eval_steps = vec![60, 120];
     let mut objective = NextTokenLoss::new(samples(40), 2, 2, 1, 7).unwrap();
-    let start = Start::new(&config, false, &mut objective, &device, || Qwen2::random(&self::config(), 11, &device)).unwrap();
+    let start = Start::<B>::new(&config, false, &mut objective, &device, || Qwen2::random(&self::config(), 11, &device)).unwrap();
     let evaluate = |_: &Qwen2<Cpu>| Ok(serde_json::Map::from_iter([("eval_loss".to_owned(), serde_json::json!(1.5))]));
     let (_, summary) = train(start, &mut objective, &config, evaluate, |_| {}).unwrap();
     assert!(summary.stopped_early);
