@@ -60,6 +60,8 @@ impl ReplicaJob for RunJob {
 
     fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<()> {
         let bar = progress::bar(0, "steps");
+        // The latest held-out loss stays on the line until the next evaluation: `eval 1.2345@60`.
+        let mut last_eval: Option<(f64, u64)> = None;
         let summary = kiln::train::run::run_replicated::<B>(
             &self.config,
             &devices,
@@ -70,7 +72,8 @@ impl ReplicaJob for RunJob {
                 bar.suspend(|| eprintln!("data: {}", compact(data)));
             },
             |record| {
-                if let Some(step) = record.get("step").and_then(Value::as_u64) {
+                let step = record.get("step").and_then(Value::as_u64);
+                if let Some(step) = step {
                     bar.set_position(step);
                 }
                 let number = |k: &str| record.get(k).and_then(Value::as_f64);
@@ -79,7 +82,10 @@ impl ReplicaJob for RunJob {
                     message += &format!("loss {loss:.4} ");
                 }
                 if let Some(loss) = number("eval_loss") {
-                    message += &format!("eval {loss:.4} ");
+                    last_eval = Some((loss, step.unwrap_or(0)));
+                }
+                if let Some((loss, at)) = last_eval {
+                    message += &format!("eval {loss:.4}@{at} ");
                 }
                 if let Some(acc) = number("eval_accuracy") {
                     message += &format!("acc {acc:.3} ");

@@ -107,3 +107,42 @@ impl HeldOut {
         Ok(record)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::Flex;
+
+    use super::*;
+    use crate::model::hf;
+    use crate::tasks::TaskConfig;
+
+    /// `eval_loss` of held-out SFT rows is Hugging Face's completion-only NLL: prompt labels
+    /// -100, token-weighted over all rows (`tests/fixtures/code/study/make_heldout_nll.py`,
+    /// transformers on the reference model `hf/tied_gqa2`), rows of different lengths batched.
+    #[test]
+    fn eval_loss_is_the_completion_only_nll_of_transformers() {
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+        let expected: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixtures.join("code/study/heldout_nll.json")).unwrap()).unwrap();
+        let samples: Vec<Sample> = expected["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|row| {
+                let ids: Vec<u32> = row["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+                let prompt = row["prompt_len"].as_u64().unwrap() as usize;
+                Sample { targets: (0..ids.len()).map(|i| i >= prompt).collect(), ids }
+            })
+            .collect();
+        assert_eq!(samples.iter().map(Sample::num_targets).sum::<usize>() as u64, expected["targets"].as_u64().unwrap());
+        let model = hf::load::<Flex>(&fixtures.join("hf/tied_gqa2"), &Default::default()).unwrap();
+        let tokenizer = Tokenizer::train_byte_level_bpe((0..50).map(|i| format!("row {i}")), 280, &["<|endoftext|>"]).unwrap();
+        let task = TaskConfig::default().build().unwrap();
+        let mut held_out = HeldOut::load(task, &EvalSection::default(), 64, &tokenizer, 0).unwrap();
+        held_out.add_loss_samples(samples);
+        let record = held_out.evaluate(&model).unwrap();
+        let (ours, theirs) = (record["eval_loss"].as_f64().unwrap(), expected["eval_loss"].as_f64().unwrap());
+        assert!((ours - theirs).abs() < 1e-5, "eval_loss {ours} vs transformers {theirs}");
+        // Not the mean of per-row means (which differs here by 0.08).
+        assert!((ours - expected["mean_of_row_means"].as_f64().unwrap()).abs() > 0.01);
+    }
+}
