@@ -42,7 +42,7 @@ enum EvalCommand {
     /// Evaluate a model on LiveCodeBench problems: sample, run every program on the tests in
     /// the sandbox, write per-sample records and pass@k (overall, per difficulty and platform).
     #[cfg(feature = "code")]
-    Code(super::eval_code::CodeEvalArgs),
+    Code(Box<super::eval_code::CodeEvalArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -160,7 +160,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
         EvalCommand::Answers(args) => answers(args),
         EvalCommand::Gold(args) => gold(args),
         #[cfg(feature = "code")]
-        EvalCommand::Code(args) => super::eval_code::run(args),
+        EvalCommand::Code(args) => super::eval_code::run(*args),
     }
 }
 
