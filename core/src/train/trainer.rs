@@ -73,8 +73,9 @@ pub struct LoopConfig {
     pub save: SavePolicy,
     /// Evaluate every n steps (and before the first and after the last).
     pub eval_every: Option<u64>,
-    /// Also evaluate after these steps (0: before the first). With either setting the run is
-    /// also evaluated after its last step, including a stop by the time budget.
+    /// Also evaluate after these steps (0: before the first), and, when any are given, after
+    /// the step a time budget stops the run at (the last checkpoint's signal). With either
+    /// setting the run is evaluated after its last step.
     pub eval_steps: Vec<u64>,
     /// Stop cleanly (and save) once this much wall-clock time has passed.
     pub time_budget: Option<Duration>,
@@ -271,8 +272,10 @@ where
         let out_of_time = config.time_budget.is_some_and(|budget| began.elapsed() >= budget) && step < config.total_steps;
         // Rank 0's clock decides for every replica.
         let out_of_time = if replica.world() > 1 { replica.broadcast(json!(out_of_time))?.as_bool() == Some(true) } else { out_of_time };
-        // The last step (also one the time budget ends) is evaluated: its checkpoint's signal.
-        if (eval_due(step) || step == config.total_steps || out_of_time) && evaluating && main {
+        // The last step is evaluated; the one a time budget stops at when steps were chosen (a
+        // run that only evaluates `every` n steps resumes to the metrics of an uninterrupted one).
+        let stop_due = out_of_time && !config.eval_steps.is_empty();
+        if (eval_due(step) || step == config.total_steps || stop_due) && evaluating && main {
             record.extend(evaluate(&model.valid())?);
         }
         emit(&mut log, record)?;

@@ -306,8 +306,8 @@ pub struct EvalSection {
     /// Every n steps, and before the first and after the last (rl, opd: 20).
     pub every: Option<u64>,
     /// Also after these steps (0: before the first), e.g. a study's checkpoint steps
-    /// `[60, 120]`. With `every` or `steps` the last step is evaluated too, also when the time
-    /// budget ends the run.
+    /// `[60, 120]`, and then also after the step a time budget stops the run at. With `every`
+    /// or `steps` the last step is evaluated too.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<u64>,
     /// A JSONL file or a directory of them (`heldout` in pretrain/sft configs, `dir` in
