@@ -17,9 +17,10 @@ pub enum CodeEvalCommand {
 
 #[derive(Debug, Args)]
 pub struct CompareArgs {
-    /// Run A (the baseline): a `<model>_code_summary.json` or `<model>_code_generations.jsonl`.
+    /// Run A (the baseline): a `<model>_code_summary.json`, a `<model>_code_generations.jsonl`
+    /// or a `kiln code grade` output.
     a: PathBuf,
-    /// Run B (the candidate), in either form; it must cover the same questions.
+    /// Run B (the candidate), in any of these forms; it must cover the same questions.
     b: PathBuf,
     /// Bootstrap resamples of the questions.
     #[arg(long, default_value_t = 10_000)]

@@ -23,9 +23,9 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use kiln_sandbox::Verdict;
 use serde::Serialize;
 
-use super::evaluation::SampleRecord;
 use super::summary::ProblemCount;
 use crate::error::{Error, Result};
 use crate::io::jsonl_records;
@@ -94,23 +94,36 @@ fn rate(count: &ProblemCount) -> f64 {
     if count.n == 0 { 0.0 } else { count.correct as f64 / count.n as f64 }
 }
 
-/// Per-problem counts of a run from its `<model>_code_summary.json` (`per_problem`) or its
-/// `<model>_code_generations.jsonl` (one graded sample per line; problems in order of first
-/// appearance). Errors name the file and line.
+/// Per-problem counts of a run from its `<model>_code_summary.json` (`per_problem`), its
+/// `<model>_code_generations.jsonl`, or a `kiln code grade` output (one graded sample per line,
+/// `{"question_id", "verdict", …}`; problems in order of first appearance; a `{"summary"}` line
+/// is skipped). Errors name the file and line.
 pub fn read_counts(path: &Path) -> Result<Vec<ProblemCount>> {
+    #[derive(serde::Deserialize)]
+    struct Graded {
+        question_id: String,
+        verdict: Verdict,
+        #[serde(default)]
+        difficulty: Option<String>,
+        #[serde(default)]
+        platform: Option<String>,
+    }
     if path.extension().is_some_and(|e| e == "jsonl") {
         let mut counts: Vec<ProblemCount> = Vec::new();
         let mut position: HashMap<String, usize> = HashMap::new();
         for record in jsonl_records(path)? {
             let record = record?;
-            let sample: SampleRecord = serde_json::from_value(serde_json::Value::Object(record.fields)).map_err(|e| Error::json(path, Some(record.line), e))?;
+            if record.fields.contains_key("summary") {
+                continue;
+            }
+            let sample: Graded = serde_json::from_value(serde_json::Value::Object(record.fields)).map_err(|e| Error::json(path, Some(record.line), e))?;
             let i = *position.entry(sample.question_id.clone()).or_insert_with(|| {
-                counts.push(ProblemCount { question_id: sample.question_id.clone(), difficulty: sample.difficulty.clone(), platform: sample.platform.clone(), n: 0, correct: 0, no_code: 0 });
+                counts.push(ProblemCount { question_id: sample.question_id.clone(), difficulty: sample.difficulty, platform: sample.platform, n: 0, correct: 0, no_code: 0 });
                 counts.len() - 1
             });
             counts[i].n += 1;
-            counts[i].correct += (sample.verdict == kiln_sandbox::Verdict::Accepted) as usize;
-            counts[i].no_code += (sample.verdict == kiln_sandbox::Verdict::NoCode) as usize;
+            counts[i].correct += (sample.verdict == Verdict::Accepted) as usize;
+            counts[i].no_code += (sample.verdict == Verdict::NoCode) as usize;
         }
         return Ok(counts);
     }

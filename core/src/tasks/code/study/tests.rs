@@ -39,6 +39,21 @@ fn run_figures_of_verdict_files_match_numpy() {
     let from_verdicts = read_counts(&fixture("base_code_generations.jsonl")).unwrap();
     let strip = |c: &[ProblemCount]| c.iter().map(|c| (c.question_id.clone(), c.n, c.correct, c.no_code)).collect::<Vec<_>>();
     assert_eq!(strip(&from_summary), strip(&from_verdicts));
+
+    // `kiln code grade`'s output: its lines' other fields and the summary line do not matter.
+    let tmp = tempfile::tempdir().unwrap();
+    let graded = tmp.path().join("graded.jsonl");
+    let mut text: String = std::fs::read_to_string(fixture("base_code_generations.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            serde_json::json!({ "question_id": v["question_id"], "index": v["index"], "verdict": v["verdict"], "passed": 0, "total": 3, "tests": [] }).to_string() + "\n"
+        })
+        .collect();
+    text += "{\"summary\": {\"overall\": {}}}\n";
+    std::fs::write(&graded, text).unwrap();
+    assert_eq!(strip(&read_counts(&graded).unwrap()), strip(&from_verdicts));
 }
 
 #[test]
