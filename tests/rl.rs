@@ -361,7 +361,7 @@ fn a_custom_reward_plugs_in_and_flat_groups_carry_no_signal() {
     let tokenizer = Tokenizer::from_file(paper_tokenizer()).unwrap();
     let prompts = PromptSet::load(&[fixture("interplay/rows/op2.jsonl")], &tokenizer, 512, Some(8)).unwrap();
     let settings = PgSettings {
-        rollout: RolloutSettings { n: 3, sampler: Sampler::default(), max_response_length: 6, batch_size: 64 },
+        rollout: RolloutSettings { n: 3, sampler: Sampler::default(), max_response_length: 6, batch_size: 64, dtype: None },
         prompts_per_step: 4,
         mini_batch: 2,
         micro_batch: 3,
@@ -382,6 +382,7 @@ fn a_custom_reward_plugs_in_and_flat_groups_carry_no_signal() {
         time_budget: None,
         companions: None,
         run_config: Value::Null,
+        precision: Default::default(),
     };
     let config: Qwen2Config = serde_json::from_str(
         r#"{"vocab_size": 2200, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,

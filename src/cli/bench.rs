@@ -10,9 +10,9 @@ use clap::Args;
 use burn::tensor::backend::AutodiffBackend;
 use kiln::backends::{DeviceSpec, Job, TrainJob};
 use kiln::data::Sample;
-use kiln::train::{AdamWConfig, Decay, LoopConfig, NextTokenLoss, SavePolicy, Schedule, Start, train};
+use kiln::train::{AdamWConfig, Decay, LoopConfig, NextTokenLoss, Precision, SavePolicy, Schedule, Start, train};
 use kiln::generate::{Engine, Sampler, SamplingParams};
-use kiln::model::{Qwen2, Qwen2Config, hf};
+use kiln::model::{Dtype, Qwen2, Qwen2Config, hf};
 use rand::{Rng, SeedableRng};
 
 #[derive(Debug, Args)]
@@ -38,6 +38,13 @@ pub struct BenchArgs {
     /// `--repeats` steps after 2 warm-up steps is reported).
     #[arg(long)]
     train: bool,
+    /// Weights and activations in f32, bf16 or f16 (with --train: the mixed precision of that
+    /// dtype unless --precision says otherwise).
+    #[arg(long, default_value = "f32")]
+    dtype: Dtype,
+    /// With --train: f32, bf16-mixed, f16-mixed or bf16-pure.
+    #[arg(long)]
+    precision: Option<Precision>,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -77,6 +84,7 @@ impl TrainJob for TrainBenchJob {
             time_budget: None,
             companions: None,
             run_config: serde_json::Value::Null,
+            precision: args.precision.unwrap_or(Precision::mixed(args.dtype)),
         };
         let mut objective = NextTokenLoss::new(samples, args.batch, 1, 0, 0)?;
         let start = Start::<B>::new(&loop_config, false, &mut objective, &device, || Qwen2::random(&config, 0, &device))?;
@@ -93,6 +101,7 @@ impl TrainJob for TrainBenchJob {
         let figures = serde_json::json!({
             "engine": "kiln",
             "backend": args.backend.to_string(),
+            "precision": loop_config.precision.name(),
             "parameters": config.num_parameters(),
             "batch": args.batch,
             "seq": args.prompt_len,
@@ -113,8 +122,11 @@ impl Job for BenchJob {
     fn run<B: Backend>(self, device: B::Device) -> Result<()> {
         let args = self.0;
         let model: Qwen2<B> = match (&args.config, &args.model) {
-            (Some(config), None) => Qwen2::random(&Qwen2Config::from_file(config)?, 0, &device)?,
-            (None, Some(dir)) => hf::load(dir, &device)?,
+            (Some(config), None) => {
+                args.dtype.check::<B>(&device)?;
+                Qwen2::random_as(&Qwen2Config::from_file(config)?, 0, &device, args.dtype)?
+            }
+            (None, Some(dir)) => hf::load_as(dir, &device, args.dtype)?,
             _ => bail!("give one of --config or --model"),
         };
         let vocab = model.config().vocab_size as u32;
@@ -141,6 +153,7 @@ impl Job for BenchJob {
         let figures = serde_json::json!({
             "engine": "kiln",
             "backend": args.backend.to_string(),
+            "dtype": args.dtype.name(),
             "parameters": model.config().num_parameters(),
             "batch": args.batch,
             "prompt_len": args.prompt_len,

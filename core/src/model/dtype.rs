@@ -85,16 +85,13 @@ impl Dtype {
             return Ok(());
         }
         let backend = B::name(device);
+        let wgpu = backend.contains("wgpu") || backend.contains("wgsl") || backend.contains("vulkan");
         let hint = match self {
-            Self::BF16 if backend.contains("wgpu") || backend.contains("wgsl") || backend.contains("vulkan") => {
-                " (WGSL has no bf16; use --dtype f16 on an adapter with SHADER_F16, or cuda)"
-            }
-            Self::F16 if backend.contains("wgpu") || backend.contains("wgsl") || backend.contains("vulkan") => {
-                " (this adapter lacks SHADER_F16)"
-            }
-            _ => "",
+            Self::BF16 if wgpu => "WGSL has no bf16; use f16 (on an adapter with SHADER_F16), f32, or cuda",
+            Self::F16 if wgpu => "this adapter lacks SHADER_F16; use f32",
+            _ => "use f32",
         };
-        Err(Error::InvalidInput(format!("the {backend} backend cannot compute in {}{hint}; use f32", self.name())))
+        Err(Error::InvalidInput(format!("the {backend} backend cannot compute in {}: {hint}", self.name())))
     }
 }
 

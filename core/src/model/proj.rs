@@ -43,7 +43,7 @@ impl<B: Backend> Proj<B> {
     }
 
     /// A projection from a weight in HF layout `[out, in]` and an optional bias `[out]`, each
-    /// kept in its dtype (f32, bf16 or f16; other float dtypes become f32).
+    /// kept in its dtype if that is bf16 or f16, else in the device's default float (f32).
     pub fn from_hf(weight: TensorData, bias: Option<TensorData>, device: &B::Device) -> Self {
         let [out_dim, in_dim] = [weight.shape[0], weight.shape[1]];
         let weight = match weight.dtype {
@@ -60,10 +60,15 @@ impl<B: Backend> Proj<B> {
     }
 }
 
-/// A parameter of `data` in its dtype if that is a half one, else in f32.
+/// A parameter of `data` in its dtype if that is a half one, else in the device's default float.
 fn param<B: Backend, const D: usize>(data: TensorData, device: &B::Device) -> Param<Tensor<B, D>> {
-    let dtype = if matches!(data.dtype, DType::BF16 | DType::F16) { data.dtype } else { DType::F32 };
-    Param::from_tensor(Tensor::from_data(data, (device, dtype)))
+    Param::from_tensor(match data.dtype {
+        DType::BF16 | DType::F16 => {
+            let dtype = data.dtype;
+            Tensor::from_data(data, (device, dtype))
+        }
+        _ => Tensor::from_data(data, device),
+    })
 }
 
 /// `data` `[rows, cols]` (elements `T`) as `[cols, rows]`.

@@ -246,7 +246,10 @@ impl<B: Backend> Qwen2<B> {
         let mask = attention_mask(key_valid, queries, kv_heads, group);
         let rope = self.rope.tables(inputs.positions.clone());
 
-        let mut x = proj::to_dtype(self.embed_tokens.forward(inputs.ids.clone()), self.compute_dtype().burn());
+        let mut x = self.embed_tokens.forward(inputs.ids.clone());
+        if let Some(dtype) = self.compute {
+            x = proj::to_dtype(x, dtype.burn());
+        }
         for (i, layer) in self.layers.iter().enumerate() {
             let layer_cache = cache.as_deref_mut().map(|c| &mut c.layers[i]);
             x = layer.forward(x, &rope, mask.clone(), layer_cache);
@@ -288,7 +291,7 @@ impl<B: Backend> Qwen2<B> {
         self.rope.max_positions()
     }
 
-    /// The dtype of the weights.
+    /// The dtype of the weights (f32 also for a backend whose default float is wider).
     pub fn dtype(&self) -> Dtype {
         Dtype::from_burn(self.embed_tokens.weight.val().dtype()).unwrap_or_default()
     }
@@ -314,6 +317,13 @@ impl<B: Backend> Qwen2<B> {
         model
     }
 
+    /// The model with weights and activations in `dtype`: itself when they already are, else a
+    /// cast copy (for sampling from a mixed-precision model without casting every weight at
+    /// every step).
+    pub fn in_dtype(self, dtype: Dtype) -> Self {
+        if self.dtype() == dtype && self.compute_dtype() == dtype { self } else { self.cast(dtype) }
+    }
+
     /// The end-of-sequence ids generation stops at by default: `eos_token_id` of `config.json`
     /// and, for a model loaded from a directory, of `generation_config.json`.
     pub fn eos_token_ids(&self) -> &[u32] {
@@ -321,13 +331,20 @@ impl<B: Backend> Qwen2<B> {
     }
 }
 
-/// Casts every float parameter to one dtype (keeping parameter ids, so under autodiff the cast
-/// is part of the graph and gradients reach the original parameters).
+/// Casts every float parameter to one dtype, keeping parameter ids; under autodiff the cast
+/// parameters are new leaves (they receive the gradients), not views of the old ones.
 struct CastParams(DType);
 
 impl<B: Backend> ModuleMapper<B> for CastParams {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let dtype = self.0;
-        param.map(|t| proj::to_dtype(t, dtype))
+        param.map(|t| {
+            if t.dtype() == dtype {
+                return t;
+            }
+            let leaf = t.is_require_grad();
+            let t = t.cast(dtype).detach();
+            if leaf { t.require_grad() } else { t }
+        })
     }
 }

@@ -121,8 +121,8 @@ impl WeightSource for RandomInit {
 /// ask in, the source is read in description order (tensors asked for later wait here).
 struct Store<'s> {
     specs: Vec<TensorSpec>,
-    /// The dtype of the model's parameters.
-    dtype: DType,
+    /// The dtype of the model's parameters (`None`: the device's default float, f32 in kiln).
+    dtype: Option<DType>,
     index: HashMap<String, usize>,
     source: RefCell<&'s mut dyn WeightSource>,
     /// Tensors `..next` have been read from the source; `waiting` holds those not taken yet.
@@ -132,7 +132,7 @@ struct Store<'s> {
 }
 
 impl<'s> Store<'s> {
-    fn new(specs: Vec<TensorSpec>, source: &'s mut dyn WeightSource, dtype: DType) -> Self {
+    fn new(specs: Vec<TensorSpec>, source: &'s mut dyn WeightSource, dtype: Option<DType>) -> Self {
         let index = specs.iter().enumerate().map(|(i, s)| (s.name.clone(), i)).collect();
         let taken = RefCell::new(vec![false; specs.len()]);
         Self { specs, dtype, index, source: RefCell::new(source), next: RefCell::new(0), waiting: RefCell::default(), taken }
@@ -182,14 +182,18 @@ impl<'a, B: Backend> Weights<'a, B> {
         self.store.index.contains_key(&self.path(name))
     }
 
-    /// Tensor `name` in HF layout, host memory, in the model's dtype.
+    /// Tensor `name` in HF layout, host memory, in the model's dtype (f32 for the default).
     pub fn host(&self, name: &str) -> Result<TensorData> {
-        Ok(self.store.take(&self.path(name))?.convert_dtype(self.store.dtype))
+        Ok(self.store.take(&self.path(name))?.convert_dtype(self.store.dtype.unwrap_or(DType::F32)))
     }
 
     /// Tensor `name` as a parameter on the device, in HF layout and the model's dtype.
     pub fn get<const N: usize>(&self, name: &str) -> Result<Param<Tensor<B, N>>> {
-        Ok(Param::from_tensor(Tensor::from_data(self.host(name)?, (self.device, self.store.dtype))))
+        let data = self.host(name)?;
+        Ok(Param::from_tensor(match self.store.dtype {
+            Some(dtype) => Tensor::from_data(data, (self.device, dtype)),
+            None => Tensor::from_data(data, self.device),
+        }))
     }
 
     /// The device the model is built on.
@@ -215,7 +219,8 @@ impl<B: Backend> Qwen2<B> {
     /// model never exists in f32).
     pub fn from_source_as(config: &Qwen2Config, source: &mut dyn WeightSource, device: &B::Device, dtype: Dtype) -> Result<Self> {
         config.validate().map_err(|m| Error::InvalidInput(format!("invalid config: {m}")))?;
-        let store = Store::new(expected_tensors(config), source, dtype.burn());
+        // f32 is the device's default float (so a test backend's f64 stays f64).
+        let store = Store::new(expected_tensors(config), source, dtype.is_half().then(|| dtype.burn()));
         let model = Qwen2::load(config, &Weights { store: &store, prefix: String::new(), device })?;
         store.finish()?;
         Ok(model)
@@ -373,7 +378,7 @@ mod tests {
         let specs = expected_tensors(&config(true));
         let mut recorder = Recorder(Vec::new());
         {
-            let store = Store::new(specs.clone(), &mut recorder, DType::F32);
+            let store = Store::new(specs.clone(), &mut recorder, None);
             let vb = Weights::<Flex> { store: &store, prefix: String::new(), device: &Default::default() };
             let norm = vb.pp("model").pp("norm");
             assert_eq!(norm.host("weight").unwrap().shape.to_vec(), vec![8]);
@@ -388,7 +393,7 @@ mod tests {
         assert_eq!(recorder.0, specs.iter().map(|s| s.name.clone()).collect::<Vec<_>>());
 
         let mut recorder = Recorder(Vec::new());
-        let store = Store::new(specs, &mut recorder, DType::F32);
+        let store = Store::new(specs, &mut recorder, None);
         let vb = Weights::<Flex> { store: &store, prefix: String::new(), device: &Default::default() };
         vb.host("model.embed_tokens.weight").unwrap();
         assert!(store.finish().unwrap_err().to_string().contains("does not read model.layers.0.input_layernorm.weight"));

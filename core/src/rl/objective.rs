@@ -193,7 +193,9 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         let began = Instant::now();
         let policy = model.valid();
         let prompts = self.prompts.batch(step, s.prompts_per_step, s.seed)?;
-        let responses = rollout(&policy, &self.tokenizer, &self.eos_ids, &prompts, &s.rollout, step_seed(s.seed, step))?;
+        let sampler = policy.clone().in_dtype(s.rollout.dtype.unwrap_or(policy.compute_dtype()));
+        let responses = rollout(&sampler, &self.tokenizer, &self.eos_ids, &prompts, &s.rollout, step_seed(s.seed, step))?;
+        drop(sampler);
         let rollout_s = began.elapsed().as_secs_f64();
 
         let groups: Vec<usize> = responses.iter().map(|r| r.group).collect();
@@ -415,7 +417,7 @@ mod tests {
         let tokenizer = Tokenizer::from_file(fixtures.join("qwen2_100M")).unwrap();
         let prompts = PromptSet::load(&[fixtures.join("rows/op2.jsonl")], &tokenizer, 512, Some(4)).unwrap();
         let settings = PgSettings {
-            rollout: RolloutSettings { n: 4, sampler: Sampler::default(), max_response_length: 6, batch_size: 64 },
+            rollout: RolloutSettings { n: 4, sampler: Sampler::default(), max_response_length: 6, batch_size: 64, dtype: None },
             prompts_per_step: 4,
             mini_batch: 2,
             micro_batch: 4,

@@ -15,7 +15,7 @@ use super::validate::{ValidationSettings, Validator};
 use crate::error::{Error, Result};
 use crate::generate::model_eos_ids;
 use crate::io::jsonl_files;
-use crate::model::{Qwen2, Qwen2Config, hf};
+use crate::model::{Dtype, Qwen2, Qwen2Config, hf};
 use crate::tokenizer::Tokenizer;
 use crate::train::Defaults;
 use crate::train::run::{Sections, loop_config};
@@ -63,10 +63,12 @@ pub fn run<B: AutodiffBackend>(
     let total_steps = config.train.total_steps(|epochs| (per_epoch as f64 * epochs).floor() as u64).map_err(Error::InvalidInput)?;
     on_data(&json!({ "prompts": prompts.report, "steps_per_epoch": per_epoch, "total_steps": total_steps }));
 
+    let frozen_dtype = config.model.dtype.unwrap_or_default();
     let signal = match (&config.reward, &config.teacher) {
         (_, Some(teacher)) => {
             check_same_tokenizer(&tokenizer_dir, &teacher.path)?;
-            Signal::Teacher { model: Box::new(frozen::<B>(&teacher.path, device)?), coef: teacher.coef, full_vocab: teacher.full_vocab }
+            let model = Box::new(frozen::<B>(&teacher.path, device, frozen_dtype)?);
+            Signal::Teacher { model, coef: teacher.coef, full_vocab: teacher.full_vocab }
         }
         (reward, None) => Signal::Rewards {
             reward: task.reward(&reward.clone().unwrap_or_default())?,
@@ -75,11 +77,11 @@ pub fn run<B: AutodiffBackend>(
         },
     };
     let reference = match settings.kl {
-        Some(_) => Some(frozen::<B>(from, device)?),
+        Some(_) => Some(frozen::<B>(from, device, frozen_dtype)?),
         None => None,
     };
     let eval_every = config.eval.as_ref().map(|e| e.every.or(d.eval_every).unwrap_or_default());
-    let loop_config = loop_config(
+    let mut loop_config = loop_config(
         &d,
         Sections { optimizer: &config.optimizer, schedule: &config.schedule, output: &config.output },
         total_steps,
@@ -88,6 +90,7 @@ pub fn run<B: AutodiffBackend>(
         json!({ "config": config, "prompts": prompts.report }),
     )
     .map_err(Error::InvalidInput)?;
+    loop_config.precision = config.train.precision;
     let validator = match &config.eval {
         Some(eval) => {
             let dir = eval.rows.as_deref().ok_or_else(|| Error::InvalidInput("[eval] needs `rows`".into()))?;
@@ -123,8 +126,8 @@ fn per_op_files(dir: Option<&Path>, ops: &[u32], files: &[PathBuf]) -> Result<Ve
 }
 
 /// A frozen model (reference or teacher) in the learner's weight layout, without gradients.
-fn frozen<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Qwen2<B::InnerBackend>> {
-    Ok(hf::load::<B>(dir, device)?.valid())
+fn frozen<B: AutodiffBackend>(dir: &Path, device: &B::Device, dtype: Dtype) -> Result<Qwen2<B::InnerBackend>> {
+    Ok(hf::load_as::<B>(dir, device, dtype)?.valid())
 }
 
 /// Refuses a teacher whose tokenizer differs from the student's: OPD feeds the student's token

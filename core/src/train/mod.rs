@@ -9,6 +9,7 @@ pub mod config;
 pub mod heldout;
 pub mod metrics;
 pub mod objective;
+pub mod precision;
 pub mod run;
 pub mod schedule;
 pub mod trainer;
@@ -22,6 +23,7 @@ pub mod recipes {
 pub use adamw::{AdamW, AdamWConfig};
 pub use config::Defaults;
 pub use objective::{NextTokenLoss, Objective};
+pub use precision::Precision;
 pub use run::{RunConfig, run};
 pub use schedule::{Decay, Schedule};
 pub use trainer::{LoopConfig, SavePolicy, Start, train};

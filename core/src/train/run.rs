@@ -67,6 +67,9 @@ impl RunConfig {
         if let DataSection::Prompts(_) = self.data {
             return Err("[data] kind = \"prompts\" is for `kiln rl` and `kiln opd`; pretrain takes \"mixture\", sft \"sft\"".into());
         }
+        if self.model.dtype.is_some() {
+            return Err("[model] dtype is for rl and opd (rollouts, reference, teacher); training precision is [train] precision".into());
+        }
         if self.model.init.is_some() == self.model.from.is_some() {
             return Err("[model] needs exactly one of `init` (a config.json) or `from` (a model directory)".into());
         }
@@ -131,7 +134,7 @@ pub fn run<B: AutodiffBackend>(
         .total_steps(|epochs| ((samples.len() as f64 * epochs) / samples_per_step as f64).ceil() as u64)
         .map_err(Error::InvalidInput)?;
     on_data(&json!({ "data": data_report, "samples": samples.len(), "total_steps": total_steps }));
-    let loop_config = loop_config(
+    let mut loop_config = loop_config(
         &d,
         Sections { optimizer: &config.optimizer, schedule: &config.schedule, output: &config.output },
         total_steps,
@@ -140,6 +143,7 @@ pub fn run<B: AutodiffBackend>(
         json!({ "config": config, "data": data_report, "samples": samples.len() }),
     )
     .map_err(Error::InvalidInput)?;
+    loop_config.precision = t.precision;
     let mut objective = NextTokenLoss::new(samples, micro_batch, grad_accum, pad_id, seed)?;
     let start = Start::<B>::new(&loop_config, resume, &mut objective, device, || fresh_model(&config.model, device))?;
     let mut held_out = HeldOut::load(task, &config.eval, config.cutoff_len(), &tokenizer, pad_id)?;
@@ -178,6 +182,7 @@ pub fn loop_config(
         time_budget: output.time_budget_s.map(Duration::from_secs_f64),
         companions,
         run_config,
+        precision: Default::default(),
     })
 }
 

@@ -16,6 +16,7 @@ use super::adamw::{AdamW, AdamWConfig};
 use super::checkpoint::{self, TrainerState};
 use super::metrics::{MetricsLog, rss_mib};
 use super::objective::Objective;
+use super::precision::{LossScale, Precision};
 use super::schedule::Schedule;
 use crate::error::{Error, Result};
 use crate::model::{Qwen2, hf};
@@ -78,6 +79,8 @@ pub struct LoopConfig {
     pub companions: Option<PathBuf>,
     /// The run's configuration, recorded in every checkpoint.
     pub run_config: Value,
+    /// Weights, optimizer state and compute dtypes ([`Precision`]).
+    pub precision: Precision,
 }
 
 /// One line of the metrics log.
@@ -107,12 +110,14 @@ pub struct Start<B: AutodiffBackend> {
     pub model: Qwen2<B>,
     pub optimizer: AdamW<B::InnerBackend>,
     pub step: u64,
+    /// f16 loss scaling, when the precision has it.
+    pub loss_scale: Option<LossScale>,
 }
 
 impl<B: AutodiffBackend> Start<B> {
     /// The latest checkpoint of `out_dir` if `resume` and there is one (restoring `objective`'s
-    /// data cursor), else `fresh()`. A fresh start refuses an `out_dir` that already holds
-    /// checkpoints, so nothing is overwritten by accident.
+    /// data cursor), else `fresh()`; either way in the run's [`Precision`]. A fresh start refuses
+    /// an `out_dir` that already holds checkpoints, so nothing is overwritten by accident.
     pub fn new<O: Objective<B>>(
         config: &LoopConfig,
         resume: bool,
@@ -120,20 +125,28 @@ impl<B: AutodiffBackend> Start<B> {
         device: &B::Device,
         fresh: impl FnOnce() -> Result<Qwen2<B>>,
     ) -> Result<Self> {
+        let precision = config.precision;
+        precision.check::<B>(device)?;
         match checkpoint::latest_named(&config.out_dir, config.save.run_name.as_deref())? {
             Some((step, path)) if resume => {
-                let model = hf::load::<B>(&path, device)?;
+                let model = precision.prepare(hf::load_as::<B>(&path, device, precision.weights())?);
                 let (state, optimizer) = checkpoint::load_state(&path, device)?;
                 objective.restore(&state.data)?;
                 debug_assert_eq!(step, state.step);
-                Ok(Self { model, optimizer, step: state.step })
+                let loss_scale = precision.loss_scale().map(|s| state.loss_scale.unwrap_or(s));
+                Ok(Self { model, optimizer, step: state.step, loss_scale })
             }
             Some((_, path)) => Err(Error::InvalidInput(format!(
                 "{} already holds checkpoints (latest {}); pass --resume to continue it or choose another output directory",
                 config.out_dir.display(),
                 path.display()
             ))),
-            None => Ok(Self { model: fresh()?, optimizer: AdamW::new(config.optimizer), step: 0 }),
+            None => Ok(Self {
+                model: precision.prepare(fresh()?),
+                optimizer: AdamW::new(config.optimizer),
+                step: 0,
+                loss_scale: precision.loss_scale(),
+            }),
         }
     }
 }
@@ -151,7 +164,7 @@ where
     B: AutodiffBackend,
     O: Objective<B>,
 {
-    let Start { mut model, mut optimizer, mut step } = start;
+    let Start { mut model, mut optimizer, mut step, mut loss_scale } = start;
     let began = Instant::now();
     let resumed = step > 0;
     let metrics_path = config.out_dir.join(checkpoint::metrics_name(config.save.run_name.as_deref()));
@@ -163,8 +176,11 @@ where
         Ok(())
     };
     let eval_due = |s: u64| config.eval_every.is_some_and(|e| e > 0 && s.is_multiple_of(e));
+    // Evaluation samples from a copy in the compute dtype (mixed precision: not casting every
+    // weight at every decoding step).
+    let inference = |model: &Qwen2<B>| model.valid().in_dtype(model.compute_dtype());
     if !resumed && config.eval_every.is_some() {
-        let mut record = evaluate(&model.valid())?;
+        let mut record = evaluate(&inference(&model))?;
         record.insert("step".into(), json!(0));
         emit(&mut log, record)?;
     }
@@ -180,19 +196,35 @@ where
         let lr = config.schedule.lr(step);
         // Several updates per step (RL mini-batches) log their mean loss and gradient norm.
         let (mut loss_sum, mut norm_sum) = (0.0, 0.0);
+        let mut changed: Option<(u64, u64)> = None;
         let mut extras = Record::new();
         for micros in &updates {
             let mut accumulator = GradientsAccumulator::new();
             for micro in micros {
                 let (loss, metrics) = objective.loss(&model, micro)?;
                 loss_sum += loss.clone().into_scalar().elem::<f64>();
+                let loss = match &loss_scale {
+                    Some(s) => loss.mul_scalar(s.scale),
+                    None => loss,
+                };
                 let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
                 accumulator.accumulate(&model, grads);
                 add_metrics(&mut extras, metrics);
             }
-            let (next, grad_norm) = optimizer.update(model, &names, accumulator.grads(), lr);
+            let (next, grad_norm) = match &mut loss_scale {
+                Some(s) => {
+                    let out = optimizer.update_scaled(model, &names, accumulator.grads(), lr, s.scale);
+                    s.update(out.1.is_finite());
+                    out
+                }
+                None => optimizer.update(model, &names, accumulator.grads(), lr),
+            };
             model = next;
             norm_sum += grad_norm;
+            if let Some((n, total)) = optimizer.changed {
+                let (n0, total0) = changed.unwrap_or_default();
+                changed = Some((n0 + n, total0 + total));
+            }
         }
         let (loss_sum, grad_norm) = (loss_sum / updates.len() as f64, norm_sum / updates.len() as f64);
         let update_seconds = update_began.elapsed().as_secs_f64();
@@ -204,6 +236,12 @@ where
         record.insert("loss".into(), json!(loss_sum));
         record.insert("lr".into(), json!(lr));
         record.insert("grad_norm".into(), json!(grad_norm));
+        if let Some((n, total)) = changed {
+            record.insert("weights_changed".into(), json!(n as f64 / total.max(1) as f64));
+        }
+        if let Some(s) = &loss_scale {
+            record.insert("loss_scale".into(), json!(s.scale));
+        }
         if let Some(tokens) = extras.get("tokens").and_then(Value::as_f64) {
             record.insert("tokens_per_s".into(), json!(tokens / seconds));
             record.insert("update_tokens_per_s".into(), json!(tokens / update_seconds));
@@ -218,7 +256,7 @@ where
         record.extend(objective.step_metrics());
         if (eval_due(step) || step == config.total_steps)
             && config.eval_every.is_some() {
-                record.extend(evaluate(&model.valid())?);
+                record.extend(evaluate(&inference(&model))?);
             }
         emit(&mut log, record)?;
 
@@ -231,6 +269,7 @@ where
                 optimizer_step: optimizer.step,
                 data: objective.state(),
                 config: config.run_config.clone(),
+                loss_scale,
             };
             let path = config.out_dir.join(checkpoint::checkpoint_name(config.save.run_name.as_deref(), step));
             checkpoint::save(&path, &model, &optimizer, &state, config.companions.as_deref())?;

@@ -32,6 +32,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::adamw::AdamWConfig;
+use super::precision::Precision;
+use crate::model::Dtype;
 use super::schedule::{Decay, Schedule};
 use super::trainer::SavePolicy;
 use crate::error::{Error, Result};
@@ -93,6 +95,10 @@ pub struct ModelSection {
     /// Seed of the initialisation.
     #[serde(default)]
     pub seed: u64,
+    /// rl, opd: the dtype of rollouts, the reference and the teacher (f32, bf16, f16; default:
+    /// the policy's compute dtype for rollouts, f32 for the frozen models). Training precision
+    /// is `[train] precision`.
+    pub dtype: Option<Dtype>,
 }
 
 impl ModelSection {
@@ -125,6 +131,14 @@ pub struct TrainSection {
     pub mini_batch: Option<usize>,
     /// Data order (pretrain, sft; 42). RL runs seed their prompt order with `[data] seed`.
     pub seed: Option<u64>,
+    /// `"f32"` (default), `"bf16-mixed"`, `"f16-mixed"` or `"bf16-pure"`
+    /// ([`crate::train::precision`]).
+    #[serde(default)]
+    pub precision: Precision,
+    /// Recompute activations in the backward pass instead of keeping them (less memory, more
+    /// compute; [`crate::train::recompute`]).
+    #[serde(default)]
+    pub recompute: bool,
 }
 
 impl TrainSection {
