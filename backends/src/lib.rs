@@ -91,6 +91,30 @@ pub fn run<J: Job>(spec: DeviceSpec, job: J) -> Result<J::Output, BackendError> 
 
 /// Runs `job` on the device named by `spec`, with autodiff.
 pub fn run_training<J: TrainJob>(spec: DeviceSpec, job: J) -> Result<J::Output, BackendError> {
+    run_training_with(spec, false, job)
+}
+
+/// [`run_training`]; with `recompute`, the backward pass recomputes the outputs of memory-bound
+/// operations (elementwise ops, reductions, the softmax) from kept inputs instead of keeping
+/// them, while matrix products stay kept: burn's `BalancedCheckpointing` (burn selects the
+/// strategy by the autodiff backend's type, `Autodiff<B, BalancedCheckpointing>`).
+pub fn run_training_with<J: TrainJob>(spec: DeviceSpec, recompute: bool, job: J) -> Result<J::Output, BackendError> {
+    use burn::backend::Autodiff;
+    use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing as Recompute;
+    match (spec, recompute) {
+        #[cfg(feature = "cpu")]
+        (DeviceSpec::Cpu, true) => Ok(job.run::<Autodiff<Cpu, Recompute>>(Default::default())),
+        #[cfg(feature = "wgpu")]
+        (DeviceSpec::Wgpu(i), true) => Ok(job.run::<Autodiff<Wgpu, Recompute>>(wgpu_device(i))),
+        #[cfg(feature = "cuda")]
+        (DeviceSpec::Cuda(i), true) => Ok(job.run::<Autodiff<Cuda, Recompute>>(burn::backend::cuda::CudaDevice::new(i))),
+        (spec, false) => run_plain(spec, job),
+        #[allow(unreachable_patterns)]
+        (other, _) => Err(not_compiled(other)),
+    }
+}
+
+fn run_plain<J: TrainJob>(spec: DeviceSpec, job: J) -> Result<J::Output, BackendError> {
     use burn::backend::Autodiff;
     match spec {
         #[cfg(feature = "cpu")]

@@ -4,7 +4,7 @@
 //! model and its Hugging Face checkpoints ([`model`]), the tokenizer ([`tokenizer`]) and the
 //! batched generation engine ([`generate`]), training ([`train`], [`rl`]) on tasks behind one
 //! interface ([`tasks`]), checkpoint evaluation ([`eval`]), files ([`io`]), pass@k
-//! ([`metrics`]) and SVG charts ([`plot`]).
+//! ([`metrics`]), SVG charts ([`plot`]) and memory/compute planning ([`plan`]).
 
 pub mod data;
 pub mod error;
@@ -13,6 +13,7 @@ pub mod generate;
 pub mod io;
 pub mod metrics;
 pub mod model;
+pub mod plan;
 pub mod plot;
 pub mod rl;
 pub mod tasks;

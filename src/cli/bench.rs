@@ -45,12 +45,15 @@ pub struct BenchArgs {
     /// With --train: f32, bf16-mixed, f16-mixed or bf16-pure.
     #[arg(long)]
     precision: Option<Precision>,
+    /// With --train: recompute activations in the backward pass (`[train] recompute`).
+    #[arg(long)]
+    recompute: bool,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
     let backend = args.backend;
     if args.train {
-        return kiln::backends::run_training(backend, TrainBenchJob(args))?;
+        return kiln::backends::run_training_with(backend, args.recompute, TrainBenchJob(args))?;
     }
     kiln::backends::run(backend, BenchJob(args))?
 }
@@ -87,7 +90,8 @@ impl TrainJob for TrainBenchJob {
             precision: args.precision.unwrap_or(Precision::mixed(args.dtype)),
         };
         let mut objective = NextTokenLoss::new(samples, args.batch, 1, 0, 0)?;
-        let start = Start::<B>::new(&loop_config, false, &mut objective, &device, || Qwen2::random(&config, 0, &device))?;
+        let weights = loop_config.precision.weights();
+        let start = Start::<B>::new(&loop_config, false, &mut objective, &device, || Qwen2::random_as(&config, 0, &device, weights))?;
         let mut step_times = Vec::new();
         let mut rss = Vec::new();
         train(start, &mut objective, &loop_config, |_| Ok(Default::default()), |record| {
@@ -108,6 +112,8 @@ impl TrainJob for TrainBenchJob {
             "step_s": median,
             "tokens_per_s": (args.batch * args.prompt_len) as f64 / median,
             "rss_mib_first_last": [rss.first(), rss.last()],
+            "recompute": args.recompute,
+            "peak_rss_mib": kiln::train::metrics::peak_rss_mib(),
         });
         println!("{figures}");
         Ok(())

@@ -27,8 +27,9 @@ pub struct RlArgs {
 pub fn run(method: Method, args: RlArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.config).with_context(|| format!("{}", args.config.display()))?;
     let config = PgConfig::from_toml(&args.config, &text)?;
+    let recompute = config.train.recompute;
     let job = RlJob { config, method, resume: args.resume, path: args.config };
-    kiln::backends::run_training(args.backend, job)?
+    kiln::backends::run_training_with(args.backend, recompute, job)?
 }
 
 struct RlJob {

@@ -40,7 +40,8 @@ pub fn run(kind: Kind, args: TrainArgs) -> Result<()> {
         (Kind::Sft, _) => bail!("{}: `kiln sft` needs [data] kind = \"sft\" (or the old `sft = …`)", args.config.display()),
     }
     let backend = args.backend;
-    kiln::backends::run_training(backend, RunJob { config, resume: args.resume })?
+    let recompute = config.train.recompute;
+    kiln::backends::run_training_with(backend, recompute, RunJob { config, resume: args.resume })?
 }
 
 struct RunJob {
