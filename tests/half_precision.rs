@@ -114,6 +114,28 @@ mod cpu {
     }
 }
 
+/// CUDA (run by `scripts/gpu-check.sh`; compiled, not run, where there is no GPU).
+#[cfg(feature = "cuda")]
+mod cuda {
+    use kiln::backends::Cuda;
+    use kiln::model::Dtype;
+
+    #[test]
+    fn bf16_logits_match_transformers_in_bf16() {
+        super::logits_match::<Cuda>(&Default::default(), Dtype::BF16, 0.25);
+    }
+
+    #[test]
+    fn f16_logits_match_transformers_in_f16() {
+        super::logits_match::<Cuda>(&Default::default(), Dtype::F16, 0.03);
+    }
+
+    #[test]
+    fn half_precision_cache_matches_recompute() {
+        super::cache_matches_recompute::<Cuda>(&Default::default(), Dtype::BF16, 0.25);
+    }
+}
+
 #[cfg(feature = "wgpu")]
 mod wgpu {
     use kiln::backends::Wgpu;

@@ -6,9 +6,11 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-/// `tests/fixtures/<rel>`.
+/// `tests/fixtures/<rel>` of this checkout, or of the checkout at `$KILN_REPO_DIR` (test binaries
+/// built on one machine and run on another, as `scripts/gpu-check.sh` does).
 pub fn fixture(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(rel)
+    let repo = std::env::var_os("KILN_REPO_DIR").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    repo.join("tests/fixtures").join(rel)
 }
 
 /// The reference models written by transformers.
