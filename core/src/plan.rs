@@ -111,12 +111,13 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
     let copy = if p.compute() != p.weights() { params * p.compute().size() as f64 } else { 0.0 };
     let state = 2.0 * params * p.weights().size() as f64;
     let grads = params * p.weights().size() as f64;
-    // The update's temporaries (new moments, denominator, step) for the largest tensor.
+    // The update's temporaries for the largest tensor: the clipped gradient, the new moments,
+    // the denominator, the step and the new weight.
     let largest = (v * h).max(h * i) * p.weights().size() as f64;
     let activations = activations_per_layer * layers + head;
     let logits_grad = tokens * v * (4.0 + s);
     let backward_start = weights + copy + state + activations + logits_grad;
-    let update = weights + state + grads + 4.0 * largest;
+    let update = weights + state + grads + 6.0 * largest;
     let training = vec![
         part("weights", weights, format!("{} parameters in {}", config.num_parameters(), p.weights())),
         part("compute copy", copy, format!("the {} weight copies the backward pass keeps", p.compute())),
@@ -124,7 +125,7 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
         part("optimizer state", state, format!("AdamW's two moments in {}", p.weights())),
         part("activations", activations, format!("{} layers × {:.1} MiB + head {:.1} MiB", layers, mib(activations_per_layer), mib(head))),
         part("logits gradient", logits_grad, "f32 and compute dtype, at the start of the backward pass".into()),
-        part("update temporaries", 4.0 * largest, "four tensors the size of the largest weight".into()),
+        part("update temporaries", 6.0 * largest, "six tensors the size of the largest weight".into()),
     ];
     let per_token_flops = 2.0 * matmul_weights(config) + 4.0 * t * q * layers;
     let training_flops = 3.0 * per_token_flops * request.batch as f64 * t;

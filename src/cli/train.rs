@@ -77,6 +77,9 @@ impl TrainJob for RunJob {
                 if let Some(acc) = number("eval_accuracy") {
                     message += &format!("acc {acc:.3} ");
                 }
+                if let Some(changed) = number("weights_changed") {
+                    message += &format!("changed {:.1}% ", 100.0 * changed);
+                }
                 if let Some(tps) = number("tokens_per_s") {
                     message += &format!("{tps:.0} tok/s");
                 }

@@ -2,11 +2,13 @@
 //! the same sections; policy-gradient runs add theirs ([`crate::rl::PgConfig`]):
 //!
 //! ```toml
-//! [model]      # init = "config.json" (from scratch, seeded) | from = "hf-dir"; tokenizer; seed
+//! [model]      # init = "config.json" (from scratch, seeded) | from = "hf-dir"; tokenizer; seed;
+//!              # dtype (rl, opd: rollouts, reference, teacher)
 //! [task]       # kind = "interplay" (the default)
 //! [data]       # kind = "mixture" (pre-training) | "sft" | "prompts" (rl, opd)
 //! [train]      # steps | epochs; micro_batch, grad_accum (pretrain, sft); prompts_per_step,
-//!              # mini_batch (rl, opd); seed
+//!              # mini_batch (rl, opd); seed; precision = "f32" | "bf16-mixed" | "f16-mixed"
+//!              # | "bf16-pure"; recompute
 //! [optimizer]  # AdamW: lr, weight_decay, max_grad_norm, beta1, beta2, eps
 //! [schedule]   # kind = "constant" | "constant_with_warmup" | "linear" | "cosine"
 //!              #      | "cosine_with_min_lr" (min_lr | min_lr_rate) | "cosine_then_floor"
@@ -136,7 +138,8 @@ pub struct TrainSection {
     #[serde(default)]
     pub precision: Precision,
     /// Recompute activations in the backward pass instead of keeping them (less memory, more
-    /// compute; [`crate::train::recompute`]).
+    /// compute): burn's `BalancedCheckpointing`, chosen when the run's backend is set up
+    /// (`kiln_backends::run_training_with`).
     #[serde(default)]
     pub recompute: bool,
 }
