@@ -18,7 +18,7 @@
 mod common;
 
 use burn::tensor::backend::Backend;
-use common::{HF_MODELS, Reference};
+use common::{HF_MODELS, Reference, max_abs_diff};
 use kiln::model::{Dtype, HostBatch, Qwen2, hf};
 
 fn logits_host<B: Backend>(model: &Qwen2<B>, batch: &HostBatch, device: &B::Device) -> Vec<f32> {
@@ -66,7 +66,7 @@ fn logits_match<B: Backend>(device: &B::Device, dtype: Dtype, max_tolerance: f32
         for (i, seq) in seqs.iter().enumerate() {
             let alone = HostBatch::left_padded(std::slice::from_ref(seq), 0).unwrap();
             let (_, single) = half(&format!("{dtype}.single.{i}.logits"));
-            let (max, _) = diff(&logits_host(&model, &alone, device), &single, &[0..single.len()]);
+            let max = max_abs_diff(&logits_host(&model, &alone, device), &single);
             assert!(max <= max_tolerance, "{name}/{dtype}: sequence {i} alone: max |Δ| = {max}");
         }
     }
@@ -87,7 +87,7 @@ fn cache_matches_recompute<B: Backend>(device: &B::Device, dtype: Dtype, toleran
             let full: Vec<u32> = prompt.iter().chain(&samples[0].token_ids).copied().collect();
             let recomputed = sequence_logprobs(&model, &[full], 5).unwrap().remove(0);
             let recomputed: Vec<f32> = recomputed[prompt.len()..].iter().map(|x| x.unwrap()).collect();
-            let (max, _) = diff(&samples[0].raw_logprobs, &recomputed, &[0..recomputed.len()]);
+            let max = max_abs_diff(&samples[0].raw_logprobs, &recomputed);
             assert!(max <= tolerance, "{name}/{dtype}: KV-cache vs full recompute: max |Δ logprob| = {max}");
         }
     }
