@@ -6,6 +6,9 @@
 use std::path::Path;
 
 use crate::data::sft_source::SftColumns;
+use crate::model::{Dtype, Qwen2Config};
+use crate::plan::{PlanRequest, plan};
+use crate::train::Precision;
 use crate::train::config::{DataSection, Defaults, ScheduleKind};
 use crate::train::run::{RunConfig, Sections, loop_config};
 
@@ -26,6 +29,16 @@ fn assert_shared(config: &RunConfig) {
     let (micro, accum) = (config.train.micro_batch.unwrap(), config.train.grad_accum.unwrap());
     assert_eq!(micro * accum, 18, "effective batch 18");
     assert_eq!((config.optimizer.lr, config.optimizer.max_grad_norm), (Some(1e-5), 0.2));
+    // f32 masters and AdamW state (spec §5.5), bf16 compute, recomputation.
+    assert_eq!((config.train.precision, config.train.precision.weights(), config.train.recompute), (Precision::Bf16Mixed, Dtype::F32, true));
+    // The comment's memory figures: max_length does not fit one 141 GB H200 with kiln's
+    // attention, the 4096 fallback does.
+    let model = Qwen2Config::from_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/configs/qwen2.5-coder-1.5b/config.json")).unwrap();
+    let peak_gib = |seq| {
+        let request = PlanRequest { batch: micro, seq, precision: Precision::Bf16Mixed, devices: 1, recompute: true, cpu_kernels: false };
+        plan(&model, request).training_peak / (1u64 << 30) as f64
+    };
+    assert!(peak_gib(sft.max_length.unwrap()) > 141.0 && peak_gib(4096) < 100.0, "{} / {}", peak_gib(16384), peak_gib(4096));
 }
 
 fn close(a: f64, b: f64) -> bool {
