@@ -237,6 +237,8 @@ pub mod metrics;
 pub mod model;
 #[cfg(feature = "plot")]
 pub mod plot;
+#[cfg(feature = "eval")]
+pub mod release;
 pub mod rl;
 #[cfg(feature = "tasks")]
 pub mod tasks;

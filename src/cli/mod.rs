@@ -10,6 +10,7 @@ mod plot;
 mod plot_train;
 mod progress;
 mod quickstart;
+mod release;
 mod rl;
 mod train;
 
@@ -50,6 +51,8 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Charts (SVG) of evaluation results.
     Plot(plot::PlotArgs),
+    /// The Interplay release as one recipe: pre-training, RL, OPD and evaluation of its batches.
+    Release(release::ReleaseArgs),
 }
 
 impl Cli {
@@ -67,6 +70,7 @@ impl Cli {
             Command::Data(args) => data::run(args),
             Command::Eval(args) => eval::run(args),
             Command::Plot(args) => plot::run(args),
+            Command::Release(args) => release::run(args),
         }
     }
 }
