@@ -46,6 +46,14 @@ pub enum Error {
     /// Input that is wrong regardless of any file (bad shapes, empty prompts, bad parameters).
     #[error("{0}")]
     InvalidInput(String),
+    /// The sandbox that runs model-written programs could not be set up (or refuses to run
+    /// unconfined).
+    #[cfg(feature = "code")]
+    #[error(transparent)]
+    Sandbox(#[from] kiln_sandbox::SandboxError),
+    /// A data-parallel run stopped: a peer failed, was lost or disagrees (the message names it).
+    #[error("{0}")]
+    Distributed(String),
 }
 
 impl Error {

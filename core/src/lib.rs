@@ -73,9 +73,12 @@
 //! | Interplay scorer: answers, solution graphs, strict scoring, rewards | `tasks/interplay/answer.rs`, `tasks/interplay/graph/`, `tasks/interplay/scoring.rs`, `tasks/interplay/rewards.rs` (feature `tasks`) |
 //! | run configs (TOML) and the pre-training / SFT / RL runs | `train/config/`, `train/run.rs`, `rl/run.rs` (feature `tasks`) |
 //! | checkpoint evaluation | `eval/` (feature `eval`) |
+//! | data parallel: replicas over burn-collective in one process, a TCP ring between processes, sharded evaluation | [`dist`] `dist/` |
 //! | files: JSONL, atomic writes, Python-compatible JSON | [`io`] `io/` |
 //! | SVG charts | `plot.rs` (feature `plot`) |
 //! | the sandbox for model-written code | `sandbox/src/lib.rs` (the `kiln-sandbox` crate) |
+//! | the code task: LiveCodeBench problems, prompts, extraction, grading in the sandbox, pass@k, the code reward, `kiln eval code`'s files | `tasks/code/` (feature `code`) |
+//! | SFT rows from Parquet or JSONL with named columns, the held-out split; HF chat templates | `data/sft_source.rs`, `io/parquet.rs`, `tokenizer/chat_template.rs` (feature `code` for Parquet and templates) |
 //!
 //! The specification of the Interplay task and its evaluation is `docs/interplay.md`; the
 //! release layout kiln writes and evaluates is `docs/release-layout.md`.
@@ -228,6 +231,7 @@
 //! ```
 
 pub mod data;
+pub mod dist;
 pub mod error;
 #[cfg(feature = "eval")]
 pub mod eval;

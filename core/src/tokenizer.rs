@@ -3,6 +3,11 @@
 //!
 //! Encoding never adds special tokens: the paper's format and ChatML both spell them out in
 //! the text, exactly as the reference encodes with `add_special_tokens=False`.
+//!
+//! [`chat_template`] renders the model's Hugging Face chat template.
+
+#[cfg(feature = "code")]
+pub mod chat_template;
 
 use std::path::{Path, PathBuf};
 
@@ -146,6 +151,20 @@ impl Tokenizer {
     /// The padding token id named by the tokenizer configs.
     pub fn pad_id(&self) -> Option<u32> {
         self.pad_token.as_deref().and_then(|t| self.token_id(t))
+    }
+
+    #[cfg(feature = "code")]
+    /// The chat template of the model directory this was loaded from (see
+    /// [`chat_template::ChatTemplate::from_model_dir`]); `None` when it has none. Read on demand,
+    /// so a tokenizer whose template kiln cannot parse still encodes.
+    pub fn chat_template(&self) -> Result<Option<chat_template::ChatTemplate>> {
+        match self.path.parent() {
+            Some(dir) if self.path.is_file() => {
+                let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+                chat_template::ChatTemplate::from_model_dir(dir)
+            }
+            _ => Ok(None),
+        }
     }
 
     /// Path of the `tokenizer.json` this was loaded from.

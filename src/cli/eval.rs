@@ -39,6 +39,10 @@ enum EvalCommand {
     Answers(AnswersArgs),
     /// Gold dependency graphs of task rows (build_gold_dependency_graphs.py).
     Gold(GoldArgs),
+    /// Evaluate a model on LiveCodeBench problems: sample, run every program on the tests in
+    /// the sandbox, write per-sample records and pass@k (overall, per difficulty and platform).
+    #[cfg(feature = "code")]
+    Code(super::eval_code::CodeEvalArgs),
 }
 
 #[derive(Debug, Args)]
@@ -155,6 +159,8 @@ pub fn run(args: EvalArgs) -> Result<()> {
         EvalCommand::Score(args) => score_cmd(args),
         EvalCommand::Answers(args) => answers(args),
         EvalCommand::Gold(args) => gold(args),
+        #[cfg(feature = "code")]
+        EvalCommand::Code(args) => super::eval_code::run(args),
     }
 }
 

@@ -1,8 +1,13 @@
 //! Subcommands of the `kiln` binary, one module each.
 
 mod bench;
+#[cfg(feature = "code")]
+mod code;
 mod data;
+mod dist;
 mod eval;
+#[cfg(feature = "code")]
+mod eval_code;
 mod generate;
 mod init;
 mod logprobs;
@@ -47,12 +52,15 @@ enum Command {
     Opd(rl::RlArgs),
     /// Generate task data.
     Data(data::DataArgs),
-    /// Evaluate checkpoints (Interplay); score generations: answers, strict graphs, gold graphs.
+    /// Evaluate checkpoints (Interplay, code); score generations: answers, strict graphs, gold graphs.
     Eval(eval::EvalArgs),
     /// Charts (SVG) of evaluation results.
     Plot(plot::PlotArgs),
     /// The Interplay release as one recipe: pre-training, RL, OPD and evaluation of its batches.
     Release(release::ReleaseArgs),
+    /// Code problems: grade completions by running them in the sandbox.
+    #[cfg(feature = "code")]
+    Code(code::CodeArgs),
 }
 
 impl Cli {
@@ -71,6 +79,8 @@ impl Cli {
             Command::Eval(args) => eval::run(args),
             Command::Plot(args) => plot::run(args),
             Command::Release(args) => release::run(args),
+            #[cfg(feature = "code")]
+            Command::Code(args) => code::run(args),
         }
     }
 }

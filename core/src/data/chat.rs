@@ -7,14 +7,16 @@
 //! the `<|im_start|>assistant\n` headers) is context only. The whole text is tokenized at once
 //! and targets are chosen by character offsets, so the ids equal `tokenizer(apply_chat_template(...))`.
 
+#[cfg(feature = "tasks")]
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::sample::Sample;
+#[cfg(feature = "tasks")]
+use super::sft_source::{SftExample, SftSource, read_sft_rows};
 use crate::error::{Error, Result};
-use crate::io::jsonl_records;
 use crate::tokenizer::Tokenizer;
 
 /// Qwen2.5's default system prompt.
@@ -58,6 +60,60 @@ impl SftRow {
             }
         }
     }
+}
+
+/// The columns that make a conversation.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SftColumns {
+    /// A list of `{role, content}` messages ...
+    pub messages: Option<String>,
+    /// ... or a prompt (user turn or messages) and a completion (assistant turn or messages).
+    pub prompt: Option<String>,
+    pub completion: Option<String>,
+}
+
+impl SftColumns {
+    /// The column names to read; an error unless exactly one of the two shapes is given.
+    pub fn names(&self) -> Result<Vec<&str>> {
+        match (&self.messages, &self.prompt, &self.completion) {
+            (Some(m), None, None) => Ok(vec![m]),
+            (None, Some(p), Some(c)) => Ok(vec![p, c]),
+            _ => Err(Error::InvalidInput(
+                "SFT columns: give either `messages`, or `prompt` and `completion` (e.g. { messages = \"messages\" } or { prompt = \"prompt\", completion = \"generation\" })".into(),
+            )),
+        }
+    }
+
+    /// The conversation of one row.
+    pub fn conversation(&self, row: &Map<String, Value>) -> std::result::Result<Vec<Message>, String> {
+        let column = |name: &str| match row.get(name) {
+            None => Err(format!("no column {name:?}")),
+            Some(Value::Null) => Err(format!("column {name:?} is null")),
+            Some(value) => Ok(value),
+        };
+        let turns = |name: &str, role: &str| -> std::result::Result<Vec<Message>, String> {
+            match column(name)? {
+                Value::String(content) => Ok(vec![Message { role: role.into(), content: content.clone() }]),
+                value => messages_of(value).map_err(|e| format!("column {name:?}: {e}")),
+            }
+        };
+        match (&self.messages, &self.prompt, &self.completion) {
+            (Some(m), _, _) => messages_of(column(m)?).map_err(|e| format!("column {m:?}: {e}")),
+            (None, Some(p), Some(c)) => Ok([turns(p, "user")?, turns(c, "assistant")?].concat()),
+            _ => Err("no columns chosen".into()),
+        }
+    }
+}
+
+fn messages_of(value: &Value) -> std::result::Result<Vec<Message>, String> {
+    let list = value.as_array().ok_or("expected a string or a list of {role, content}")?;
+    list.iter()
+        .map(|m| match (m.get("role").and_then(Value::as_str), m.get("content").and_then(Value::as_str)) {
+            (Some(role), Some(content)) => Ok(Message { role: role.into(), content: content.into() }),
+            _ => Err(format!("a message without string `role` and `content`: {m}")),
+        })
+        .collect()
 }
 
 /// A rendered, tokenized row and what truncation removed.
@@ -112,42 +168,52 @@ pub fn render(messages: &[Message], tokenizer: &Tokenizer, default_system: Optio
     Ok(row)
 }
 
-/// Counts over an SFT file.
+/// Counts over the rendered SFT rows (spec code-sft.md §3.4: record `max_length`, how many rows
+/// exceed it and whether their final code block survives).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SftReport {
     pub rows: usize,
+    /// The length rows are cut to (keeping the start), if any.
+    pub max_length: Option<usize>,
     /// Rows longer than `max_length` (cut at the end, keeping the start).
     pub truncated: usize,
     /// Rows whose final fenced code block was cut.
     pub final_code_lost: usize,
+    /// Rows whose last assistant turn has no fenced code block at all (e.g. generations that
+    /// hit the reference model's length limit).
+    pub no_code_block: usize,
     /// Rows whose last target token (the final answer's `<|im_end|>`) was cut.
     pub final_answer_lost: usize,
     /// Target tokens in all rows.
     pub targets: usize,
 }
 
-/// Reads an SFT JSONL file (one [`SftRow`] per line) and renders every row; a bad line is an
-/// error naming file and line.
-pub fn sft_samples(path: &Path, tokenizer: &Tokenizer, system: Option<&str>, max_length: Option<usize>) -> Result<(Vec<Sample>, SftReport)> {
-    let mut samples = Vec::new();
-    let mut report = SftReport::default();
-    for record in jsonl_records(path)? {
-        let record = record?;
-        let row: SftRow = serde_json::from_value(Value::Object(record.fields))
-            .map_err(|e| Error::data(path, Some(record.line), format!("not an SFT row ({{\"messages\": [...]}} or {{\"prompt\", \"completion\"}}): {e}")))?;
-        let rendered = render(&row.messages(), tokenizer, system, max_length)
-            .map_err(|e| Error::data(path, Some(record.line), e.to_string()))?;
+/// Renders every example (see [`render`]); a row that cannot be rendered is an error naming its
+/// file and line or row.
+#[cfg(feature = "tasks")]
+pub fn render_examples(examples: &[SftExample], tokenizer: &Tokenizer, system: Option<&str>, max_length: Option<usize>) -> Result<(Vec<Sample>, SftReport)> {
+    let mut samples = Vec::with_capacity(examples.len());
+    let mut report = SftReport { max_length, ..Default::default() };
+    for example in examples {
+        let rendered = render(&example.messages, tokenizer, system, max_length).map_err(|e| example.error(e.to_string()))?;
+        let last_assistant = example.messages.iter().rev().find(|m| m.role == "assistant");
         report.rows += 1;
         report.truncated += rendered.truncated as usize;
         report.final_code_lost += rendered.final_code_lost as usize;
+        report.no_code_block += last_assistant.is_some_and(|m| !m.content.contains("```")) as usize;
         report.final_answer_lost += rendered.final_answer_lost as usize;
         report.targets += rendered.sample.num_targets();
         samples.push(rendered.sample);
     }
-    if samples.is_empty() {
-        return Err(Error::data(path, None, "no SFT rows"));
-    }
     Ok((samples, report))
+}
+
+/// Reads an SFT JSONL file (one [`SftRow`] per line) and renders every row; a bad line is an
+/// error naming file and line. [`super::sft_source`] reads Parquet, chosen columns and splits.
+#[cfg(feature = "tasks")]
+pub fn sft_samples(path: &Path, tokenizer: &Tokenizer, system: Option<&str>, max_length: Option<usize>) -> Result<(Vec<Sample>, SftReport)> {
+    let rows = read_sft_rows(&SftSource { path: path.to_path_buf(), columns: None, split: None })?;
+    render_examples(&rows.train, tokenizer, system, max_length)
 }
 
 #[cfg(test)]
@@ -201,5 +267,27 @@ mod tests {
         let a: SftRow = serde_json::from_str(r#"{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}"#).unwrap();
         let b: SftRow = serde_json::from_str(r#"{"prompt": "hi", "completion": "yo"}"#).unwrap();
         assert_eq!(a.messages(), b.messages());
+    }
+
+    #[cfg(feature = "code")]
+    #[test]
+    fn the_chatml_text_is_qwen2_5_s_chat_template_and_codeforces_rows_report_their_code() {
+        use crate::data::sft_source::{SftColumns, SftSource, read_sft_rows};
+        use crate::tokenizer::chat_template::ChatTemplate;
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/code");
+        let qwen = ChatTemplate::from_model_dir(&fixtures.join("qwen2_5")).unwrap().unwrap();
+        let columns = SftColumns { messages: Some("messages".into()), ..Default::default() };
+        let rows = read_sft_rows(&SftSource { path: fixtures.join("cots_mini"), columns: Some(columns), split: None }).unwrap();
+        let t = chatml_tokenizer();
+        for example in &rows.train {
+            let row = render(&example.messages, &t, Some(QWEN_DEFAULT_SYSTEM), None).unwrap();
+            assert_eq!(t.decode(&row.sample.ids, false).unwrap(), qwen.render(&example.messages, false).unwrap());
+        }
+        let (samples, report) = render_examples(&rows.train, &t, Some(QWEN_DEFAULT_SYSTEM), Some(400)).unwrap();
+        assert_eq!((samples.len(), report.rows, report.max_length), (5, 5, Some(400)));
+        // Row 4 of the fixture stopped at the length limit: its generation has no code block.
+        assert_eq!(report.no_code_block, 1);
+        assert_eq!(report.truncated, 5, "every row is longer than 400 tokens");
+        assert_eq!(report.final_code_lost, 4, "the four code blocks sit at the end and are cut");
     }
 }

@@ -1,9 +1,12 @@
 //! Files in and out: JSONL rows with errors that name file and line ([`jsonl`]), output files
 //! that appear whole or not at all ([`atomic`]), JSON written byte for byte like Python's `json`
-//! module ([`pyjson`]) and Python's conversions of JSON values ([`python`]).
+//! module ([`pyjson`]), Python's conversions of JSON values ([`python`]) and the rows of Parquet
+//! files ([`parquet`], feature `code`).
 
 pub mod atomic;
 pub mod jsonl;
+#[cfg(feature = "code")]
+pub mod parquet;
 pub mod pyjson;
 pub mod python;
 

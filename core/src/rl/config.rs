@@ -184,6 +184,7 @@ impl PgConfig {
         let eval = config.eval.as_mut().unwrap_or(&mut no_eval);
         resolve_shared(base, &mut config.model, &mut config.data, &mut config.output, eval);
         config.teacher.iter_mut().for_each(|t| resolve(base, &mut t.path));
+        config.task.resolve_paths(base);
         config.check().map_err(|message| Error::config(path, message))?;
         Ok(config)
     }

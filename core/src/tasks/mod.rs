@@ -12,6 +12,8 @@
 //!
 //! - [`interplay`]: the Interplay reasoning task (generator, text format, answers, graph
 //!   parser and scorer, rewards, the reference's evaluation files).
+//! - `code` (feature `code`): LiveCodeBench-style code generation, graded by running the
+//!   programs in kiln's sandbox; its evaluation files and the code reward for RL.
 //!
 //! A new task implements [`Task`] (and, for RL, a [`Reward`]) and adds a [`TaskConfig`]
 //! variant; nothing in `rl/`, `train/` or `eval/` changes. A minimal one:
@@ -84,6 +86,8 @@
 //! # }
 //! ```
 
+#[cfg(feature = "code")]
+pub mod code;
 pub mod evaluation;
 pub mod interplay;
 
@@ -207,6 +211,25 @@ pub enum RewardConfig {
         #[serde(default = "default_tolerance")]
         value_tolerance: f64,
     },
+    /// The code task's reward ([`code::task`]): 1 when every test passes, or with `partial` the
+    /// fraction of tests passed; lines compared exactly; `per_test_timeout_s` (2 s) per test;
+    /// the program found by `extraction`; only the first `max_tests` tests if given.
+    #[cfg(feature = "code")]
+    Code {
+        #[serde(default)]
+        partial: bool,
+        #[serde(default = "default_reward_timeout")]
+        per_test_timeout_s: f64,
+        #[serde(default)]
+        extraction: code::Extraction,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_tests: Option<usize>,
+    },
+}
+
+#[cfg(feature = "code")]
+fn default_reward_timeout() -> f64 {
+    2.0
 }
 
 fn default_tolerance() -> f64 {
@@ -219,6 +242,8 @@ impl RewardConfig {
         match self {
             Self::Outcome => "outcome",
             Self::Process { .. } => "process",
+            #[cfg(feature = "code")]
+            Self::Code { .. } => "code",
         }
     }
 }
@@ -230,13 +255,27 @@ pub enum TaskConfig {
     /// The Interplay reasoning task ([`interplay::InterplayTask`]).
     #[default]
     Interplay,
+    /// LiveCodeBench-style code generation graded in the sandbox ([`code::CodeTask`]).
+    #[cfg(feature = "code")]
+    Code(code::CodeTaskConfig),
 }
 
 impl TaskConfig {
-    /// The task.
+    /// The task. (The code task probes its sandbox here.)
     pub fn build(&self) -> Result<Arc<dyn Task>> {
         match self {
             Self::Interplay => Ok(Arc::new(interplay::InterplayTask)),
+            #[cfg(feature = "code")]
+            Self::Code(config) => Ok(Arc::new(code::CodeTask::new(config.clone())?)),
+        }
+    }
+
+    /// Makes the task's paths relative to `base` (the config file's directory).
+    pub fn resolve_paths(&mut self, _base: &Path) {
+        match self {
+            Self::Interplay => {}
+            #[cfg(feature = "code")]
+            Self::Code(config) => config.resolve_paths(_base),
         }
     }
 }

@@ -73,6 +73,11 @@ impl HeldOut {
         Ok(evaluator)
     }
 
+    /// Adds rows to the `eval_loss` (the rows an SFT run holds out of its data).
+    pub fn add_loss_samples(&mut self, samples: Vec<Sample>) {
+        self.heldout.extend(samples);
+    }
+
     /// `eval_loss`, `eval_accuracy` and `eval_accuracy_<group>` of `model`.
     pub fn evaluate<B: Backend>(&mut self, model: &Qwen2<B>) -> Result<Record> {
         let mut record = Record::new();

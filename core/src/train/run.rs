@@ -13,13 +13,16 @@ use super::config::{
     DEFAULT_CUTOFF, DataSection, Defaults, EvalSection, Family, MixtureData, ModelSection, OptimizerSection, OutputSection,
     ScheduleSection, TrainSection, TokenCount, Typo, base_dir, read_config, resolve_shared,
 };
+use super::adamw::AdamW;
 use super::heldout::HeldOut;
 use super::objective::NextTokenLoss;
-use super::trainer::{LoopConfig, Record, RunSummary, Start, train};
+use super::trainer::{LoopConfig, Record, RunSummary, Start, train_replica};
 use crate::data::Sample;
-use crate::data::chat::{QWEN_DEFAULT_SYSTEM, sft_samples};
+use crate::data::chat::{QWEN_DEFAULT_SYSTEM, render_examples};
+use crate::data::sft_source::{SftSource, SplitRule, read_sft_rows};
 use crate::data::corpus::pretrain_samples;
 use crate::data::mixture::{Preset, TypoPolicy, readable_to_number};
+use crate::dist::{self, NodeSpec, Replica};
 use crate::error::{Error, Result};
 use crate::model::{Qwen2, Qwen2Config, hf};
 use crate::tasks::{Task, TaskConfig};
@@ -56,6 +59,7 @@ impl RunConfig {
     pub fn from_toml(path: &Path, text: &str) -> Result<Self> {
         let mut config: RunConfig = read_config(path, text, Family::NextToken)?;
         resolve_shared(base_dir(path), &mut config.model, &mut config.data, &mut config.output, &mut config.eval);
+        config.task.resolve_paths(base_dir(path));
         config.check().map_err(|message| Error::config(path, message))?;
         Ok(config)
     }
@@ -118,6 +122,43 @@ pub fn run<B: AutodiffBackend>(
     on_data: impl FnOnce(&Value),
     on_record: impl FnMut(&Record),
 ) -> Result<RunSummary> {
+    run_replicated::<B>(config, std::slice::from_ref(device), None, resume, on_data, on_record)
+}
+
+/// [`run`] data-parallel: one replica per device of `devices`, and with `nodes` one process
+/// per node (see [`crate::dist`]). A step takes `micro_batch × grad_accum` samples per replica;
+/// rank 0 reports, evaluates and writes the checkpoints.
+pub fn run_replicated<B: AutodiffBackend>(
+    config: &RunConfig,
+    devices: &[B::Device],
+    nodes: Option<&NodeSpec>,
+    resume: bool,
+    on_data: impl FnOnce(&Value),
+    mut on_record: impl FnMut(&Record),
+) -> Result<RunSummary> {
+    let text = serde_json::to_string(config).map_err(|e| Error::InvalidInput(e.to_string()))?;
+    let fingerprint = dist::fingerprint(&["next-token", &text, &devices.len().to_string(), &resume.to_string()]);
+    let mut on_data = Some(on_data);
+    dist::launch(
+        devices,
+        nodes,
+        &fingerprint,
+        |replica, device| {
+            replica_run::<B>(config, replica, device, resume, &mut |data| on_data.take().into_iter().for_each(|f| f(data)), &mut on_record)
+        },
+        |replica, device| replica_run::<B>(config, replica, device, resume, &mut |_| {}, &mut |_| {}),
+    )
+}
+
+/// One replica of a pre-training or SFT run.
+fn replica_run<B: AutodiffBackend>(
+    config: &RunConfig,
+    replica: Replica,
+    device: &B::Device,
+    resume: bool,
+    on_data: &mut dyn FnMut(&Value),
+    on_record: &mut dyn FnMut(&Record),
+) -> Result<RunSummary> {
     config.check().map_err(Error::InvalidInput)?;
     let d = Defaults::NEXT_TOKEN;
     let tokenizer_dir = tokenizer_dir(&config.model)?;
@@ -128,11 +169,12 @@ pub fn run<B: AutodiffBackend>(
     let seed = t.seed.unwrap_or(SEED);
     let model = start_config(&config.model)?;
     let cutoff_len = fit_cutoff(&config.data, &model)?;
-    let (samples, data_report) = training_samples(task.as_ref(), &config.data, &tokenizer, seed, cutoff_len)?;
+    let (samples, heldout_rows, data_report) = training_samples(task.as_ref(), &config.data, &tokenizer, seed, cutoff_len)?;
     check_samples(&samples, &config.data, &model, pad_id)?;
+    check_samples(&heldout_rows, &config.data, &model, pad_id)?;
 
     let (micro_batch, grad_accum) = (config.micro_batch().map_err(Error::InvalidInput)?, t.grad_accum.unwrap_or(GRAD_ACCUM));
-    let samples_per_step = micro_batch * grad_accum;
+    let samples_per_step = micro_batch * grad_accum * replica.world();
     let total_steps = t
         .total_steps(|epochs| ((samples.len() as f64 * epochs) / samples_per_step as f64).ceil() as u64)
         .map_err(Error::InvalidInput)?;
@@ -146,11 +188,23 @@ pub fn run<B: AutodiffBackend>(
         json!({ "config": config, "data": data_report, "samples": samples.len() }),
     )
     .map_err(Error::InvalidInput)?;
-    let mut objective = NextTokenLoss::new(samples, micro_batch, grad_accum, pad_id, seed)?;
-    let start = Start::<B>::new(&loop_config, resume, &mut objective, device, || fresh_model(&config.model, device))?;
+    let mut objective = NextTokenLoss::new(samples, micro_batch, grad_accum, pad_id, seed)?.shard(replica.rank(), replica.world());
+    // Rank 0 resumes (or refuses to overwrite); the others start from its state (dist::sync_start).
+    let start = match replica.is_main() {
+        true => Start::<B>::new(&loop_config, resume, &mut objective, device, || fresh_model(&config.model, device))?,
+        false => Start { model: fresh_model(&config.model, device)?, optimizer: AdamW::new(loop_config.optimizer), step: 0 },
+    };
     on_data(&data_summary);
-    let mut held_out = HeldOut::load(task, &config.eval, cutoff_len, &tokenizer, pad_id)?;
-    let (_, summary) = train(start, &mut objective, &loop_config, |model| held_out.evaluate(model), on_record)?;
+    let mut held_out = match replica.is_main() {
+        true => {
+            let mut held_out = HeldOut::load(task, &config.eval, cutoff_len, &tokenizer, pad_id)?;
+            held_out.add_loss_samples(heldout_rows);
+            Some(held_out)
+        }
+        false => None,
+    };
+    let evaluate = |model: &Qwen2<B::InnerBackend>| held_out.as_mut().map_or_else(|| Ok(Record::new()), |h| h.evaluate(model));
+    let (_, summary) = train_replica(start, &mut objective, &loop_config, &replica, evaluate, on_record)?;
     Ok(summary)
 }
 
@@ -258,12 +312,14 @@ fn check_samples(samples: &[Sample], data: &DataSection, (model, path): &(Qwen2C
     Ok(())
 }
 
-fn training_samples(task: &dyn Task, data: &DataSection, tokenizer: &Tokenizer, seed: u64, cutoff_len: usize) -> Result<(Vec<Sample>, Value)> {
+/// The training samples, the rows held out of them for the loss (SFT `heldout`) and the data
+/// report.
+fn training_samples(task: &dyn Task, data: &DataSection, tokenizer: &Tokenizer, seed: u64, cutoff_len: usize) -> Result<(Vec<Sample>, Vec<Sample>, Value)> {
     match data {
         DataSection::Mixture(mixture) => {
             let (preset, budget) = mixture_of(mixture)?;
             let (samples, report) = pretrain_samples(task, &mixture.root, &preset, budget, tokenizer, cutoff_len, seed)?;
-            Ok((samples, json!({ "mixture": report })))
+            Ok((samples, Vec::new(), json!({ "mixture": report })))
         }
         DataSection::Sft(sft) => {
             let system = match sft.system_prompt.as_deref() {
@@ -271,8 +327,11 @@ fn training_samples(task: &dyn Task, data: &DataSection, tokenizer: &Tokenizer, 
                 Some("") => None,
                 Some(s) => Some(s),
             };
-            let (samples, report) = sft_samples(&sft.path, tokenizer, system, sft.max_length)?;
-            Ok((samples, json!({ "sft": report })))
+            let split = sft.heldout.map(|heldout| SplitRule { key: sft.split_key.clone().unwrap_or_else(|| "id".into()), heldout });
+            let rows = read_sft_rows(&SftSource { path: sft.path.clone(), columns: sft.columns.clone(), split })?;
+            let (samples, report) = render_examples(&rows.train, tokenizer, system, sft.max_length)?;
+            let (heldout, _) = render_examples(&rows.heldout, tokenizer, system, sft.max_length)?;
+            Ok((samples, heldout, json!({ "sft": report, "source": rows.report })))
         }
         DataSection::Prompts(_) => Err(Error::InvalidInput("[data] kind = \"prompts\" is for `kiln rl` and `kiln opd`".into())),
     }
@@ -301,4 +360,83 @@ fn mixture_of(data: &MixtureData) -> Result<(Preset, f64)> {
         None => return Err(Error::InvalidInput("[data] a mixture needs `tokens` (its token budget)".into())),
     };
     Ok((preset, budget))
+}
+
+#[cfg(all(test, feature = "code"))]
+mod tests {
+    use super::*;
+    use crate::data::sft_source::SftColumns;
+
+    fn fixtures() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/code")
+    }
+
+    const PARQUET_SFT: &str = r#"
+[model]
+from = "model"
+[data]
+kind = "sft"
+path = "cots_mini/train-*.parquet"
+columns = { prompt = "prompt", completion = "generation" }
+heldout = 2
+max_length = 4096
+[train]
+steps = 1
+micro_batch = 1
+[optimizer]
+lr = 1e-5
+[output]
+dir = "out"
+"#;
+
+    #[test]
+    fn an_sft_config_reads_parquet_with_named_columns_and_reports_the_split() {
+        let config = RunConfig::from_toml(&fixtures().join("run.toml"), PARQUET_SFT).unwrap();
+        let DataSection::Sft(sft) = &config.data else { panic!("{:?}", config.data) };
+        assert_eq!(sft.path, fixtures().join("cots_mini/train-*.parquet"));
+        let pc = SftColumns { prompt: Some("prompt".into()), completion: Some("generation".into()), ..Default::default() };
+        assert_eq!((sft.columns.as_ref(), sft.heldout), (Some(&pc), Some(2)));
+        let corpus = (0..100).map(|i| format!("def f{i}(x):\n    return x * {i}\nthink about the problem {i}"));
+        let tokenizer = Tokenizer::train_byte_level_bpe(corpus, 300, &["<|endoftext|>", "<|im_start|>", "<|im_end|>"]).unwrap();
+        let task = config.task.build().unwrap();
+        let (train, heldout, report) = training_samples(task.as_ref(), &config.data, &tokenizer, 0, 4096).unwrap();
+        assert_eq!((train.len(), heldout.len()), (3, 2));
+        assert_eq!((report["source"]["train"].as_u64(), report["source"]["heldout"].as_u64()), (Some(3), Some(2)));
+        assert_eq!((report["sft"]["rows"].as_u64(), report["sft"]["max_length"].as_u64()), (Some(3), Some(4096)));
+        assert!(report["source"]["split"].as_str().unwrap().contains("sha256(id)"));
+
+        // Columns are never guessed for Parquet.
+        let unnamed = PARQUET_SFT.replace("columns = { prompt = \"prompt\", completion = \"generation\" }\n", "");
+        let config = RunConfig::from_toml(&fixtures().join("run.toml"), &unnamed).unwrap();
+        let err = training_samples(task.as_ref(), &config.data, &tokenizer, 0, 4096).unwrap_err().to_string();
+        assert!(err.contains("columns named"), "{err}");
+        let err = RunConfig::from_toml(&fixtures().join("run.toml"), &PARQUET_SFT.replace("heldout", "held")).unwrap_err().to_string();
+        assert!(err.contains("unknown field `held`"), "{err}");
+    }
+
+    #[test]
+    fn the_codeforces_cots_example_config_reads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/configs/sft_codeforces_cots.toml");
+        let config = RunConfig::from_toml(&path, &std::fs::read_to_string(&path).unwrap()).unwrap();
+        let DataSection::Sft(sft) = &config.data else { panic!("{:?}", config.data) };
+        assert!(sft.path.ends_with("codeforces-cots/data/solutions_py_decontaminated/train-*.parquet"));
+        assert_eq!((sft.columns.as_ref().and_then(|c| c.completion.as_deref()), sft.heldout), (Some("generation"), Some(128)));
+        assert_eq!((config.train.micro_batch, config.train.grad_accum, config.eval.every), (Some(1), Some(18), Some(20)));
+        let schedule = config.schedule.build(&Defaults::NEXT_TOKEN, 1e-5, 120).unwrap();
+        assert_eq!((schedule.warmup_steps, schedule.lr(119)), (4, 1e-6));
+    }
+
+    #[test]
+    fn the_first_spellings_of_the_sft_keys_still_read() {
+        let old = PARQUET_SFT
+            .replace("kind = \"sft\"\npath", "sft")
+            .replace("columns =", "sft_columns =")
+            .replace("heldout = 2", "sft_heldout = 2\nsft_split_key = \"id\"");
+        let old = RunConfig::from_toml(&fixtures().join("run.toml"), &old).unwrap();
+        let mut new = RunConfig::from_toml(&fixtures().join("run.toml"), PARQUET_SFT).unwrap();
+        if let DataSection::Sft(sft) = &mut new.data {
+            sft.split_key = Some("id".into());
+        }
+        assert_eq!(old, new);
+    }
 }

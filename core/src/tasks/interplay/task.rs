@@ -111,6 +111,10 @@ impl Task for InterplayTask {
                     zero_on_process_mismatch,
                 }))
             }
+            #[cfg(feature = "code")]
+            RewardConfig::Code { .. } => {
+                return Err(crate::error::Error::InvalidInput("Interplay has no code reward (use kind = \"outcome\" or \"process\")".into()));
+            }
         })
     }
 

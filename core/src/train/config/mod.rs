@@ -6,7 +6,7 @@
 //! [task]       # kind = "interplay" (the default)
 //! [data]       # kind = "mixture" (pre-training) | "sft" | "prompts" (rl, opd)
 //! [train]      # steps | epochs; micro_batch, grad_accum (pretrain, sft); prompts_per_step,
-//!              # mini_batch (rl, opd); seed
+//!              # mini_batch (rl, opd); seed; devices (data parallel)
 //! [optimizer]  # AdamW: lr, weight_decay, max_grad_norm, beta1, beta2, eps
 //! [schedule]   # kind = "constant" | "constant_with_warmup" | "linear" | "cosine"
 //!              #      | "cosine_with_min_lr" (min_lr | min_lr_rate) | "cosine_then_floor"
@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use super::adamw::AdamWConfig;
 use super::schedule::{Decay, Schedule};
 use super::trainer::SavePolicy;
+use crate::data::chat::SftColumns;
 use crate::error::{Error, Result};
 
 /// Which family of runs a config is read for: their defaults and old forms differ.
@@ -125,6 +126,11 @@ pub struct TrainSection {
     pub mini_batch: Option<usize>,
     /// Data order (pretrain, sft; 42). RL runs seed their prompt order with `[data] seed`.
     pub seed: Option<u64>,
+    /// Data-parallel devices of each process, one replica each (`["cuda:0", "cuda:1"]`,
+    /// `["cpu", "cpu"]`; default: the CPU). Batches are per replica: a step takes
+    /// `micro_batch × grad_accum` samples (rl, opd: `prompts_per_step / replicas` prompts) on
+    /// every replica. `--devices` or `--backend` on the command line override it.
+    pub devices: Option<Vec<String>>,
 }
 
 impl TrainSection {
@@ -362,11 +368,35 @@ pub struct MixtureData {
 }
 
 /// `[data] kind = "sft"` (old configs: `sft = "<file>"`).
+///
+/// Code SFT on codeforces-cots (spec code-sft.md §2.1, §4.3) reads the Parquet shards with the
+/// columns named and the seed's 128 rows held out:
+///
+/// ```toml
+/// [data]
+/// kind = "sft"
+/// path = "codeforces-cots/data/solutions_py_decontaminated/train-*.parquet"
+/// columns = { prompt = "prompt", completion = "generation" }
+/// heldout = 128      # the rows with the smallest sha256(id); their loss is `eval_loss`
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SftData {
-    /// Rows `{"messages": …}` or `{"prompt", "completion"}` per line.
+    /// Rows `{"messages": …}` or `{"prompt", "completion"}` per line; or `.parquet` files (a
+    /// file, a directory, or a `train-*.parquet` pattern), whose `columns` must be named.
     pub path: PathBuf,
+    /// The columns to train on (required for Parquet, and for rows with both `messages` and
+    /// `prompt`): `{ messages = "messages" }` or `{ prompt = "prompt", completion = "generation" }`.
+    /// (`sft_columns` in earlier configs.)
+    #[serde(default, alias = "sft_columns", skip_serializing_if = "Option::is_none")]
+    pub columns: Option<SftColumns>,
+    /// Hold out this many rows, those with the smallest SHA-256 of `split_key`; their loss is
+    /// the `eval_loss` of `[eval] every`. (`sft_heldout`.)
+    #[serde(default, alias = "sft_heldout", skip_serializing_if = "Option::is_none")]
+    pub heldout: Option<usize>,
+    /// The column the held-out split hashes (default `id`). (`sft_split_key`.)
+    #[serde(default, alias = "sft_split_key", skip_serializing_if = "Option::is_none")]
+    pub split_key: Option<String>,
     /// Keep the first `max_length` tokens of each row.
     pub max_length: Option<usize>,
     /// System prompt inserted when a row has none (default: Qwen's; `""` for none).

@@ -1,0 +1,371 @@
+//! Code post-training from outside the library: `kiln code grade` on the committed mini
+//! LiveCodeBench release and its right and wrong solutions, `kiln eval code` on a tiny random
+//! model (files, counts, a resumed run giving the same files), the evaluation's records on known
+//! completions, and the code task driving RL prompts and rewards.
+#![cfg(feature = "code")]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use common::fixture;
+use kiln::backends::Cpu;
+use kiln::eval::{EvalEvent, EvalSettings, ModelEntry, evaluate};
+use kiln::model::hf::{self, SaveDtype};
+use kiln::model::{Qwen2, Qwen2Config};
+use kiln::rl::prompts::PromptSet;
+use kiln::tasks::code::evaluation::SampleRecord;
+use kiln::tasks::code::sandbox::{Sandbox, SandboxOptions, Verdict};
+use kiln::tasks::code::task::limits;
+use kiln::tasks::code::{CodeEvaluation, CodeProblem, CodeTask, CodeTaskConfig, Extraction, PromptTemplate, read_code_problems};
+use kiln::tasks::{Completion, Evaluation, RewardConfig, Task};
+use kiln::tokenizer::Tokenizer;
+use serde_json::{Value, json};
+
+fn kiln(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().unwrap()
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+fn lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// The mini release's 8 problems in one file.
+fn all_problems(dir: &Path) -> PathBuf {
+    let mini = fixture("code/lcb_mini");
+    let text = std::fs::read_to_string(mini.join("test5.jsonl")).unwrap() + &std::fs::read_to_string(mini.join("test6.jsonl")).unwrap();
+    let path = dir.join("problems.jsonl");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `(question_id, right solution, wrong solution)` of the mini release.
+fn solutions() -> Vec<(String, String, String)> {
+    lines(&fixture("code/lcb_mini/solutions.jsonl"))
+        .into_iter()
+        .map(|v| (v["question_id"].as_str().unwrap().into(), v["solution"].as_str().unwrap().into(), v["wrong"].as_str().unwrap().into()))
+        .collect()
+}
+
+fn fenced(code: &str) -> String {
+    format!("The program:\n```python\n{code}```\n")
+}
+
+#[test]
+fn code_grade_gives_each_solution_its_verdict() {
+    let tmp = tempfile::tempdir().unwrap();
+    let problems = all_problems(tmp.path());
+    let completions = tmp.path().join("completions.jsonl");
+    let mut text = String::new();
+    for (id, right, wrong) in solutions() {
+        text += &(json!({ "question_id": id, "completions": [fenced(&right), fenced(&wrong), "I cannot solve this."] }).to_string() + "\n");
+    }
+    // Single completions count on after the listed ones; failures of other kinds.
+    for (id, code) in [("abc900_a", "while True:\n    pass\n"), ("abc900_a", "raise ValueError('no')\n"), ("9002", "class Solution:\n    def countVowels(self, s\n")] {
+        text += &(json!({ "question_id": id, "completion": fenced(code) }).to_string() + "\n");
+    }
+    std::fs::write(&completions, text).unwrap();
+    let out = tmp.path().join("graded.jsonl");
+    let args = ["code", "grade", "--problems", s(&problems), "--completions", s(&completions), "--out", s(&out), "--timeout", "1"];
+    let run = kiln(&args);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(stderr.contains("sandbox: ") && stderr.contains("landlock"), "the probe is printed: {stderr}");
+    assert!(stderr.contains("pass@1"), "{stderr}");
+
+    let records = lines(&out);
+    assert_eq!(records.len(), 8 * 3 + 3 + 1);
+    let verdict = |id: &str, index: u64| -> &Value {
+        let r = records.iter().find(|r| r["question_id"] == id && r["index"] == index).unwrap_or_else(|| panic!("{id} {index}"));
+        &r["verdict"]
+    };
+    for (id, _, _) in solutions() {
+        let right = records.iter().find(|r| r["question_id"] == id.as_str() && r["index"] == 0).unwrap();
+        assert_eq!(right["verdict"], "accepted", "{right}");
+        assert_eq!(right["passed"], right["total"]);
+        assert_eq!(right["tests"].as_array().unwrap().len() as u64, right["total"].as_u64().unwrap());
+        assert!(right["tests"].as_array().unwrap().iter().all(|t| t["verdict"] == "accepted" && t["time_s"].as_f64().unwrap() >= 0.0));
+        assert_eq!(verdict(&id, 1), "wrong_answer", "{id}");
+        assert_eq!(verdict(&id, 2), "no_code", "{id}");
+    }
+    assert_eq!(verdict("abc900_a", 3), "time_limit");
+    assert_eq!(verdict("abc900_a", 4), "runtime_error");
+    assert_eq!(verdict("9002", 3), "compile_error");
+    // The wrong 2070B solution fails only the private test (its input is 25,000 numbers).
+    let wrong_big = records.iter().find(|r| r["question_id"] == "2070B" && r["index"] == 1).unwrap();
+    assert!(wrong_big["passed"].as_u64().unwrap() >= 1 && wrong_big["tests"].as_array().unwrap().last().unwrap()["verdict"] == "wrong_answer");
+
+    let summary = &records.last().unwrap()["summary"];
+    assert_eq!((summary["samples"].as_u64(), summary["correct"].as_u64(), summary["no_code"].as_u64()), (Some(27), Some(8), Some(8)));
+    // pass@1 is the mean over problems of c/n (abc900_a: 1 of 5, 9002: 1 of 4, the rest 1 of 3);
+    // pass@5 needs 5 samples of every problem (LiveCodeBench's rule).
+    assert!((summary["pass@1"].as_f64().unwrap() - (1.0 / 5.0 + 1.0 / 4.0 + 6.0 / 3.0) / 8.0).abs() < 1e-12, "{summary}");
+    assert_eq!(summary["pass@5"], Value::Null);
+    assert_eq!(summary["verdicts"]["time_limit"], 1);
+    assert_eq!(summary["per_problem"].as_array().unwrap().len(), 8);
+    assert_eq!(summary["by_platform"]["leetcode"]["samples"], 3 * 3 + 1);
+    assert!(summary["protections"]["landlock"]["active"].is_boolean(), "{summary}");
+
+    // Equal counts: pass@k. An existing output is kept unless --overwrite.
+    let even = tmp.path().join("even.jsonl");
+    let first_lines: String = std::fs::read_to_string(&completions).unwrap().lines().take(8).map(|l| format!("{l}\n")).collect();
+    std::fs::write(&even, first_lines).unwrap();
+    let again = kiln(&args);
+    assert!(!again.status.success() && String::from_utf8_lossy(&again.stderr).contains("--overwrite"));
+    let mut even_args = args.to_vec();
+    even_args[5] = s(&even);
+    even_args.push("--overwrite");
+    assert!(kiln(&even_args).status.success());
+    let graded = lines(&out);
+    let summary = &graded.last().unwrap()["summary"];
+    assert!((summary["pass@1"].as_f64().unwrap() - 1.0 / 3.0).abs() < 1e-12, "{summary}");
+    assert_eq!(summary["pass@5"], Value::Null);
+
+    // Bad input: one line naming the file and line.
+    std::fs::write(&completions, "{\"question_id\": \"abc900_a\", \"completion\": \"x\"}\n{\"question_id\": \"nope\", \"completion\": \"x\"}\n").unwrap();
+    let bad = kiln(&[&args[..8], &["--overwrite"]].concat());
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && stderr.lines().count() == 1 && stderr.contains("completions.jsonl line 2") && stderr.contains("\"nope\""), "{stderr}");
+}
+
+/// A tiny random Qwen2 with a byte-level BPE tokenizer that has Qwen's chat tokens.
+fn tiny_model(dir: &Path) {
+    let corpus = (0..200).map(|i| format!("def f{i}(x):\n    return x * {i}\nRead the inputs from stdin and print {i}."));
+    tiny_model_on(dir, corpus.collect(), 400);
+}
+
+/// [`tiny_model`] with a tokenizer of `vocab` tokens trained on `corpus`.
+fn tiny_model_on(dir: &Path, corpus: Vec<String>, vocab: usize) {
+    let tokenizer = Tokenizer::train_byte_level_bpe(corpus.into_iter(), vocab, &["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+        .unwrap()
+        .with_special_tokens("<|im_end|>", "<|endoftext|>")
+        .unwrap();
+    let tokenizer_dir = dir.join("tokenizer");
+    std::fs::create_dir_all(&tokenizer_dir).unwrap();
+    tokenizer.save(&tokenizer_dir).unwrap();
+    let config: Qwen2Config = serde_json::from_value(json!({
+        "vocab_size": tokenizer.vocab_size(), "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "tie_word_embeddings": true,
+        "max_position_embeddings": 2048, "rope_theta": 10000.0, "eos_token_id": tokenizer.eos_id(),
+    }))
+    .unwrap();
+    let model = Qwen2::<Cpu>::random(&config, 3, &Default::default()).unwrap();
+    hf::save(&model, dir.join("model"), SaveDtype::F32, Some(&tokenizer_dir)).unwrap();
+}
+
+/// `value` with every test's `time_s` set to 0.
+fn zero_times(mut value: Value) -> Value {
+    for test in value["tests"].as_array_mut().into_iter().flatten() {
+        test["time_s"] = json!(0);
+    }
+    value
+}
+
+/// The files of `dir` (not `.shards`), times of tests zeroed: runs differ only in those.
+fn snapshot(dir: &Path) -> BTreeMap<String, String> {
+    let mut files = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            let mut text = std::fs::read_to_string(&path).unwrap();
+            if path.extension().is_some_and(|e| e == "jsonl") {
+                text = text.lines().map(|l| zero_times(serde_json::from_str(l).unwrap()).to_string() + "\n").collect();
+            }
+            files.insert(path.file_name().unwrap().to_string_lossy().into_owned(), text);
+        }
+    }
+    files
+}
+
+#[test]
+fn eval_code_writes_records_and_summaries() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny_model(tmp.path());
+    let model = tmp.path().join("model");
+    let mini = fixture("code/lcb_mini");
+    let out = tmp.path().join("out");
+    let args = [
+        "eval", "code", "--model", s(&model), "--problems", s(&mini), "--release", "v6", "--n", "2", "--max-new-tokens", "12",
+        "--temperature", "1.0", "--shard-prompts", "2", "--out", s(&out),
+    ];
+    let run = kiln(&args);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(stderr.contains("sandbox: ") && stderr.contains("5 problems") && stderr.contains("pass@1"), "{stderr}");
+    let records = lines(&out.join("model_code_generations.jsonl"));
+    assert_eq!(records.len(), 5 * 2);
+    let ids: Vec<&str> = records.iter().step_by(2).map(|r| r["question_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["9001", "9002", "2070B", "abc395_b", "9003"]);
+    for (i, r) in records.iter().enumerate() {
+        assert_eq!(r["index"], (i % 2) as u64);
+        assert!(r["completion"].is_string() && r["code"].is_string() && r["tests"].is_array() && r["tokens"].as_u64().unwrap() <= 12, "{r}");
+        assert_eq!(r["verdict"] == "no_code", r["code"] == "", "{r}");
+    }
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(out.join("model_code_summary.json")).unwrap()).unwrap();
+    assert_eq!((summary["overall"]["problems"].as_u64(), summary["overall"]["samples"].as_u64()), (Some(5), Some(10)));
+    assert!(summary["pass@1"].is_number() && summary["pass@5"].is_null(), "n = 2: pass@1 only");
+    assert_eq!(summary["by_platform"]["leetcode"]["problems"], 3);
+    assert_eq!(summary["by_difficulty"]["hard"]["problems"], 2);
+    let per_problem = summary["per_problem"].as_array().unwrap();
+    assert_eq!(per_problem.iter().map(|p| p["n"].as_u64().unwrap()).sum::<u64>(), 10);
+    assert_eq!(per_problem[2]["question_id"], "2070B");
+    assert_eq!(summary["settings"]["template"], "lcb-qwen");
+    assert_eq!(summary["grading"]["per_test_timeout_s"], 6.0);
+    assert!(summary["protections"]["seccomp"]["active"].is_boolean());
+    let table: Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(table[0]["model"], "model");
+    assert!(!out.join(".shards").exists());
+
+    // A finished model is skipped; bad selections fail in one line.
+    let again = kiln(&args);
+    assert!(again.status.success() && String::from_utf8_lossy(&again.stderr).contains("skipped"));
+    let bad = kiln(&[&args[..6], &["--release", "v9", "--out", s(&out)]].concat());
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && stderr.lines().count() == 1 && stderr.contains("v9"), "{stderr}");
+}
+
+fn code_evaluation(problems: Vec<(CodeProblem, kiln::tasks::Source)>, sandbox: Arc<Sandbox>) -> CodeEvaluation {
+    let prompts = problems.iter().map(|(p, _)| p.prompt(PromptTemplate::LcbQwen).render(None).unwrap()).collect();
+    CodeEvaluation::new(problems, prompts, sandbox, limits(6.0, true).unwrap(), Extraction::Lcb, vec![1, 2], json!({})).unwrap()
+}
+
+#[test]
+fn an_interrupted_code_evaluation_resumes_to_the_same_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny_model(tmp.path());
+    let sandbox = Arc::new(Sandbox::new(SandboxOptions::default()).unwrap());
+    let evaluation = code_evaluation(read_code_problems(&fixture("code/lcb_mini/test6.jsonl")).unwrap(), sandbox);
+    let models = [ModelEntry { name: "m".into(), path: tmp.path().join("model") }];
+    let settings = EvalSettings {
+        samples: 2,
+        max_new_tokens: 8,
+        stop: vec!["###".into()],
+        id_op_threshold: None,
+        shard_prompts: 1,
+        keep_generations: true,
+        ..EvalSettings::default()
+    };
+    let out = tmp.path().join("out");
+    let run = |stop_after: Option<usize>| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            evaluate::<Cpu>(&models, &evaluation, &out, &settings, &Default::default(), |event| {
+                if let (EvalEvent::Generating { new_samples, .. }, Some(limit)) = (event, stop_after)
+                    && new_samples >= limit
+                {
+                    panic!("simulated kill");
+                }
+            })
+            .unwrap()
+        }))
+    };
+    run(None).unwrap();
+    let complete = snapshot(&out);
+    assert_eq!(complete.keys().collect::<Vec<_>>(), ["m_code_generations.jsonl", "m_code_summary.json", "summary.json"]);
+    std::fs::remove_dir_all(&out).unwrap();
+
+    assert!(run(Some(5)).is_err());
+    let kept = std::fs::read_dir(out.join(".shards/m/code")).unwrap().count();
+    assert_eq!(kept, 2, "two graded shards are kept");
+    assert!(!out.join("m_code_summary.json").exists());
+    let mut resumed_from = None;
+    evaluate::<Cpu>(&models, &evaluation, &out, &settings, &Default::default(), |event| {
+        if let EvalEvent::Generating { done, .. } = event {
+            resumed_from.get_or_insert(done);
+        }
+    })
+    .unwrap();
+    assert_eq!(resumed_from, Some(4));
+    assert_eq!(snapshot(&out), complete);
+}
+
+#[test]
+fn evaluation_records_grade_known_completions() {
+    let problems = read_code_problems(&fixture("code/lcb_mini/test6.jsonl")).unwrap();
+    let sandbox = Arc::new(Sandbox::new(SandboxOptions::default()).unwrap());
+    let evaluation = code_evaluation(problems, sandbox);
+    let solutions = solutions();
+    let samples: Vec<Vec<Completion>> = evaluation
+        .problems()
+        .iter()
+        .map(|p| {
+            let (_, right, wrong) = solutions.iter().find(|(id, _, _)| *id == p.id).unwrap();
+            [fenced(right), fenced(wrong), "```\nunclosed".into()].into_iter().map(|text| Completion { text, tokens: 7 }).collect()
+        })
+        .collect();
+    // A shard of the second and third problems.
+    let lines = evaluation.records(0, 1, &samples[1..3]).unwrap();
+    let records: Vec<SampleRecord> = lines.iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(records.len(), 6);
+    assert_eq!(records.iter().map(|r| r.verdict).collect::<Vec<_>>(), [
+        Verdict::Accepted, Verdict::WrongAnswer, Verdict::NoCode, Verdict::Accepted, Verdict::WrongAnswer, Verdict::NoCode
+    ]);
+    assert_eq!((records[0].question_id.as_str(), records[3].question_id.as_str()), ("9002", "2070B"));
+    assert_eq!((records[0].difficulty.as_deref(), records[0].platform.as_deref()), (Some("medium"), Some("leetcode")));
+    assert_eq!((records[1].index, records[4].index), (1, 1));
+    assert!(records[0].code.starts_with("class Solution:") && records[2].code.is_empty());
+    assert_eq!((records[0].tokens, records[0].passed, records[0].total, records[0].tests.len()), (7, 4, 4, 4));
+    assert_eq!(records[0].completion, samples[1][0].text);
+}
+
+#[test]
+fn the_code_task_drives_rl_prompts_and_rewards() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rows = tmp.path().join("rows.jsonl");
+    std::fs::write(
+        &rows,
+        concat!(
+            r#"{"id": "sum", "question": "Read a and b; print a + b.", "tests": [{"input": "1 2\n", "output": "3\n"}, {"input": "5 5\n", "output": "10\n"}]}"#,
+            "\n",
+            r#"{"id": "twice", "question": "Return 2x.", "fn_name": "twice", "difficulty": "easy", "tests": [{"input": "4", "output": "8"}]}"#,
+            "\n"
+        ),
+    )
+    .unwrap();
+    let task = CodeTask::new(CodeTaskConfig::default()).unwrap();
+    let tokenizer = Tokenizer::train_byte_level_bpe((0..50).map(|i| format!("print {i}")), 300, &["<|im_start|>", "<|im_end|>"]).unwrap();
+    let prompts = PromptSet::from_task(&task, &[rows], &tokenizer, 4096, None).unwrap();
+    let prompts: Vec<_> = prompts.iter().collect();
+    assert_eq!(prompts.len(), 2);
+    let item = &prompts[1].item;
+    assert_eq!((item.id.as_str(), item.group.as_str()), ("twice", "easy"));
+    assert!(item.prompt.contains("Question: Return 2x.") && item.prompt.ends_with("<|im_start|>assistant\n"));
+    let reward = task.reward(&RewardConfig::Outcome).unwrap();
+    let sum = &prompts[0].item;
+    let batch = [
+        ("```python\na, b = map(int, input().split())\nprint(a + b)\n```<|im_end|>", sum),
+        ("```python\nprint(3)\n```", sum),
+        ("```python\ndef twice(x):\n    return 2 * x\n```", item),
+    ];
+    assert_eq!(reward.score_batch(&batch).unwrap(), [1.0, 0.0, 1.0]);
+}
+
+#[test]
+fn kiln_sft_trains_on_parquet_rows_and_scores_the_held_out_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A tokenizer fitted to the rows keeps them short.
+    let rows = std::fs::read_to_string(fixture("code/cots_mini.jsonl")).unwrap();
+    let texts = rows.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).flat_map(|r| [r["prompt"].as_str().unwrap().to_owned(), r["generation"].as_str().unwrap().to_owned()]);
+    tiny_model_on(tmp.path(), texts.collect(), 1500);
+    let config = tmp.path().join("sft.toml");
+    let text = format!(
+        "[model]\nfrom = \"model\"\n\n[data]\nkind = \"sft\"\npath = \"{}\"\ncolumns = {{ messages = \"messages\" }}\nheldout = 2\nmax_length = 512\n\n\
+         [train]\nsteps = 1\nmicro_batch = 1\n\n[optimizer]\nlr = 1e-3\n\n[output]\ndir = \"run\"\n\n[eval]\nevery = 1\n",
+        s(&fixture("code/cots_mini/train-*.parquet"))
+    );
+    std::fs::write(&config, text).unwrap();
+    let run = kiln(&["sft", "--config", s(&config)]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(stderr.contains("3 train + 2 held out (the 2 rows with the smallest sha256(id) held out)"), "{stderr}");
+    assert!(stderr.contains("3 rows, 0 truncated"), "{stderr}");
+    let metrics = lines(&tmp.path().join("run/metrics.jsonl"));
+    let eval_losses: Vec<f64> = metrics.iter().filter_map(|m| m["eval_loss"].as_f64()).collect();
+    assert!(eval_losses.len() >= 2 && eval_losses.iter().all(|l| l.is_finite() && *l > 1.0), "{metrics:?}");
+    assert!(metrics.iter().any(|m| m["targets"].as_u64().unwrap_or(0) > 50), "assistant turns are targets: {metrics:?}");
+}
