@@ -274,7 +274,8 @@ fn index(root: &Path, batch: &str) -> Vec<Value> {
 
 /// `kiln release run --scale tiny` writes the whole layout, a run index per batch and a summary
 /// row per final model; run again it skips every finished stage; a run whose last checkpoint
-/// is gone resumes from its latest one. (About a minute in a debug build on 2 cores.)
+/// is gone resumes from its latest one; the evaluation on `--devices cpu,cpu` writes the files
+/// of one device. (About a minute in a debug build on 2 quiet cores.)
 #[test]
 fn tiny_release_runs_end_to_end_resumes_and_skips() {
     let tmp = tempfile::tempdir().unwrap();
@@ -330,6 +331,15 @@ fn tiny_release_runs_end_to_end_resumes_and_skips() {
             assert_eq!((record["count_id"].as_u64(), record["count_ood"].as_u64()), (Some(9), Some(10)), "ops 2-10 and 11-20, one prompt and sample each");
         }
     }
+    let csv = std::fs::read_to_string(root.join("summary.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = csv.lines().map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows[0], ["batch", "role", "model", "id_acc", "ood_acc", "total_acc", "release_id_acc", "release_ood_acc", "release_total_acc"]);
+    assert_eq!(rows.len(), 11, "one row per release model: {csv}");
+    for row in &rows[1..] {
+        assert!(row[3..6].iter().all(|v| v.parse::<f64>().is_ok_and(|v| (0.0..=1.0).contains(&v))), "evaluated: {row:?}");
+    }
+    assert_eq!(rows[10][..3], ["050302", "opd", "opd_refkl_op13_20_step2"]);
+    assert_eq!(rows[10][6..], ["0.709348", "0.342995", "0.51653"], "the release's figures beside");
     let md = std::fs::read_to_string(root.join("summary.md")).unwrap();
     assert_eq!(md.lines().filter(|l| l.starts_with("| 020305 |") || l.starts_with("| 050302 |")).count(), 10, "{md}");
     assert!(md.contains("| 050302 | `opd_refkl_op13_20_step2` |") && md.contains("0.5165"), "{md}");
@@ -357,4 +367,30 @@ fn tiny_release_runs_end_to_end_resumes_and_skips() {
     let record = index(&root, "020305").into_iter().find(|r| r["run"] == "rl op13_20").unwrap();
     assert_eq!(record["start"], start);
     assert!(record["end"].is_string());
+
+    // The evaluation on two devices writes the files of one.
+    let evals = root.join("050302/evals");
+    let files = |dir: &Path| -> Vec<(String, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for entry in std::fs::read_dir(&d).unwrap() {
+                let path = entry.unwrap().path();
+                match path.is_dir() {
+                    true => stack.push(path),
+                    false => out.push((path.strip_prefix(dir).unwrap().display().to_string(), std::fs::read(&path).unwrap())),
+                }
+            }
+        }
+        out.sort();
+        out
+    };
+    let one_device = files(&evals);
+    assert!(one_device.len() > 10, "{:?}", one_device.iter().map(|f| &f.0).collect::<Vec<_>>());
+    std::fs::remove_dir_all(&evals).unwrap();
+    let mut two = args("eval");
+    two.extend(["--devices".to_owned(), "cpu,cpu".to_owned()]);
+    let log = ok(kiln(&two.iter().map(String::as_str).collect::<Vec<_>>()));
+    assert!(log.contains("on 2 devices: cpu,cpu") && log.contains("050302: 5 models"), "{log}");
+    assert!(files(&evals) == one_device, "050302/evals on two devices differs from one device");
 }

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use burn::tensor::backend::AutodiffBackend;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln::backends::{DeviceSpec, TrainJob};
+use kiln::backends::{DeviceSpec, ReplicaJob};
 use kiln::eval::EvalEvent;
 use kiln::release::{Event, FULL, Plan, ReleaseConfig, RunKind, Stage};
 use serde_json::Value;
@@ -42,6 +42,10 @@ struct RunArgs {
     out: Option<PathBuf>,
     #[arg(long, default_value = "cpu", value_parser = super::parse_backend)]
     backend: DeviceSpec,
+    /// Several devices of this process (`cuda:0,cuda:1,…`): every training run has one
+    /// data-parallel replica per device, the evaluation one engine per device.
+    #[arg(long, value_delimiter = ',', value_parser = super::parse_backend)]
+    devices: Vec<DeviceSpec>,
 }
 
 #[derive(Debug, Clone)]
@@ -69,8 +73,12 @@ fn run_release(args: RunArgs) -> Result<()> {
         plan.batches.len(),
         args.stages.0.iter().map(|s| s.name()).collect::<Vec<_>>().join(",")
     );
+    let devices = if args.devices.is_empty() { vec![args.backend] } else { args.devices };
+    if devices.len() > 1 {
+        eprintln!("on {} devices: {}", devices.len(), devices.iter().map(ToString::to_string).collect::<Vec<_>>().join(","));
+    }
     let started = Instant::now();
-    kiln::backends::run_training(args.backend, ReleaseJob { plan, stages: args.stages.0 })??;
+    kiln::backends::run_replicas(&devices, ReleaseJob { plan, stages: args.stages.0 })??;
     eprintln!("release done in {}", clock(started.elapsed()));
     Ok(())
 }
@@ -80,12 +88,12 @@ struct ReleaseJob {
     stages: Vec<Stage>,
 }
 
-impl TrainJob for ReleaseJob {
+impl ReplicaJob for ReleaseJob {
     type Output = Result<()>;
 
-    fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<()> {
+    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<()> {
         let mut view = View::default();
-        kiln::release::run::<B>(&self.plan, &self.stages, &device, |event| view.show(event))
+        kiln::release::run::<B>(&self.plan, &self.stages, &devices, |event| view.show(event))
             .with_context(|| format!("release {}", self.plan.root.display()))?;
         view.finish();
         Ok(())

@@ -1,4 +1,4 @@
-//! The release's summary across batches (`<root>/summary.md` and `summary.json`): each final
+//! The release's summary across batches (`<root>/summary.md`, `summary.csv`, `summary.json`): each final
 //! model's ID / OOD / total accuracy beside the release's own figures (docs/release-layout.md,
 //! "Reference results"), and the effects those figures show, checked on this run: which
 //! directions a run reproduces and which it does not.
@@ -173,7 +173,23 @@ fn effect(claim: &'static str, reference: String, in_release: bool, here: Option
     Effect { claim, reference, here, in_release, holds, all_zero }
 }
 
-/// Writes `<root>/summary.md` and `<root>/summary.json`; returns the markdown.
+/// `<root>/summary.csv`: one row per release model, this run's accuracies beside the release's
+/// (empty where a model was not evaluated).
+fn csv(rows: &[Row]) -> String {
+    let f = |a: Option<Accuracy>, which: usize| a.map_or(String::new(), |a| format!("{}", pick(a, which)));
+    let mut text = "batch,role,model,id_acc,ood_acc,total_acc,release_id_acc,release_ood_acc,release_total_acc\n".to_owned();
+    for r in rows {
+        let cells = [r.batch.clone(), r.role.clone(), r.model.clone()]
+            .into_iter()
+            .chain((0..3).map(|w| f(r.accuracy, w)))
+            .chain((0..3).map(|w| f(r.reference, w)))
+            .collect::<Vec<_>>();
+        text += &(cells.join(",") + "\n");
+    }
+    text
+}
+
+/// Writes `<root>/summary.md`, `summary.csv` and `summary.json`; returns the markdown.
 pub fn write(plan: &Plan) -> Result<String> {
     let rows = rows(plan)?;
     let effects = effects(&rows);
@@ -209,6 +225,7 @@ pub fn write(plan: &Plan) -> Result<String> {
         md += &format!("| {} | {} | {} | {shown} |\n", e.claim, e.reference, e.here.as_deref().unwrap_or("—"));
     }
     write_atomic(&plan.root.join("summary.md"), &md)?;
+    write_atomic(&plan.root.join("summary.csv"), &csv(&rows))?;
     let json = json!({ "scale": plan.scale, "models": rows, "effects": effects });
     let path = plan.root.join("summary.json");
     let text = serde_json::to_string_pretty(&json).map_err(|e| Error::json(&path, None, e))?;

@@ -24,7 +24,7 @@ use super::index::{RunIndex, RunRecord};
 use super::plan::{Plan, PlannedRun, RunKind, RunSpec, Stage};
 use super::report;
 use crate::error::{Error, Result};
-use crate::eval::{EvalEvent, evaluate};
+use crate::eval::{EvalEvent, evaluate_on};
 use crate::rl::Method;
 use crate::tasks::interplay::dataset::write_split;
 use crate::tasks::interplay::eval::{EvalData, metrics_path};
@@ -59,8 +59,10 @@ pub enum Event<'a> {
     Report { markdown: &'a str },
 }
 
-/// Runs `stages` of `plan` (the data stage always comes first) on `device`.
-pub fn run<B: AutodiffBackend>(plan: &Plan, stages: &[Stage], device: &B::Device, mut on_event: impl FnMut(Event)) -> Result<()> {
+/// Runs `stages` of `plan` (the data stage always comes first) on `devices`: every training run
+/// with one data-parallel replica per device ([`crate::train::run::run_replicated`]), the
+/// evaluation with one engine per device ([`crate::eval::evaluate_on`]).
+pub fn run<B: AutodiffBackend>(plan: &Plan, stages: &[Stage], devices: &[B::Device], mut on_event: impl FnMut(Event)) -> Result<()> {
     std::fs::create_dir_all(&plan.root).map_err(|e| Error::io(&plan.root, e))?;
     on_event(Event::Stage(Stage::Data));
     data(plan, &mut on_event)?;
@@ -68,13 +70,13 @@ pub fn run<B: AutodiffBackend>(plan: &Plan, stages: &[Stage], device: &B::Device
         if stages.contains(&stage) {
             on_event(Event::Stage(stage));
             for run in plan.runs_of(stage) {
-                train::<B>(plan, run, device, &mut on_event)?;
+                train::<B>(plan, run, devices, &mut on_event)?;
             }
         }
     }
     if stages.contains(&Stage::Eval) {
         on_event(Event::Stage(Stage::Eval));
-        eval::<B>(plan, device, &mut on_event)?;
+        eval::<B>(plan, devices, &mut on_event)?;
     }
     Ok(())
 }
@@ -139,7 +141,7 @@ fn needs(path: &Path, what: &str, stage: Stage) -> Result<()> {
     Err(Error::data(path, None, format!("{what} is not there yet: run the {} stage first (`--stages {}`)", stage.name(), stage.name())))
 }
 
-fn train<B: AutodiffBackend>(plan: &Plan, run: &PlannedRun, device: &B::Device, on_event: &mut impl FnMut(Event)) -> Result<()> {
+fn train<B: AutodiffBackend>(plan: &Plan, run: &PlannedRun, devices: &[B::Device], on_event: &mut impl FnMut(Event)) -> Result<()> {
     if run.finished() {
         on_event(Event::RunSkipped { run });
         return Ok(());
@@ -193,9 +195,9 @@ fn train<B: AutodiffBackend>(plan: &Plan, run: &PlannedRun, device: &B::Device, 
             let on_data = |data: &Value| (*events.borrow_mut())(Event::RunData { run, data });
             let on_record = |record: &Record| (*events.borrow_mut())(Event::RunRecord { run, record });
             match (&run.spec, run.kind) {
-                (RunSpec::Pretrain(c), _) => crate::train::run::<B>(c, device, true, on_data, on_record),
-                (RunSpec::Pg(c), RunKind::Opd) => crate::rl::run::<B>(c, Method::Opd, device, true, on_data, on_record),
-                (RunSpec::Pg(c), _) => crate::rl::run::<B>(c, Method::Grpo, device, true, on_data, on_record),
+                (RunSpec::Pretrain(c), _) => crate::train::run::run_replicated::<B>(c, devices, None, true, on_data, on_record),
+                (RunSpec::Pg(c), RunKind::Opd) => crate::rl::run::run_replicated::<B>(c, Method::Opd, devices, None, true, on_data, on_record),
+                (RunSpec::Pg(c), _) => crate::rl::run::run_replicated::<B>(c, Method::Grpo, devices, None, true, on_data, on_record),
             }
             .map_err(|e| Error::InvalidInput(format!("{} ({}): {e}", run.label(), run.source.display())))?
         };
@@ -219,7 +221,7 @@ fn index_label(run: &PlannedRun) -> String {
     report::role(run)
 }
 
-fn eval<B: AutodiffBackend>(plan: &Plan, device: &B::Device, on_event: &mut impl FnMut(Event)) -> Result<()> {
+fn eval<B: AutodiffBackend>(plan: &Plan, devices: &[B::Device], on_event: &mut impl FnMut(Event)) -> Result<()> {
     let settings = plan.eval_settings();
     let test = plan.data_dir().join("test");
     let mut data: Option<EvalData> = None;
@@ -251,7 +253,7 @@ fn eval<B: AutodiffBackend>(plan: &Plan, device: &B::Device, on_event: &mut impl
             ..RunRecord::default()
         })?;
         on_event(Event::EvalStart { batch, models: models.len(), prompts: data.id.len() + data.ood.len(), samples: settings.samples });
-        evaluate::<B::InnerBackend>(&models, data, &out, &settings, device, |event| on_event(Event::Eval { batch, event }))?;
+        evaluate_on::<B::InnerBackend>(&models, data, &out, &settings, devices, None, |event| on_event(Event::Eval { batch, event }))?;
         index.ended("eval")?;
     }
     let markdown = report::write(plan)?;
