@@ -25,9 +25,10 @@ pub(super) struct Shard {
     pub index: usize,
 }
 
-/// What generating a shard needs: the task, the encoded prompts of every part, the settings.
+/// What generating a shard needs: the task, its parts and their encoded prompts, the settings.
 pub(super) struct ShardWork<'a> {
     pub evaluation: &'a dyn Evaluation,
+    pub parts: &'a [Part<'a>],
     pub prompts: &'a [Vec<Vec<u32>>],
     pub settings: &'a EvalSettings,
 }
@@ -106,13 +107,12 @@ pub(super) fn generate_shards<B: Backend>(
     replica: &Replica,
     engine: &Engine<B>,
     work: &ShardWork,
-    parts: &[Part<'_>],
     missing: &[Shard],
     mut progress: Progress,
     store: Option<&ShardStore>,
     on_event: &mut dyn FnMut(EvalEvent),
 ) -> Result<()> {
-    let (world, rank) = (replica.world(), replica.rank());
+    let (world, rank, parts) = (replica.world(), replica.rank(), work.parts);
     if store.is_some() {
         on_event(progress.event(0, 0));
     }

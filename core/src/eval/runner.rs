@@ -290,9 +290,9 @@ fn evaluate_model<B: Backend>(
 
     let mut engine = Engine::new(&model, Some(&tokenizer));
     engine.max_batch_size = settings.batch_size.max(1);
-    let work = ShardWork { evaluation, prompts: &prompts, settings };
+    let work = ShardWork { evaluation, parts: &parts, prompts: &prompts, settings };
     let progress = Progress::new(name, &parts, &missing, settings);
-    generate_shards(replica, &engine, &work, &parts, &missing, progress, store.as_ref(), on_event)?;
+    generate_shards(replica, &engine, &work, &missing, progress, store.as_ref(), on_event)?;
     let Some(store) = store else { return Ok(()) };
 
     let losses = if settings.loss {
