@@ -38,8 +38,14 @@ pub struct Row {
     /// Its name in the batch's `evals/` files.
     pub model: String,
     pub accuracy: Option<Accuracy>,
+    /// The ID and OOD samples behind `accuracy`.
+    #[serde(default)]
+    pub samples: Option<(u64, u64)>,
     pub reference: Option<Accuracy>,
 }
+
+/// The samples behind every row of the release's summary (ID, OOD).
+pub const RELEASE_SAMPLES: (u64, u64) = (1_152_000, 1_280_000);
 
 /// An effect of the release and whether this run shows it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -54,6 +60,10 @@ pub struct Effect {
     pub holds: Option<bool>,
     /// Every compared accuracy of this run is 0: the run says nothing about the effect.
     pub all_zero: bool,
+    /// Whether this run's verdict is beyond sampling noise: every compared difference is more
+    /// than two standard errors from the claim's threshold (binomial over samples, which
+    /// understates the noise: samples of one prompt are correlated); `None` without counts.
+    pub resolved: Option<bool>,
 }
 
 /// A role of a planned run (`rl op11_14`).
@@ -75,10 +85,10 @@ pub fn rows(plan: &Plan) -> Result<Vec<Row>> {
             let model = model_name(&dir, &run.published);
             let role = role(run);
             let reference = REFERENCE.iter().find(|r| r.0 == batch && r.1 == role).map(|r| (r.2, r.3, r.4));
-            let accuracy = summary.iter().find(|r| r["checkpoint"].as_str() == Some(&model)).and_then(|r| {
-                Some((r["id_acc"].as_f64()?, r["ood_acc"].as_f64()?, r["total_acc"].as_f64()?))
-            });
-            rows.push(Row { batch: batch.clone(), role, model, accuracy, reference });
+            let record = summary.iter().find(|r| r["checkpoint"].as_str() == Some(&model));
+            let accuracy = record.and_then(|r| Some((r["id_acc"].as_f64()?, r["ood_acc"].as_f64()?, r["total_acc"].as_f64()?)));
+            let samples = record.and_then(|r| Some((r["count_id"].as_u64()?, r["count_ood"].as_u64()?)));
+            rows.push(Row { batch: batch.clone(), role, model, accuracy, samples, reference });
         }
     }
     Ok(rows)
@@ -97,6 +107,24 @@ fn read_summary(path: &Path) -> Result<Vec<Value>> {
 fn pick(a: Accuracy, which: usize) -> f64 {
     [a.0, a.1, a.2][which]
 }
+
+/// A model's accuracies and, if known, its ID and OOD sample counts.
+type Measured = (Accuracy, Option<(u64, u64)>);
+
+/// One measure of a model: the accuracy and its samples.
+fn measure((accuracy, samples): Measured, which: usize) -> (f64, Option<u64>) {
+    (pick(accuracy, which), samples.map(|(id, ood)| [id, ood, id + ood][which]))
+}
+
+/// The standard error of `a − b` for accuracies over `na` and `nb` samples.
+fn standard_error((a, na): (f64, Option<u64>), (b, nb): (f64, Option<u64>)) -> Option<f64> {
+    let (na, nb) = (na.filter(|&n| n > 0)?, nb.filter(|&n| n > 0)?);
+    Some((a * (1.0 - a) / na as f64 + b * (1.0 - b) / nb as f64).sqrt())
+}
+
+/// A claim's verdict on one run: the compared numbers, whether it holds, whether every
+/// accuracy is 0, whether the verdict is beyond noise.
+type Verdict = (String, bool, bool, Option<bool>);
 
 /// A model: (batch, role).
 type Model = (&'static str, &'static str);
@@ -132,45 +160,53 @@ const CLAIMS: [Claim; 6] = [
 
 /// The effects, on the reference's figures and on `rows`.
 pub fn effects(rows: &[Row]) -> Vec<Effect> {
-    let here = |batch: &str, role: &str| rows.iter().find(|r| r.batch == batch && r.role == role).and_then(|r| r.accuracy);
-    let reference = |batch: &str, role: &str| REFERENCE.iter().find(|r| r.0 == batch && r.1 == role).map(|r| (r.2, r.3, r.4));
+    let here = |batch: &str, role: &str| -> Option<Measured> {
+        rows.iter().find(|r| r.batch == batch && r.role == role).and_then(|r| Some((r.accuracy?, r.samples)))
+    };
+    let reference = |batch: &str, role: &str| -> Option<Measured> {
+        REFERENCE.iter().find(|r| r.0 == batch && r.1 == role).map(|r| ((r.2, r.3, r.4), Some(RELEASE_SAMPLES)))
+    };
     let mut out = Vec::new();
     for claim in &CLAIMS {
-        let check = |lookup: &dyn Fn(&str, &str) -> Option<Accuracy>| -> Option<(String, bool, bool)> {
-            let (mut texts, mut holds, mut zero) = (Vec::new(), true, true);
+        let check = |lookup: &dyn Fn(&str, &str) -> Option<Measured>| -> Option<Verdict> {
+            let (mut texts, mut holds, mut zero, mut resolved) = (Vec::new(), true, true, Some(true));
             for ((ab, ar), (bb, br)) in claim.pairs {
-                let (a, b) = (pick(lookup(ab, ar)?, claim.which), pick(lookup(bb, br)?, claim.which));
-                texts.push(format!("{a:.3} > {b:.3}"));
-                holds &= a > b;
-                zero &= a == 0.0 && b == 0.0;
+                let (a, b) = (measure(lookup(ab, ar)?, claim.which), measure(lookup(bb, br)?, claim.which));
+                texts.push(format!("{:.3} > {:.3}", a.0, b.0));
+                holds &= a.0 > b.0;
+                zero &= a.0 == 0.0 && b.0 == 0.0;
+                let beyond = standard_error(a, b).map(|se| (a.0 - b.0).abs() > 2.0 * se);
+                resolved = resolved.zip(beyond).map(|(r, b)| r && b);
             }
-            Some((texts.join(", "), holds, zero))
+            Some((texts.join(", "), holds, zero, resolved))
         };
-        let (reference, in_release, _) = check(&reference).expect("the reference has every model");
+        let (reference, in_release, ..) = check(&reference).expect("the reference has every model");
         out.push(effect(claim.claim, reference, in_release, check(&here)));
     }
     for (batch, teacher) in [("020305", "rl op11_14"), ("050302", "rl op13_20")] {
-        let compare = |lookup: &dyn Fn(&str, &str) -> Option<Accuracy>| -> Option<(String, bool, bool)> {
-            let (opd, teacher) = (lookup(batch, "opd")?.2, lookup(batch, teacher)?.2);
-            Some((format!("{opd:.3} vs {teacher:.3}"), (opd - teacher).abs() <= 0.01, opd == 0.0 && teacher == 0.0))
+        let compare = |lookup: &dyn Fn(&str, &str) -> Option<Measured>| -> Option<Verdict> {
+            let (opd, teacher) = (measure(lookup(batch, "opd")?, 2), measure(lookup(batch, teacher)?, 2));
+            let gap = (opd.0 - teacher.0).abs();
+            let resolved = standard_error(opd, teacher).map(|se| (gap - 0.01).abs() > 2.0 * se);
+            Some((format!("{:.3} vs {:.3}", opd.0, teacher.0), gap <= 0.01, opd.0 == 0.0 && teacher.0 == 0.0, resolved))
         };
         let claim = if batch == "020305" {
             "OPD matches its teacher's total accuracy within 0.01 (020305, op11_14 teacher)"
         } else {
             "OPD matches its teacher's total accuracy within 0.01 (050302, op13_20 teacher)"
         };
-        let (reference, in_release, _) = compare(&reference).expect("the reference has every model");
+        let (reference, in_release, ..) = compare(&reference).expect("the reference has every model");
         out.push(effect(claim, reference, in_release, compare(&here)));
     }
     out
 }
 
-fn effect(claim: &'static str, reference: String, in_release: bool, here: Option<(String, bool, bool)>) -> Effect {
-    let (here, holds, all_zero) = match here {
-        Some((text, holds, zero)) => (Some(text), Some(holds), zero),
-        None => (None, None, false),
+fn effect(claim: &'static str, reference: String, in_release: bool, here: Option<Verdict>) -> Effect {
+    let (here, holds, all_zero, resolved) = match here {
+        Some((text, holds, zero, resolved)) => (Some(text), Some(holds), zero, resolved),
+        None => (None, None, false, None),
     };
-    Effect { claim, reference, here, in_release, holds, all_zero }
+    Effect { claim, reference, here, in_release, holds, all_zero, resolved }
 }
 
 /// `<root>/summary.csv`: one row per release model, this run's accuracies beside the release's
@@ -214,13 +250,17 @@ pub fn write(plan: &Plan) -> Result<String> {
             f(r.reference, 2)
         );
     }
-    md += "\n## The release's effects, on this run\n\n| effect | release | here | shown here |\n|---|---|---|---|\n";
+    md += "\n## The release's effects, on this run\n\n\"Within noise\": some compared difference is within two standard errors of the claim's \
+           threshold (binomial over samples; samples of one prompt are correlated, so the noise is larger still).\n\n\
+           | effect | release | here | shown here |\n|---|---|---|---|\n";
     for e in &effects {
-        let shown = match (e.holds, e.all_zero) {
-            (_, true) => "no signal (all 0)",
-            (Some(true), false) => "yes",
-            (Some(false), false) => "no",
-            (None, _) => "not evaluated",
+        let shown = match (e.holds, e.all_zero, e.resolved) {
+            (_, true, _) => "no signal (all 0)",
+            (None, ..) => "not evaluated",
+            (Some(true), false, Some(false)) => "yes, within noise",
+            (Some(false), false, Some(false)) => "no, within noise",
+            (Some(true), false, _) => "yes",
+            (Some(false), false, _) => "no",
         };
         md += &format!("| {} | {} | {} | {shown} |\n", e.claim, e.reference, e.here.as_deref().unwrap_or("—"));
     }
@@ -242,13 +282,31 @@ mod tests {
     fn every_effect_holds_on_the_release_figures() {
         let rows: Vec<Row> = REFERENCE
             .iter()
-            .map(|r| Row { batch: r.0.into(), role: r.1.into(), model: String::new(), accuracy: Some((r.2, r.3, r.4)), reference: Some((r.2, r.3, r.4)) })
+            .map(|r| Row {
+                batch: r.0.into(),
+                role: r.1.into(),
+                model: String::new(),
+                accuracy: Some((r.2, r.3, r.4)),
+                samples: Some(RELEASE_SAMPLES),
+                reference: Some((r.2, r.3, r.4)),
+            })
             .collect();
         for effect in effects(&rows) {
             assert!(effect.in_release, "{effect:?}");
-            assert_eq!((effect.holds, effect.all_zero), (Some(true), false), "{effect:?}");
+            assert_eq!((effect.holds, effect.all_zero, effect.resolved), (Some(true), false, Some(true)), "{effect:?}");
             assert_eq!(effect.here.as_ref(), Some(&effect.reference));
         }
+        // The same accuracies over a mini-sized evaluation (72 ID, 80 OOD samples): the large
+        // gaps stay beyond two standard errors, the small ones do not.
+        let small: Vec<Row> = rows.iter().map(|r| Row { samples: Some((72, 80)), ..r.clone() }).collect();
+        let resolved: Vec<Option<bool>> = effects(&small).iter().map(|e| e.resolved).collect();
+        // ID 0.659 vs 0.362: a difference of 0.297 against an SE of 0.080; neither step of
+        // op11_14 > op13_20 > op15_20 (OOD, 020305: 0.080 against an SE of 0.074, 0.129
+        // against 0.065); 050302's op13_20 vs its base in total: 0.1130 against 2 SE = 0.1136;
+        // OPD vs teacher, 0.572 vs 0.574: 0.008 from the 0.01 threshold, SE 0.057.
+        assert_eq!(resolved, [Some(true), Some(true), Some(true), Some(true), Some(false), Some(false), Some(false), Some(false)]);
+        let unknown: Vec<Row> = rows.iter().map(|r| Row { samples: None, ..r.clone() }).collect();
+        assert!(effects(&unknown).iter().all(|e| e.resolved.is_none()));
         let missing = effects(&rows[..5]);
         assert_eq!(missing[0].holds, None);
         assert_eq!(missing[1].holds, Some(true));
