@@ -1,7 +1,8 @@
 //! The evaluation of a list of checkpoints on a task (`eval_checkpoints.py` for Interplay,
 //! `docs/interplay.md` §8.1–8.5): for every model, sample `samples` completions of every item of
 //! every part with the batched engine, shard by shard, then let the task write its files
-//! ([`Evaluation`]).
+//! ([`Evaluation`]). [`evaluate`] runs on one device, [`evaluate_on`] on several (and several
+//! processes), with the same files.
 //!
 //! Files under `out` (the release's `evals/` layout):
 //! - `<model>_<part>_generations.jsonl`: the task's line per sample, joined from the shards,
