@@ -11,6 +11,7 @@ use kiln::backends::{DeviceSpec, ReplicaJob};
 use kiln::dist::NodeSpec;
 use kiln::eval::{EvalEvent, EvalSettings, ModelEntry, evaluate_on, named_models, release_models};
 use kiln::generate::Sampler;
+use kiln::model::Dtype;
 use kiln::tasks::interplay::answer_metrics::{answer_metrics, read_samples};
 use kiln::tasks::interplay::eval::EvalData;
 use kiln::io::write_atomic;
@@ -94,6 +95,9 @@ struct InterplayArgs {
     /// Sequences decoded together (per device).
     #[arg(long, default_value_t = 256)]
     batch_size: usize,
+    /// Weights and activations in f32, bf16 or f16 (attention and log-probs in f32).
+    #[arg(long, default_value = "f32")]
+    dtype: Dtype,
     /// Prompts per shard (the unit of work kept on disk for resuming).
     #[arg(long, default_value_t = 32)]
     shard_prompts: usize,
@@ -191,6 +195,7 @@ fn interplay(args: InterplayArgs) -> Result<()> {
         loss: args.loss,
         keep_generations: args.keep_generations,
         overwrite: args.overwrite,
+        dtype: args.dtype,
         ..EvalSettings::default()
     };
     let devices = args.dist.devices(Some(args.backend), None)?;

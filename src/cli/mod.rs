@@ -11,6 +11,7 @@ mod eval_code;
 mod generate;
 mod init;
 mod logprobs;
+mod plan;
 mod plot;
 mod plot_train;
 mod progress;
@@ -42,6 +43,8 @@ enum Command {
     Init(init::InitArgs),
     /// Measure prefill and decode throughput.
     Bench(bench::BenchArgs),
+    /// Memory by part and FLOPs of a training step and of generation, from a config.json.
+    Plan(plan::PlanArgs),
     /// Pre-train on an Interplay mixture (packed next-token loss) from a TOML config.
     Pretrain(train::TrainArgs),
     /// Supervised fine-tuning (completion-only loss on ChatML rows) from a TOML config.
@@ -71,6 +74,7 @@ impl Cli {
             Command::Logprobs(args) => logprobs::run(args),
             Command::Init(args) => init::run(args),
             Command::Bench(args) => bench::run(args),
+            Command::Plan(args) => plan::run(args),
             Command::Pretrain(args) => train::run(train::Kind::Pretrain, args),
             Command::Sft(args) => train::run(train::Kind::Sft, args),
             Command::Rl(args) => rl::run(kiln::rl::Method::Grpo, args),

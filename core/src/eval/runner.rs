@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::generate::{Engine, Sampler};
 use crate::io::pyjson::{Json, Style};
 use crate::io::remove_file;
-use crate::model::hf;
+use crate::model::{Dtype, hf};
 use crate::tasks::{Evaluation, FinishedRun, Item};
 use crate::tokenizer::Tokenizer;
 
@@ -59,6 +59,8 @@ pub struct EvalSettings {
     pub keep_generations: bool,
     /// Re-evaluate finished models and drop unfinished shards.
     pub overwrite: bool,
+    /// The dtype models are loaded and sampled in.
+    pub dtype: Dtype,
 }
 
 impl Default for EvalSettings {
@@ -76,6 +78,7 @@ impl Default for EvalSettings {
             loss_batch_size: 8,
             keep_generations: false,
             overwrite: false,
+            dtype: Dtype::F32,
         }
     }
 }
@@ -83,7 +86,7 @@ impl Default for EvalSettings {
 impl EvalSettings {
     /// What the generation shards depend on; shards made with anything else are not reused.
     fn shard_settings(&self, fingerprint: String) -> Json {
-        Json::object([
+        let mut fields = vec![
             ("samples", Json::from(self.samples)),
             ("temperature", Json::Float(f64::from(self.sampler.temperature))),
             ("top_p", Json::Float(f64::from(self.sampler.top_p))),
@@ -94,7 +97,12 @@ impl EvalSettings {
             ("id_op_threshold", Json::from(self.id_op_threshold)),
             ("shard_prompts", Json::from(self.shard_prompts)),
             ("data_sha256", Json::from(fingerprint)),
-        ])
+        ];
+        // Shards sampled in f32 (written before the setting existed) stay valid.
+        if self.dtype != Dtype::F32 {
+            fields.push(("dtype", Json::from(self.dtype.name())));
+        }
+        Json::object(fields)
     }
 }
 
@@ -256,7 +264,7 @@ fn evaluate_model<B: Backend>(
     on_event: &mut dyn FnMut(EvalEvent),
 ) -> Result<()> {
     let name = entry.name.as_str();
-    let model = hf::load::<B>(&entry.path, device)?;
+    let model = hf::load_as::<B>(&entry.path, device, settings.dtype)?;
     let tokenizer = Tokenizer::from_file(&entry.path)?;
     let parts = evaluation.parts();
     let prompts: Vec<Vec<Vec<u32>>> = parts.iter().map(|p| encode_prompts(p.items, &tokenizer, model.context_len())).collect::<Result<_>>()?;

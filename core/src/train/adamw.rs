@@ -8,9 +8,11 @@ use std::collections::HashMap;
 
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::{Tensor, backend::AutodiffBackend, backend::Backend};
+use burn::tensor::{DType, Int, Tensor, backend::AutodiffBackend, backend::Backend};
 use burn::tensor::ElementConversion;
 use serde::{Deserialize, Serialize};
+
+use crate::model::proj::to_dtype;
 
 #[cfg(doc)]
 use crate::model::Qwen2;
@@ -53,11 +55,14 @@ pub struct AdamW<B: Backend> {
     /// Updates taken so far (torch's `step`, used for bias correction).
     pub step: u64,
     pub moments: HashMap<String, Moments<B>>,
+    /// Of the last update, over the half-precision parameters (bf16-pure training): how many
+    /// weights it changed, of how many (a weight stays when its step rounds away).
+    pub changed: Option<(u64, u64)>,
 }
 
 impl<B: Backend> AdamW<B> {
     pub fn new(config: AdamWConfig) -> Self {
-        Self { config, step: 0, moments: HashMap::new() }
+        Self { config, step: 0, moments: HashMap::new(), changed: None }
     }
 
     /// Clips `grads` by global norm, applies one update at learning rate `lr` to every
@@ -67,14 +72,34 @@ impl<B: Backend> AdamW<B> {
     /// A non-finite gradient norm (a NaN or infinite loss or gradient) skips the update, as verl
     /// does: the model and the optimizer's moments and step count are left as they were, and the
     /// returned norm tells the caller.
-    pub fn update<AB, M>(&mut self, model: M, names: &HashMap<ParamId, String>, mut grads: GradientsParams, lr: f64) -> (M, f64)
+    pub fn update<AB, M>(&mut self, model: M, names: &HashMap<ParamId, String>, grads: GradientsParams, lr: f64) -> (M, f64)
+    where
+        AB: AutodiffBackend<InnerBackend = B>,
+        M: AutodiffModule<AB>,
+    {
+        self.apply(model, names, grads, lr, 1.0)
+    }
+
+    /// [`AdamW::update`] with gradients of a loss multiplied by `loss_scale` (f16 loss scaling):
+    /// they are divided by it (the norm returned is the unscaled one), and when their norm is
+    /// not finite nothing is updated (the model comes back unchanged, the step count stays).
+    pub fn update_scaled<AB, M>(&mut self, model: M, names: &HashMap<ParamId, String>, grads: GradientsParams, lr: f64, loss_scale: f64) -> (M, f64)
+    where
+        AB: AutodiffBackend<InnerBackend = B>,
+        M: AutodiffModule<AB>,
+    {
+        self.apply(model, names, grads, lr, 1.0 / loss_scale)
+    }
+
+    fn apply<AB, M>(&mut self, model: M, names: &HashMap<ParamId, String>, mut grads: GradientsParams, lr: f64, unscale: f64) -> (M, f64)
     where
         AB: AutodiffBackend<InnerBackend = B>,
         M: AutodiffModule<AB>,
     {
         let mut norm = SquaredNorm::<B> { grads: &grads, total: None };
         model.visit(&mut norm);
-        let grad_norm = norm.total.map_or(0.0, |t| t.into_scalar().elem::<f64>()).sqrt();
+        let grad_norm = norm.total.map_or(0.0, |t| t.into_scalar().elem::<f64>()).sqrt() * unscale;
+        self.changed = None;
         if !grad_norm.is_finite() {
             return (model, grad_norm);
         }
@@ -83,9 +108,13 @@ impl<B: Backend> AdamW<B> {
             Some(max) if max > 0.0 => Some((max / (grad_norm + 1e-6)).min(1.0)),
             _ => None,
         };
+        let scale = if unscale == 1.0 { clip } else { Some(clip.unwrap_or(1.0) * unscale) };
         self.step += 1;
-        let mut mapper = Updater { optimizer: self, grads: &mut grads, names, lr, clip };
-        (model.map(&mut mapper), grad_norm)
+        let mut mapper = Updater { optimizer: self, grads: &mut grads, names, lr, clip: scale, changed: None };
+        let model = model.map(&mut mapper);
+        let changed = mapper.changed.map(|(n, total)| (n.into_scalar().elem::<f64>() as u64, total));
+        self.changed = changed;
+        (model, grad_norm)
     }
 }
 
@@ -99,7 +128,8 @@ struct SquaredNorm<'a, B: Backend> {
 impl<AB: AutodiffBackend> ModuleVisitor<AB> for SquaredNorm<'_, AB::InnerBackend> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
         if let Some(grad) = self.grads.get::<AB::InnerBackend, D>(param.id) {
-            let sq = grad.square().sum();
+            // In f32 whatever the gradient's dtype (torch's norms accumulate in f32 too).
+            let sq = to_dtype(grad, DType::F32).square().sum();
             self.total = Some(match self.total.take() {
                 Some(total) => total + sq,
                 None => sq,
@@ -113,7 +143,10 @@ struct Updater<'a, B: Backend> {
     grads: &'a mut GradientsParams,
     names: &'a HashMap<ParamId, String>,
     lr: f64,
+    /// Factor applied to every gradient (clipping and loss unscaling).
     clip: Option<f64>,
+    /// Weights changed and considered, over half-precision parameters.
+    changed: Option<(Tensor<B, 1, Int>, u64)>,
 }
 
 impl<AB: AutodiffBackend> ModuleMapper<AB> for Updater<'_, AB::InnerBackend> {
@@ -125,7 +158,15 @@ impl<AB: AutodiffBackend> ModuleMapper<AB> for Updater<'_, AB::InnerBackend> {
         let name = self.names.get(&id).cloned().unwrap_or_else(|| format!("param-{id}"));
         let dims = tensor.dims();
         let numel = dims.iter().product::<usize>();
-        let updated = self.optimizer.update_one(&name, tensor.inner().reshape([numel]), grad.reshape([numel]), self.lr, self.clip);
+        let old = tensor.inner().reshape([numel]);
+        let updated = self.optimizer.update_one(&name, old.clone(), grad.reshape([numel]), self.lr, self.clip);
+        if updated.dtype() != DType::F32 {
+            let n = updated.clone().not_equal(old).int().sum();
+            self.changed = Some(match self.changed.take() {
+                Some((total, count)) => (total + n, count + numel as u64),
+                None => (n, numel as u64),
+            });
+        }
         let tensor = Tensor::from_inner(updated.reshape(dims)).require_grad();
         Param::from_mapped_value(id, tensor, mapper)
     }
@@ -163,10 +204,11 @@ impl<B: Backend> AdamW<B> {
             None => grad,
         };
         let param = if decays(name) && c.weight_decay != 0.0 { param.mul_scalar(1.0 - lr * c.weight_decay) } else { param };
-        let moments = self.moments.remove(name).unwrap_or_else(|| Moments {
-            exp_avg: grad.zeros_like(),
-            exp_avg_sq: grad.zeros_like(),
-        });
+        let moments = match self.moments.remove(name) {
+            // The state's dtype is the parameter's (f32 checkpoints of bf16 state load as f32).
+            Some(m) => Moments { exp_avg: to_dtype(m.exp_avg, grad.dtype()), exp_avg_sq: to_dtype(m.exp_avg_sq, grad.dtype()) },
+            None => Moments { exp_avg: grad.zeros_like(), exp_avg_sq: grad.zeros_like() },
+        };
         // exp_avg.lerp_(grad, 1 - β1): m + w·(g − m) for w < 0.5.
         let w = 1.0 - c.beta1;
         let exp_avg = moments.exp_avg.clone() + (grad.clone() - moments.exp_avg).mul_scalar(w);
