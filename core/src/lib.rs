@@ -245,6 +245,8 @@ pub mod model;
 pub mod plan;
 #[cfg(feature = "plot")]
 pub mod plot;
+#[cfg(feature = "eval")]
+pub mod release;
 pub mod rl;
 #[cfg(feature = "tasks")]
 pub mod tasks;

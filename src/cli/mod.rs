@@ -20,6 +20,7 @@ mod plot;
 mod plot_train;
 mod progress;
 mod quickstart;
+mod release;
 mod rl;
 mod train;
 
@@ -62,6 +63,8 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Charts (SVG) of evaluation results.
     Plot(plot::PlotArgs),
+    /// The Interplay release as one recipe: pre-training, RL, OPD and evaluation of its batches.
+    Release(release::ReleaseArgs),
     /// Code problems: grade completions by running them in the sandbox.
     #[cfg(feature = "code")]
     Code(code::CodeArgs),
@@ -83,6 +86,7 @@ impl Cli {
             Command::Data(args) => data::run(args),
             Command::Eval(args) => eval::run(args),
             Command::Plot(args) => plot::run(args),
+            Command::Release(args) => release::run(args),
             #[cfg(feature = "code")]
             Command::Code(args) => code::run(args),
         }
