@@ -222,6 +222,12 @@ fn eval_code_writes_records_and_summaries() {
     assert_eq!(table[0]["model"], "model");
     assert!(!out.join(".shards").exists());
 
+    // Two devices: the problems sharded over two engines, the same files (test times aside).
+    let two = tmp.path().join("two");
+    let run = kiln(&[&args[..args.len() - 1], &[s(&two), "--devices", "cpu,cpu"]].concat());
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert_eq!(snapshot(&two), snapshot(&out));
+
     // A finished model is skipped; bad selections fail in one line.
     let again = kiln(&args);
     assert!(again.status.success() && String::from_utf8_lossy(&again.stderr).contains("skipped"));

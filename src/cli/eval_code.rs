@@ -5,10 +5,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Result, bail};
-use burn::tensor::backend::Backend;
+use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
-use kiln::backends::{DeviceSpec, Job};
-use kiln::eval::{EvalEvent, EvalSettings, ModelEntry, evaluate, named_models};
+use kiln::backends::{DeviceSpec, ReplicaJob};
+use kiln::dist::NodeSpec;
+use kiln::eval::{EvalEvent, EvalSettings, ModelEntry, evaluate_on, named_models};
+use kiln::model::Dtype;
 use kiln::generate::Sampler;
 use kiln::tasks::code::study::RunFigures;
 use kiln::tasks::code::task::limits;
@@ -17,6 +19,7 @@ use kiln::tokenizer::chat_template::ChatTemplate;
 use serde_json::json;
 
 use super::code::SandboxArgs;
+use super::dist::DistArgs;
 use super::progress;
 
 #[derive(Debug, Args)]
@@ -79,9 +82,16 @@ pub struct CodeEvalArgs {
     /// Device: cpu, wgpu[:N], cuda[:N].
     #[arg(long, default_value = "cpu", value_parser = super::parse_backend)]
     backend: DeviceSpec,
-    /// Sequences decoded together.
+    /// Sequences decoded together (per device).
     #[arg(long, default_value_t = 64)]
     batch_size: usize,
+    /// Weights and activations in f32, bf16 or f16 (attention and log-probs in f32).
+    #[arg(long, default_value = "f32")]
+    dtype: Dtype,
+    /// Several devices (`--devices cuda:0,cuda:1`) and processes: problems sharded over them,
+    /// files identical to a one-device run.
+    #[command(flatten)]
+    dist: DistArgs,
     /// Problems per shard (the unit of work kept on disk for resuming).
     #[arg(long, default_value_t = 8)]
     shard_prompts: usize,
@@ -168,6 +178,7 @@ pub fn run(mut args: CodeEvalArgs) -> Result<()> {
         loss: false,
         keep_generations: true,
         overwrite: args.overwrite,
+        dtype: args.dtype,
         ..EvalSettings::default()
     };
     if settings.samples == 0 {
@@ -181,7 +192,9 @@ pub fn run(mut args: CodeEvalArgs) -> Result<()> {
         template,
         out.display()
     );
-    kiln::backends::run(args.backend, CodeEvalJob { models, evaluation: Arc::new(evaluation), out, settings, bar })?
+    let devices = args.dist.devices(Some(args.backend), None)?;
+    let nodes = args.dist.nodes()?;
+    kiln::backends::run_replicas(&devices, CodeEvalJob { models, evaluation: Arc::new(evaluation), out, settings, bar, nodes })?
 }
 
 struct CodeEvalJob {
@@ -190,16 +203,18 @@ struct CodeEvalJob {
     out: PathBuf,
     settings: EvalSettings,
     bar: indicatif::ProgressBar,
+    nodes: Option<NodeSpec>,
 }
 
-impl Job for CodeEvalJob {
+impl ReplicaJob for CodeEvalJob {
     type Output = Result<()>;
 
-    fn run<B: Backend>(self, device: B::Device) -> Result<()> {
+    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<()> {
         let bar = self.bar;
+        let nodes = self.nodes.as_ref();
         let mut started = std::time::Instant::now();
         let mut resumed = 0;
-        evaluate::<B>(&self.models, self.evaluation.as_ref(), &self.out, &self.settings, &device, |event| match event {
+        evaluate_on::<B::InnerBackend>(&self.models, self.evaluation.as_ref(), &self.out, &self.settings, &devices, nodes, |event| match event {
             EvalEvent::Model { name, .. } => {
                 // One bar per model: it starts over.
                 (resumed, started) = (0, std::time::Instant::now());
@@ -229,6 +244,10 @@ impl Job for CodeEvalJob {
             }
         })?;
         bar.finish_and_clear();
+        if let Some(spec) = nodes.filter(|n| n.node_rank > 0) {
+            eprintln!("node {}: done; node 0 wrote the files", spec.node_rank);
+            return Ok(());
+        }
         eprintln!("wrote {}", self.out.join("summary.json").display());
         Ok(())
     }
