@@ -67,16 +67,28 @@ impl<B: Backend> AdamW<B> {
     /// A non-finite gradient norm (a NaN or infinite loss or gradient) skips the update, as verl
     /// does: the model and the optimizer's moments and step count are left as they were, and the
     /// returned norm tells the caller.
-    pub fn update<AB, M>(&mut self, model: M, names: &HashMap<ParamId, String>, mut grads: GradientsParams, lr: f64) -> (M, f64)
+    ///
+    /// This reads the norm back synchronously; where that cannot be done (WebGPU in the
+    /// browser), read [`squared_grad_norm`] asynchronously and call [`AdamW::apply`].
+    pub fn update<AB, M>(&mut self, model: M, names: &HashMap<ParamId, String>, grads: GradientsParams, lr: f64) -> (M, f64)
     where
         AB: AutodiffBackend<InnerBackend = B>,
         M: AutodiffModule<AB>,
     {
-        let mut norm = SquaredNorm::<B> { grads: &grads, total: None };
-        model.visit(&mut norm);
-        let grad_norm = norm.total.map_or(0.0, |t| t.into_scalar().elem::<f64>()).sqrt();
+        let grad_norm = squared_grad_norm(&model, &grads).map_or(0.0, |t| t.into_scalar().elem::<f64>()).sqrt();
+        (self.apply(model, names, grads, lr, grad_norm), grad_norm)
+    }
+
+    /// [`AdamW::update`] given the global gradient norm (the square root of
+    /// [`squared_grad_norm`]), read back by the caller: clips, steps, or skips the update when
+    /// `grad_norm` is not finite.
+    pub fn apply<AB, M>(&mut self, model: M, names: &HashMap<ParamId, String>, mut grads: GradientsParams, lr: f64, grad_norm: f64) -> M
+    where
+        AB: AutodiffBackend<InnerBackend = B>,
+        M: AutodiffModule<AB>,
+    {
         if !grad_norm.is_finite() {
-            return (model, grad_norm);
+            return model;
         }
         let clip = match self.config.max_grad_norm {
             // torch.nn.utils.clip_grad_norm_: coefficient clamped at 1, always applied.
@@ -85,10 +97,21 @@ impl<B: Backend> AdamW<B> {
         };
         self.step += 1;
         let mut mapper = Updater { optimizer: self, grads: &mut grads, names, lr, clip };
-        (model.map(&mut mapper), grad_norm)
+        model.map(&mut mapper)
     }
 }
 
+/// Σ ‖g‖² over the gradients `grads` of `model`'s parameters, on the device (`None` when no
+/// parameter has a gradient): the square of the norm [`AdamW::update`] clips by.
+pub fn squared_grad_norm<AB, M>(model: &M, grads: &GradientsParams) -> Option<Tensor<AB::InnerBackend, 1>>
+where
+    AB: AutodiffBackend,
+    M: AutodiffModule<AB>,
+{
+    let mut norm = SquaredNorm::<AB::InnerBackend> { grads, total: None };
+    model.visit(&mut norm);
+    norm.total
+}
 
 /// Σ ‖g‖² over all gradients of a model.
 struct SquaredNorm<'a, B: Backend> {
