@@ -11,6 +11,7 @@ Prints one JSON line with the same keys as `kiln bench`.
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -24,12 +25,13 @@ def main():
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads (default: all cores)")
+    p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="transformers attention implementation")
     a = p.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     config = Qwen2Config.from_pretrained(a.config)
+    config._attn_implementation = a.attn
     model = Qwen2ForCausalLM(config).to(torch.float32).eval()
     prompts = torch.randint(0, config.vocab_size, (a.batch, a.prompt_len))
     mask = torch.ones_like(prompts)
@@ -49,6 +51,7 @@ def main():
     print(json.dumps({
         "engine": f"transformers {__import__('transformers').__version__} / torch {torch.__version__}",
         "backend": f"cpu ({torch.get_num_threads()} threads)",
+        "threads": torch.get_num_threads(), "attn": a.attn,
         "parameters": sum(p.numel() for p in model.parameters()),
         "batch": a.batch, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
         "prefill_s": prefill, "total_s": total,

@@ -163,3 +163,31 @@ fn generation_stops_at_the_models_eos_by_default() {
     let out = engine.generate(&prompts, &stop_late, |_| {}).unwrap();
     assert_eq!(out[0][0].token_ids, free.token_ids[..=first(late)], "explicit stop ids still apply");
 }
+
+/// Continuous batching: with room for 2 rows, prompts whose length limits differ (the context
+/// is 128 tokens) decode in one pass of the longest (a finished row's place goes to the next
+/// prompt), and every sample is the one it is when all decode together.
+#[test]
+fn finished_rows_are_replaced_by_waiting_prompts() {
+    let (model, tokenizer) = setup();
+    // Limits min(40, 128 - len): 40, 20, 10, 5, 4 new tokens.
+    let prompts: Vec<Vec<u32>> = [4usize, 108, 118, 123, 124].iter().map(|&len| (0..len).map(|t| (t * 37 % 2000 + 10) as u32).collect()).collect();
+    let params = SamplingParams { sampler: Sampler::greedy(), max_new_tokens: 40, ignore_eos: true, ..Default::default() };
+    let together = run(&model, &tokenizer, &prompts, &params);
+    let mut engine = Engine::new(&model, Some(&tokenizer));
+    engine.max_batch_size = 2;
+    let (mut steps, mut last) = (0, 0);
+    let paired = engine
+        .generate(&prompts, &params, |p| {
+            assert!(p.tokens - last <= 2, "more rows than the batch holds");
+            (steps, last) = (steps + 1, p.tokens);
+        })
+        .unwrap();
+    let lengths: Vec<usize> = paired.iter().map(|c| c[0].token_ids.len()).collect();
+    assert_eq!(lengths, [40, 20, 10, 5, 4]);
+    // Static batches of 2 would take 40 + 10 + 4 steps.
+    assert_eq!(steps, 40, "the long row decodes while the short ones take turns beside it");
+    for (a, b) in together.iter().zip(&paired) {
+        assert_eq!(a[0].token_ids, b[0].token_ids);
+    }
+}

@@ -401,3 +401,44 @@ fn a_custom_reward_plugs_in_and_flat_groups_carry_no_signal() {
         assert_eq!((r["updates"].as_u64(), r["responses"].as_u64()), (Some(2), Some(12)));
     }
 }
+
+/// OPD as two data-parallel replicas (threads), each rolling out its half of every mini-batch:
+/// with greedy rollouts the replicas' mean gradient is the one device's, so the weights agree
+/// (≤ 1e-6 relative per tensor but the key biases, whose exact gradient is zero); counts in the
+/// metrics cover both halves; a step that does not split over the replicas is refused.
+#[test]
+fn opd_on_two_replicas_matches_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path();
+    tiny_model(&work.join("base"), 1, Some(&paper_tokenizer()));
+    tiny_model(&work.join("teacher"), 2, Some(&paper_tokenizer()));
+    let text = |out: &str| {
+        config_text(work, out, Some((&work.join("teacher"), false)), "").replace("steps = 3", "steps = 2").replace("n = 2", "n = 2\ntemperature = 0.0")
+    };
+    run(work, &text("one"), Method::Opd, false).unwrap();
+    let path = work.join("two.toml");
+    std::fs::write(&path, text("two")).unwrap();
+    let config = PgConfig::from_toml(&path, &text("two")).unwrap();
+    let devices = vec![burn::tensor::Device::<B>::default(); 2];
+    kiln::rl::run::run_replicated::<B>(&config, Method::Opd, &devices, None, false, |_| {}, |_| {}).unwrap();
+
+    let tensors = |dir: &str| hf::load::<Cpu>(work.join(dir).join("op2_3_step2"), &Default::default()).unwrap().to_hf_tensors();
+    let (one, two) = (tensors("one"), tensors("two"));
+    let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|x| x * x).sum::<f64>().sqrt();
+    for ((spec, a), (_, b)) in one.iter().zip(&two).filter(|((spec, _), _)| !spec.name.ends_with("k_proj.bias")) {
+        let relative = norm(&mut a.iter().zip(b).map(|(x, y)| f64::from(x - y))) / norm(&mut a.iter().map(|&x| f64::from(x)));
+        assert!(relative <= 1e-6, "{}: {relative:e}", spec.name);
+    }
+    let (one, two) = (read_metrics(&work.join("one/op2_3_metrics.jsonl")).unwrap(), read_metrics(&work.join("two/op2_3_metrics.jsonl")).unwrap());
+    assert_eq!(two.len(), one.len());
+    for key in ["responses", "prompts", "updates", "rollout_tokens"] {
+        assert_eq!(one[1][key].as_f64(), two[1][key].as_f64(), "{key}");
+    }
+    let loss = |r: &Record| r["loss"].as_f64().unwrap();
+    assert!((loss(&one[1]) - loss(&two[1])).abs() <= 1e-5 * loss(&one[1]).abs().max(1e-3), "{} vs {}", loss(&one[1]), loss(&two[1]));
+
+    // 4 prompts per step do not split over 3 replicas.
+    let three = vec![burn::tensor::Device::<B>::default(); 3];
+    let err = kiln::rl::run::run_replicated::<B>(&config, Method::Opd, &three, None, false, |_| {}, |_| {}).unwrap_err();
+    assert!(err.to_string().contains("must be multiples of the 3 replicas"), "{err}");
+}

@@ -34,6 +34,8 @@ pub enum BackendError {
     Unknown(String),
     #[error("backend {0:?} is not compiled into this build (rebuild with `--features {1}`)")]
     NotCompiled(String, &'static str),
+    #[error("the devices of a run must all be of one backend (got {0} and {1})")]
+    Mixed(String, String),
 }
 
 impl FromStr for DeviceSpec {
@@ -104,6 +106,37 @@ pub fn run_training<J: TrainJob>(spec: DeviceSpec, job: J) -> Result<J::Output, 
     }
 }
 
+/// Work that trains on several devices of one backend (data-parallel replicas).
+pub trait ReplicaJob {
+    type Output;
+    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Self::Output;
+}
+
+/// Runs `job` on the devices named by `specs` (all of one backend, e.g. `cuda:0, cuda:1` or
+/// `cpu, cpu`), with autodiff.
+pub fn run_replicas<J: ReplicaJob>(specs: &[DeviceSpec], job: J) -> Result<J::Output, BackendError> {
+    use burn::backend::Autodiff;
+    let first = *specs.first().ok_or_else(|| BackendError::Unknown(String::new()))?;
+    if let Some(other) = specs.iter().find(|s| std::mem::discriminant(*s) != std::mem::discriminant(&first)) {
+        return Err(BackendError::Mixed(first.to_string(), other.to_string()));
+    }
+    #[allow(unused_variables)]
+    let indices: Vec<usize> = specs.iter().map(|s| match s {
+        DeviceSpec::Cpu => 0,
+        DeviceSpec::Wgpu(i) | DeviceSpec::Cuda(i) => *i,
+    }).collect();
+    match first {
+        #[cfg(feature = "cpu")]
+        DeviceSpec::Cpu => Ok(job.run::<Autodiff<Cpu>>(vec![Default::default(); specs.len()])),
+        #[cfg(feature = "wgpu")]
+        DeviceSpec::Wgpu(_) => Ok(job.run::<Autodiff<Wgpu>>(indices.into_iter().map(wgpu_device).collect())),
+        #[cfg(feature = "cuda")]
+        DeviceSpec::Cuda(_) => Ok(job.run::<Autodiff<Cuda>>(indices.into_iter().map(burn::backend::cuda::CudaDevice::new).collect())),
+        #[allow(unreachable_patterns)]
+        other => Err(not_compiled(other)),
+    }
+}
+
 #[cfg(feature = "wgpu")]
 fn wgpu_device(index: usize) -> burn::backend::wgpu::WgpuDevice {
     if index == 0 { burn::backend::wgpu::WgpuDevice::DefaultDevice } else { burn::backend::wgpu::WgpuDevice::DiscreteGpu(index) }
@@ -130,5 +163,20 @@ mod tests {
         assert_eq!("cuda:1".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(1));
         assert!("cuda:x".parse::<DeviceSpec>().is_err());
         assert!("tpu".parse::<DeviceSpec>().is_err());
+    }
+
+    #[test]
+    fn replicas_need_one_backend() {
+        struct Count;
+        impl ReplicaJob for Count {
+            type Output = usize;
+            fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> usize {
+                devices.len()
+            }
+        }
+        let err = run_replicas(&[DeviceSpec::Cpu, DeviceSpec::Cuda(0)], Count).unwrap_err();
+        assert_eq!(err.to_string(), "the devices of a run must all be of one backend (got cpu and cuda:0)");
+        #[cfg(feature = "cpu")]
+        assert_eq!(run_replicas(&[DeviceSpec::Cpu, DeviceSpec::Cpu], Count).unwrap(), 2);
     }
 }

@@ -51,6 +51,9 @@ pub enum Error {
     #[cfg(feature = "code")]
     #[error(transparent)]
     Sandbox(#[from] kiln_sandbox::SandboxError),
+    /// A data-parallel run stopped: a peer failed, was lost or disagrees (the message names it).
+    #[error("{0}")]
+    Distributed(String),
 }
 
 impl Error {

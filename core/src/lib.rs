@@ -73,6 +73,7 @@
 //! | Interplay scorer: answers, solution graphs, strict scoring, rewards | `tasks/interplay/answer.rs`, `tasks/interplay/graph/`, `tasks/interplay/scoring.rs`, `tasks/interplay/rewards.rs` (feature `tasks`) |
 //! | run configs (TOML) and the pre-training / SFT / RL runs | `train/config/`, `train/run.rs`, `rl/run.rs` (feature `tasks`) |
 //! | checkpoint evaluation | `eval/` (feature `eval`) |
+//! | data parallel: replicas over burn-collective in one process, a TCP ring between processes, sharded evaluation | [`dist`] `dist/` |
 //! | files: JSONL, atomic writes, Python-compatible JSON | [`io`] `io/` |
 //! | SVG charts | `plot.rs` (feature `plot`) |
 //! | the sandbox for model-written code | `sandbox/src/lib.rs` (the `kiln-sandbox` crate) |
@@ -88,7 +89,7 @@
 //! tokenizer, generation and the training loop takes
 //! `kiln-core = { version = "0.1", default-features = false }` (add `flex` for the fast CPU
 //! decoding path) and does not build the Interplay task, its scorer, the TOML runs, evaluation,
-//! SVG charts, nor `regex`, `sha2` and `plotters`.
+//! SVG charts, nor `regex` and `plotters`.
 //!
 //! # Log-probs of given sequences
 //!
@@ -230,6 +231,7 @@
 //! ```
 
 pub mod data;
+pub mod dist;
 pub mod error;
 #[cfg(feature = "eval")]
 pub mod eval;

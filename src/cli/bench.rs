@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Result, bail};
+use burn::module::AutodiffModule;
 use burn::tensor::backend::Backend;
 use clap::Args;
 use burn::tensor::backend::AutodiffBackend;
@@ -38,6 +39,15 @@ pub struct BenchArgs {
     /// `--repeats` steps after 2 warm-up steps is reported).
     #[arg(long)]
     train: bool,
+    /// Measure RL rollouts instead: the model is built under autodiff and sampled through
+    /// `.valid()` as `kiln rl` does (temperature 1, `--samples` per prompt); compare with the
+    /// plain generation figures at the same batch and lengths.
+    #[arg(long, conflicts_with = "train")]
+    rollout: bool,
+    /// Samples per prompt for `--rollout` (the GRPO group size); the batch holds
+    /// `--batch` sequences in all.
+    #[arg(long, default_value_t = 1)]
+    samples: usize,
 }
 
 /// A count of at least 1.
@@ -52,6 +62,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let backend = args.backend;
     if args.train {
         return kiln::backends::run_training(backend, TrainBenchJob(args))?;
+    }
+    if args.rollout {
+        return kiln::backends::run_training(backend, RolloutBenchJob(args))?;
     }
     kiln::backends::run(backend, BenchJob(args))?
 }
@@ -100,7 +113,10 @@ impl TrainJob for TrainBenchJob {
         let median = timed[timed.len() / 2];
         let figures = serde_json::json!({
             "engine": "kiln",
+            "mode": "train",
             "backend": args.backend.to_string(),
+            "cpu": cpu_model(),
+            "threads": rayon_threads(),
             "parameters": config.num_parameters(),
             "batch": args.batch,
             "seq": args.prompt_len,
@@ -125,41 +141,85 @@ impl Job for BenchJob {
             (None, Some(dir)) => hf::load(dir, &device)?,
             _ => bail!("give one of --config or --model"),
         };
-        let vocab = model.config().vocab_size as u32;
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-        let prompts: Vec<Vec<u32>> =
-            (0..args.batch).map(|_| (0..args.prompt_len).map(|_| rng.random_range(0..vocab)).collect()).collect();
-        let mut engine = Engine::new(&model, None);
-        engine.max_batch_size = args.batch;
-        let time = |new_tokens: usize| -> Result<f64> {
-            let params =
-                SamplingParams { sampler: Sampler::greedy(), max_new_tokens: new_tokens, ignore_eos: true, ..Default::default() };
-            let start = Instant::now();
-            let out = engine.generate(&prompts, &params, |_| {})?;
-            assert!(out.iter().flatten().all(|c| c.token_ids.len() == new_tokens));
-            Ok(start.elapsed().as_secs_f64())
-        };
-        time(args.new_tokens)?; // warm-up
-        let (mut prefill, mut total) = (f64::INFINITY, f64::INFINITY);
-        for _ in 0..args.repeats.max(1) {
-            prefill = prefill.min(time(1)?);
-            total = total.min(time(args.new_tokens)?);
-        }
-        let decoded = (args.batch * (args.new_tokens - 1)) as f64;
-        let figures = serde_json::json!({
-            "engine": "kiln",
-            "backend": args.backend.to_string(),
-            "parameters": model.config().num_parameters(),
-            "batch": args.batch,
-            "prompt_len": args.prompt_len,
-            "new_tokens": args.new_tokens,
-            "prefill_s": prefill,
-            "total_s": total,
-            "prefill_tokens_per_s": (args.batch * args.prompt_len) as f64 / prefill,
-            "decode_tokens_per_s": decoded / (total - prefill),
-            "end_to_end_tokens_per_s": (args.batch * args.new_tokens) as f64 / total,
-        });
-        println!("{figures}");
+        println!("{}", generation_figures(&model, &args, Sampler::greedy(), 1, "generate")?);
         Ok(())
     }
+}
+
+/// Rollout throughput: the model lives under autodiff, as in `kiln rl`, and samples through
+/// `.valid()` (the path RL rollouts, reference and teacher log-probs take).
+struct RolloutBenchJob(BenchArgs);
+
+impl TrainJob for RolloutBenchJob {
+    type Output = Result<()>;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<()> {
+        let args = self.0;
+        let model: Qwen2<B> = match (&args.config, &args.model) {
+            (Some(config), None) => Qwen2::random(&Qwen2Config::from_file(config)?, 0, &device)?,
+            (None, Some(dir)) => hf::load(dir, &device)?,
+            _ => bail!("give one of --config or --model"),
+        };
+        let sampler = Sampler { temperature: 1.0, top_k: 0, top_p: 1.0 };
+        let samples = args.samples.max(1);
+        println!("{}", generation_figures(&model.valid(), &args, sampler, samples, "rollout")?);
+        Ok(())
+    }
+}
+
+/// Times prefill and generation of `--batch` sequences (`batch / samples` random prompts of
+/// `--prompt-len` tokens, `samples` each, `--new-tokens` each, EOS ignored) and returns the
+/// figures as JSON.
+fn generation_figures<B: Backend>(model: &Qwen2<B>, args: &BenchArgs, sampler: Sampler, samples: usize, mode: &str) -> Result<serde_json::Value> {
+    let vocab = model.config().vocab_size as u32;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    let prompts: Vec<Vec<u32>> = (0..(args.batch / samples).max(1))
+        .map(|_| (0..args.prompt_len).map(|_| rng.random_range(0..vocab)).collect())
+        .collect();
+    let sequences = prompts.len() * samples;
+    let mut engine = Engine::new(model, None);
+    engine.max_batch_size = sequences;
+    let time = |new_tokens: usize| -> Result<f64> {
+        let params = SamplingParams { n: samples, sampler, max_new_tokens: new_tokens, ignore_eos: true, ..Default::default() };
+        let start = Instant::now();
+        let out = engine.generate(&prompts, &params, |_| {})?;
+        assert!(out.iter().flatten().all(|c| c.token_ids.len() == new_tokens));
+        Ok(start.elapsed().as_secs_f64())
+    };
+    time(args.new_tokens)?; // warm-up
+    let (mut prefill, mut total) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..args.repeats.max(1) {
+        prefill = prefill.min(time(1)?);
+        total = total.min(time(args.new_tokens)?);
+    }
+    let decoded = (sequences * (args.new_tokens - 1)) as f64;
+    Ok(serde_json::json!({
+        "engine": "kiln",
+        "mode": mode,
+        "backend": args.backend.to_string(),
+        "cpu": cpu_model(),
+        "parameters": model.config().num_parameters(),
+        "batch": sequences,
+        "samples_per_prompt": samples,
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "prefill_s": prefill,
+        "total_s": total,
+        "prefill_tokens_per_s": (prompts.len() * args.prompt_len) as f64 / prefill,
+        "decode_tokens_per_s": decoded / (total - prefill),
+        "end_to_end_tokens_per_s": (sequences * args.new_tokens) as f64 / total,
+    }))
+}
+
+/// The CPU's model name (`/proc/cpuinfo`), for tables that compare machines.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| info.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|m| m.trim().to_string()))
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// Threads of the pool burn's CPU backend and the fused kernels run on.
+fn rayon_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }

@@ -4,6 +4,7 @@ mod bench;
 #[cfg(feature = "code")]
 mod code;
 mod data;
+mod dist;
 mod eval;
 #[cfg(feature = "code")]
 mod eval_code;

@@ -27,3 +27,11 @@ pub fn with_eta(total: u64, unit: &str) -> ProgressBar {
     bar.set_style(ProgressStyle::with_template(&template).expect("valid template").progress_chars("=> "));
     bar
 }
+
+/// A bar counting `total` training steps, with the time left (the message carries the loss).
+pub fn steps(total: u64) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    let template = "{elapsed_precise} [{bar:30}] {pos}/{len} steps, {msg}, ETA {eta}";
+    bar.set_style(ProgressStyle::with_template(template).expect("valid template").progress_chars("=> "));
+    bar
+}

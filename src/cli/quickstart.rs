@@ -2,8 +2,10 @@
 //!
 //! 1. generate Interplay problems (op 2–4: train, val and test splits),
 //! 2. write a tiny Qwen2 config with the paper's tokenizer,
-//! 3. pre-train it for a few minutes (packed next-token loss, AdamW, cosine schedule),
-//!    checkpointing at 20/40/…/100 % like the release (`release/pretrain/checkpoint-N`),
+//! 3. pre-train it for a fixed number of steps (packed next-token loss, AdamW, cosine schedule),
+//!    checkpointing at 20/40/…/100 % like the release (`release/pretrain/checkpoint-N`); the same
+//!    work on every machine (about 5 minutes on 2 cores), with a warning and an estimate up front
+//!    when a machine would need more than 15 minutes (`--minutes` sets a wall-clock budget),
 //! 4. evaluate the final checkpoint as `kiln eval interplay` does (answer accuracy and pass@k
 //!    per op, strict graph scores) and print the summary.
 //!
@@ -31,11 +33,12 @@ pub struct QuickstartArgs {
     #[arg(long, default_value = "kiln-quickstart")]
     out: PathBuf,
     /// Pre-training steps (8 packed 512-token blocks each).
-    #[arg(long, default_value_t = 150, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = DEFAULT_STEPS, value_parser = clap::value_parser!(u64).range(1..))]
     steps: u64,
-    /// Wall-clock budget for pre-training, in minutes (it stops cleanly and saves).
-    #[arg(long, default_value_t = 6.0, value_parser = minutes)]
-    minutes: f64,
+    /// Wall-clock budget for pre-training, in minutes (it stops cleanly and saves); none by
+    /// default, so every machine does the same work.
+    #[arg(long, value_parser = minutes)]
+    minutes: Option<f64>,
     #[arg(long, default_value = "cpu", value_parser = super::parse_backend)]
     backend: DeviceSpec,
 }
@@ -47,6 +50,16 @@ fn minutes(text: &str) -> Result<f64, String> {
         _ => Err(format!("expected a finite number of minutes >= 0, got {text:?}")),
     }
 }
+
+/// Steps of the default run: about 5 minutes of pre-training on 2 cores of a current x86 CPU
+/// (see `benches/README.md`), enough for a clearly non-zero test accuracy.
+const DEFAULT_STEPS: u64 = 400;
+
+/// Pre-training longer than this (estimated from the first steps) is announced with the estimate.
+const SLOW_WARNING_S: f64 = 15.0 * 60.0;
+
+/// Steps timed before the estimate (the first one, which warms up, is not counted).
+const TIMED_STEPS: u64 = 3;
 
 pub fn run(args: QuickstartArgs) -> Result<()> {
     let backend = args.backend;
@@ -77,13 +90,16 @@ impl TrainJob for QuickstartJob {
         eprintln!("[2/4] model: tiny Qwen2 with the paper's tokenizer in {}", out.join("model").display());
         write_tiny_model(&out.join("model"))?;
 
-        eprintln!("[3/4] pre-training ({} steps or {} minutes) into {}", args.steps, args.minutes, out.join("release/pretrain").display());
+        let budget = args.minutes.map(|m| format!(" or {m} minutes")).unwrap_or_default();
+        eprintln!("[3/4] pre-training ({} steps{budget}) into {}", args.steps, out.join("release/pretrain").display());
         let config_path = out.join("pretrain.toml");
         let toml = pretrain_toml(args.steps, args.minutes);
         std::fs::write(&config_path, &toml)?;
         let config = RunConfig::from_toml(&config_path, &toml)?;
-        let bar = progress::bar(args.steps, "steps");
+        let bar = progress::steps(args.steps);
+        bar.set_message("loss -");
         let mut accuracy: Vec<(u64, f64)> = Vec::new();
+        let mut clock = StepClock::default();
         let summary = kiln::train::run::<B>(
             &config,
             &device,
@@ -92,6 +108,19 @@ impl TrainJob for QuickstartJob {
             |record| {
                 let step = record.get("step").and_then(Value::as_u64).unwrap_or(0);
                 bar.set_position(step);
+                if let Some(estimate) = clock.estimate(step, record.get("step_s").and_then(Value::as_f64), args.steps)
+                    && estimate > SLOW_WARNING_S
+                    && args.minutes.is_none()
+                {
+                    bar.suspend(|| {
+                        eprintln!(
+                            "      warning: this machine needs about {:.0} minutes for {} steps (Ctrl-C and rerun with \
+                             --steps N or --minutes M for a shorter run; a rerun resumes from the last checkpoint)",
+                            estimate / 60.0,
+                            args.steps
+                        )
+                    });
+                }
                 if let Some(loss) = record.get("loss").and_then(Value::as_f64) {
                     bar.set_message(format!("loss {loss:.3}"));
                 }
@@ -150,7 +179,42 @@ impl TrainJob for QuickstartJob {
     }
 }
 
-fn pretrain_toml(steps: u64, minutes: f64) -> String {
+/// Estimates the pre-training time from the durations of the first steps.
+#[derive(Default)]
+struct StepClock {
+    times: Vec<f64>,
+    announced: bool,
+}
+
+impl StepClock {
+    /// After [`TIMED_STEPS`] steps past the first one, once: the estimated seconds for `total`
+    /// steps (held-out evaluations not included).
+    fn estimate(&mut self, step: u64, step_s: Option<f64>, total: u64) -> Option<f64> {
+        if self.announced {
+            return None;
+        }
+        if let Some(s) = step_s.filter(|_| step > 1) {
+            self.times.push(s);
+        }
+        if (self.times.len() as u64) < TIMED_STEPS {
+            return None;
+        }
+        self.announced = true;
+        let mean = self.times.iter().sum::<f64>() / self.times.len() as f64;
+        Some(mean * total as f64)
+    }
+}
+
+/// The pre-training config; without `minutes` it has no `time_budget_s` line (no wall-clock stop).
+fn pretrain_toml(steps: u64, minutes: Option<f64>) -> String {
+    let toml = pretrain_template(steps, minutes.unwrap_or(0.0));
+    match minutes {
+        Some(_) => toml,
+        None => toml.lines().filter(|l| !l.starts_with("time_budget_s")).map(|l| format!("{l}\n")).collect(),
+    }
+}
+
+fn pretrain_template(steps: u64, minutes: f64) -> String {
     format!(
         r#"# Written by `kiln quickstart`; rerun with `kiln pretrain --config pretrain.toml --resume`.
 [model]

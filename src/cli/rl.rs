@@ -6,10 +6,12 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
-use kiln::backends::{DeviceSpec, TrainJob};
+use kiln::backends::{DeviceSpec, ReplicaJob};
+use kiln::dist::NodeSpec;
 use kiln::rl::{Method, PgConfig};
 use serde_json::Value;
 
+use super::dist::DistArgs;
 use super::progress;
 
 #[derive(Debug, Args)]
@@ -20,15 +22,20 @@ pub struct RlArgs {
     /// Continue from the latest checkpoint of the run.
     #[arg(long)]
     resume: bool,
-    #[arg(long, default_value = "cpu", value_parser = super::parse_backend)]
-    backend: DeviceSpec,
+    /// The device (default cpu; see --devices for several).
+    #[arg(long, value_parser = super::parse_backend)]
+    backend: Option<DeviceSpec>,
+    #[command(flatten)]
+    dist: DistArgs,
 }
 
 pub fn run(method: Method, args: RlArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.config).with_context(|| format!("{}", args.config.display()))?;
     let config = PgConfig::from_toml(&args.config, &text)?;
-    let job = RlJob { config, method, resume: args.resume, path: args.config };
-    kiln::backends::run_training(args.backend, job)?
+    let devices = args.dist.devices(args.backend, config.train.devices.as_deref())?;
+    let nodes = args.dist.nodes()?;
+    let job = RlJob { config, method, resume: args.resume, path: args.config, nodes };
+    kiln::backends::run_replicas(&devices, job)?
 }
 
 struct RlJob {
@@ -36,18 +43,20 @@ struct RlJob {
     method: Method,
     resume: bool,
     path: PathBuf,
+    nodes: Option<NodeSpec>,
 }
 
-impl TrainJob for RlJob {
+impl ReplicaJob for RlJob {
     type Output = Result<()>;
 
-    fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<()> {
+    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<()> {
         let bar = progress::bar(0, "steps");
         let mut validation = String::new();
-        let summary = kiln::rl::run::<B>(
+        let summary = kiln::rl::run::run_replicated::<B>(
             &self.config,
             self.method,
-            &device,
+            &devices,
+            self.nodes.as_ref(),
             self.resume,
             |data| {
                 bar.set_length(data["total_steps"].as_u64().unwrap_or(0));

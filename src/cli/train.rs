@@ -5,11 +5,13 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
-use kiln::backends::{DeviceSpec, TrainJob};
+use kiln::backends::{DeviceSpec, ReplicaJob};
+use kiln::dist::NodeSpec;
 use kiln::train::RunConfig;
 use kiln::train::config::DataSection;
 use serde_json::Value;
 
+use super::dist::DistArgs;
 use super::progress;
 
 #[derive(Debug, Args)]
@@ -20,8 +22,11 @@ pub struct TrainArgs {
     /// Continue from the latest checkpoint of the output directory.
     #[arg(long)]
     resume: bool,
-    #[arg(long, default_value = "cpu", value_parser = super::parse_backend)]
-    backend: DeviceSpec,
+    /// The device (default cpu; see --devices for several).
+    #[arg(long, value_parser = super::parse_backend)]
+    backend: Option<DeviceSpec>,
+    #[command(flatten)]
+    dist: DistArgs,
 }
 
 /// Which kind of run the subcommand expects.
@@ -39,23 +44,26 @@ pub fn run(kind: Kind, args: TrainArgs) -> Result<()> {
         (Kind::Pretrain, _) => bail!("{}: `kiln pretrain` needs [data] kind = \"mixture\" (or the old `interplay = …`)", args.config.display()),
         (Kind::Sft, _) => bail!("{}: `kiln sft` needs [data] kind = \"sft\" (or the old `sft = …`)", args.config.display()),
     }
-    let backend = args.backend;
-    kiln::backends::run_training(backend, RunJob { config, resume: args.resume })?
+    let devices = args.dist.devices(args.backend, config.train.devices.as_deref())?;
+    let nodes = args.dist.nodes()?;
+    kiln::backends::run_replicas(&devices, RunJob { config, resume: args.resume, nodes })?
 }
 
 struct RunJob {
     config: RunConfig,
     resume: bool,
+    nodes: Option<NodeSpec>,
 }
 
-impl TrainJob for RunJob {
+impl ReplicaJob for RunJob {
     type Output = Result<()>;
 
-    fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<()> {
+    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<()> {
         let bar = progress::bar(0, "steps");
-        let summary = kiln::train::run::<B>(
+        let summary = kiln::train::run::run_replicated::<B>(
             &self.config,
-            &device,
+            &devices,
+            self.nodes.as_ref(),
             self.resume,
             |data| {
                 bar.set_length(data["total_steps"].as_u64().unwrap_or(0));

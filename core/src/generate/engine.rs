@@ -8,6 +8,8 @@
 //! Reproducibility: every sample draws from its own ChaCha8 stream keyed by
 //! (seed, prompt index, sample index), so a sample does not depend on how prompts were batched.
 
+use std::collections::{HashMap, VecDeque};
+
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -16,7 +18,7 @@ use serde::Serialize;
 use super::sampler::Sampler;
 use super::stop::{FinishReason, StopCriteria, StopReason};
 use crate::error::{Error, Result};
-use crate::model::{HostBatch, Inputs, Qwen2};
+use crate::model::{HostBatch, Inputs, KvCache, Qwen2};
 use crate::tokenizer::Tokenizer;
 
 /// How to sample a request.
@@ -152,34 +154,9 @@ impl<'a, B: Backend> Engine<'a, B> {
         // Similar lengths batch together with less padding; results go back by index.
         let mut order: Vec<usize> = (0..prompts.len()).collect();
         order.sort_by_key(|&i| prompts[i].len());
-        let per_batch = (self.max_batch_size / params.n).max(1);
-        let mut state = Progress { total: prompts.len() * params.n, ..Progress::default() };
-        let mut results: Vec<Vec<Completion>> = vec![Vec::new(); prompts.len()];
-        for chunk in order.chunks(per_batch) {
-            for (index, samples) in self.generate_batch(chunk, prompts, &params, &mut state, &mut progress)? {
-                results[index] = samples;
-            }
-        }
-        Ok(results)
-    }
-
-    fn generate_batch(
-        &self,
-        indices: &[usize],
-        prompts: &[Vec<u32>],
-        params: &SamplingParams,
-        state: &mut Progress,
-        progress: &mut impl FnMut(Progress),
-    ) -> Result<Vec<(usize, Vec<Completion>)>> {
-        let model = self.model;
-        let device = model.device();
-        let vocab = model.config().vocab_size;
-        let context = model.context_len();
         let n = params.n;
-
-        let rows: Vec<Vec<u32>> = indices.iter().map(|&i| prompts[i].clone()).collect();
-        let mut sequences: Vec<Sequence> = Vec::with_capacity(rows.len() * n);
-        for (&prompt_index, prompt) in indices.iter().zip(&rows) {
+        let mut sequences: Vec<Sequence> = Vec::with_capacity(prompts.len() * n);
+        for (prompt_index, prompt) in prompts.iter().enumerate() {
             for sample_index in 0..n {
                 let mut rng = ChaCha8Rng::seed_from_u64(params.seed);
                 rng.set_stream((prompt_index * n + sample_index) as u64);
@@ -196,67 +173,19 @@ impl<'a, B: Backend> Engine<'a, B> {
                 });
             }
         }
-
         if params.max_new_tokens > 0 {
-            // Prefill once per prompt, then fan each prompt's cache rows out to its n samples.
-            let prefill = HostBatch::left_padded(&rows, self.pad_id)?.to_device::<B>(&device);
-            let mut cache = model.new_cache();
-            let hidden = model.forward_hidden(&prefill, Some(&mut cache));
-            let [batch, seq, _] = hidden.dims();
-            let mut logits = model.logits(hidden.narrow(1, seq - 1, 1)).reshape([batch, vocab]);
-            if n > 1 {
-                let fan_out: Vec<usize> = (0..batch).flat_map(|i| std::iter::repeat_n(i, n)).collect();
-                let fan_out = index_tensor::<B>(&fan_out, &device);
-                cache = cache.select_rows(fan_out.clone());
-                logits = logits.select(0, fan_out);
-            }
-            // slots[row] = index into `sequences` of the sequence in that batch row.
-            let mut slots: Vec<usize> = (0..sequences.len()).collect();
-            loop {
-                let host: Vec<f32> = logits.into_data().convert::<f32>().into_vec().expect("f32 logits");
-                let mut newly_finished = 0;
-                for (row, &s) in slots.iter().enumerate() {
-                    let seq = &mut sequences[s];
-                    if seq.finished.is_some() {
-                        continue;
-                    }
-                    let sampled = params.sampler.sample(&host[row * vocab..(row + 1) * vocab], &mut seq.rng);
-                    seq.tokens.push(sampled.token);
-                    seq.logprobs.push(sampled.logprob);
-                    seq.raw_logprobs.push(sampled.raw_logprob);
-                    state.tokens += 1;
-                    if let Some(reason) = params.stop.check(&seq.tokens, self.tokenizer, params.skip_special_tokens)? {
-                        seq.finished = Some((FinishReason::Stop, Some(reason)));
-                    } else if seq.tokens.len() >= seq.limit {
-                        seq.finished = Some((FinishReason::Length, None));
-                    }
-                    newly_finished += seq.finished.is_some() as usize;
-                }
-                state.finished += newly_finished;
-                progress(*state);
-
-                let active: Vec<usize> = (0..slots.len()).filter(|&r| sequences[slots[r]].finished.is_none()).collect();
-                if active.is_empty() {
-                    break;
-                }
-                if active.len() * 4 <= slots.len() * 3 {
-                    cache = cache.select_rows(index_tensor::<B>(&active, &device));
-                    slots = active.iter().map(|&r| slots[r]).collect();
-                }
-                let step = self.decode_inputs(&slots, &sequences, &device);
-                let hidden = model.forward_hidden(&step, Some(&mut cache));
-                logits = model.logits(hidden).reshape([slots.len(), vocab]);
-            }
+            let mut state = Progress { total: sequences.len(), ..Progress::default() };
+            self.run(&order, prompts, &params, &mut sequences, &mut state, &mut progress)?;
         }
 
-        let mut out: Vec<(usize, Vec<Completion>)> = indices.iter().map(|&i| (i, Vec::with_capacity(n))).collect();
-        for (k, seq) in sequences.into_iter().enumerate() {
+        let mut results: Vec<Vec<Completion>> = vec![Vec::new(); prompts.len()];
+        for seq in sequences {
             let (finish_reason, stop_reason) = seq.finished.expect("every sequence finishes");
             let text = match self.tokenizer {
                 Some(t) => params.stop.final_text(&seq.tokens, stop_reason.as_ref(), t, params.skip_special_tokens)?,
                 None => String::new(),
             };
-            out[k / n].1.push(Completion {
+            results[seq.prompt_index].push(Completion {
                 prompt_index: seq.prompt_index,
                 sample_index: seq.sample_index,
                 token_ids: seq.tokens,
@@ -267,7 +196,138 @@ impl<'a, B: Backend> Engine<'a, B> {
                 stop_reason,
             });
         }
-        Ok(out)
+        Ok(results)
+    }
+
+    /// Continuous batching: up to `max_batch_size` sequences decode together; as rows finish,
+    /// waiting samples take their places (their prompts prefilled once, in order of length, and
+    /// fanned out to their samples), so the batch stays full until the work runs out.
+    fn run(
+        &self,
+        order: &[usize],
+        prompts: &[Vec<u32>],
+        params: &SamplingParams,
+        sequences: &mut [Sequence],
+        state: &mut Progress,
+        progress: &mut impl FnMut(Progress),
+    ) -> Result<()> {
+        let model = self.model;
+        let device = model.device();
+        let vocab = model.config().vocab_size;
+        let n = params.n;
+        let capacity = self.max_batch_size.max(1);
+        // Samples not yet started, prompt by prompt: (prompt index, next sample, samples left).
+        let mut waiting: VecDeque<(usize, usize, usize)> = order.iter().map(|&p| (p, 0, n)).collect();
+        let mut prefilled = Prefilled::default();
+        let mut batch: Option<Running<B>> = None;
+        loop {
+            // Refill free rows once enough are free (or the batch is empty, or all that waits fits).
+            let rows = batch.as_ref().map_or(0, |b| b.slots.len());
+            let free = capacity.saturating_sub(rows);
+            let left: usize = waiting.iter().map(|w| w.2).sum();
+            if free > 0 && left > 0 && (rows == 0 || free >= refill_at(capacity) || left <= free) {
+                let joining = self.admit(&mut waiting, free, prompts, &mut prefilled, n)?;
+                batch = Some(match batch {
+                    None => joining,
+                    Some(running) => Running::join(running, joining),
+                });
+            }
+            let Some(running) = batch.as_mut() else { break };
+
+            let host: Vec<f32> = running.logits.clone().into_data().convert::<f32>().into_vec().expect("f32 logits");
+            let mut newly_finished = 0;
+            for (row, &s) in running.slots.iter().enumerate() {
+                let seq = &mut sequences[s];
+                if seq.finished.is_some() {
+                    continue;
+                }
+                let sampled = params.sampler.sample(&host[row * vocab..(row + 1) * vocab], &mut seq.rng);
+                seq.tokens.push(sampled.token);
+                seq.logprobs.push(sampled.logprob);
+                seq.raw_logprobs.push(sampled.raw_logprob);
+                state.tokens += 1;
+                if let Some(reason) = params.stop.check(&seq.tokens, self.tokenizer, params.skip_special_tokens)? {
+                    seq.finished = Some((FinishReason::Stop, Some(reason)));
+                } else if seq.tokens.len() >= seq.limit {
+                    seq.finished = Some((FinishReason::Length, None));
+                }
+                newly_finished += seq.finished.is_some() as usize;
+            }
+            state.finished += newly_finished;
+            progress(*state);
+
+            // Finished rows leave the batch once a quarter of it is done, or when waiting
+            // samples could take their places (they decode padding until then).
+            let active: Vec<usize> = (0..running.slots.len()).filter(|&r| sequences[running.slots[r]].finished.is_none()).collect();
+            let done = running.slots.len() - active.len();
+            let free_after = capacity.saturating_sub(active.len());
+            if active.is_empty() {
+                batch = None;
+                continue;
+            }
+            if done * 4 >= running.slots.len() || (left > 0 && done > 0 && free_after >= refill_at(capacity).min(left)) {
+                let taken = std::mem::replace(&mut running.cache, KvCache::new(0));
+                running.cache = taken.select_rows(index_tensor::<B>(&active, &device)).trim();
+                running.slots = active.iter().map(|&r| running.slots[r]).collect();
+            }
+            let step = self.decode_inputs(&running.slots, sequences, &device);
+            let hidden = model.forward_hidden(&step, Some(&mut running.cache));
+            running.logits = model.logits(hidden).reshape([running.slots.len(), vocab]);
+        }
+        Ok(())
+    }
+
+    /// Takes up to `free` waiting samples (whole prompts' worth where possible), prefills the
+    /// prompts not prefilled yet (together), and returns the batch of their rows.
+    fn admit(
+        &self,
+        waiting: &mut VecDeque<(usize, usize, usize)>,
+        free: usize,
+        prompts: &[Vec<u32>],
+        prefilled: &mut Prefilled<B>,
+        n: usize,
+    ) -> Result<Running<B>> {
+        let mut take: Vec<(usize, usize, usize)> = Vec::new(); // (prompt, first sample, count)
+        let mut room = free;
+        while room > 0 {
+            let Some(front) = waiting.front_mut() else { break };
+            let count = front.2.min(room);
+            take.push((front.0, front.1, count));
+            room -= count;
+            front.1 += count;
+            front.2 -= count;
+            if front.2 == 0 {
+                waiting.pop_front();
+            }
+        }
+        let new: Vec<usize> = take.iter().map(|t| t.0).filter(|p| !prefilled.entries.contains_key(p)).collect();
+        if !new.is_empty() {
+            let rows: Vec<Vec<u32>> = new.iter().map(|&p| prompts[p].clone()).collect();
+            let device = self.model.device();
+            let inputs = HostBatch::left_padded(&rows, self.pad_id)?.to_device::<B>(&device);
+            let mut cache = self.model.new_cache();
+            let hidden = self.model.forward_hidden(&inputs, Some(&mut cache));
+            let [batch, seq, _] = hidden.dims();
+            let logits = self.model.logits(hidden.narrow(1, seq - 1, 1)).reshape([batch, self.model.config().vocab_size]);
+            for (i, &p) in new.iter().enumerate() {
+                let row = index_tensor::<B>(&[i], &device);
+                prefilled.entries.insert(p, (cache.clone().select_rows(row.clone()), logits.clone().select(0, row)));
+            }
+        }
+        let mut parts = Vec::with_capacity(take.len());
+        for &(p, first, count) in &take {
+            let (cache, logits) = prefilled.entries.get(&p).expect("prefilled above").clone();
+            if first + count == n {
+                prefilled.entries.remove(&p);
+            }
+            let fan_out = index_tensor::<B>(&vec![0; count], &self.model.device());
+            parts.push(Running {
+                cache: cache.select_rows(fan_out.clone()),
+                logits: logits.select(0, fan_out),
+                slots: (first..first + count).map(|s| p * n + s).collect(),
+            });
+        }
+        Ok(parts.into_iter().reduce(Running::join).expect("at least one sample admitted"))
     }
 
     /// The `[rows, 1]` step input: each live row feeds its last token at its next position;
@@ -289,6 +349,39 @@ impl<'a, B: Backend> Engine<'a, B> {
             positions: Tensor::from_data(TensorData::new(positions, shape), device),
             valid: Tensor::from_data(TensorData::new(valid, shape), device),
         }
+    }
+}
+
+/// Free rows at which a running batch takes in waiting samples: an eighth of it, so a refill
+/// (a prefill and a copy of the cache) is paid for by several rows at once.
+fn refill_at(capacity: usize) -> usize {
+    (capacity / 8).max(1)
+}
+
+/// Prompts prefilled whose samples have not all started: prompt → (its cache row, its logits).
+struct Prefilled<B: Backend> {
+    entries: HashMap<usize, (KvCache<B>, Tensor<B, 2>)>,
+}
+
+impl<B: Backend> Default for Prefilled<B> {
+    fn default() -> Self {
+        Self { entries: HashMap::new() }
+    }
+}
+
+/// The rows decoding together: their cache, the logits of their next token, and which
+/// sequence each row holds.
+struct Running<B: Backend> {
+    cache: KvCache<B>,
+    logits: Tensor<B, 2>,
+    slots: Vec<usize>,
+}
+
+impl<B: Backend> Running<B> {
+    fn join(a: Self, b: Self) -> Self {
+        let mut slots = a.slots;
+        slots.extend(b.slots);
+        Self { cache: KvCache::stack(vec![a.cache, b.cache]), logits: Tensor::cat(vec![a.logits, b.logits], 0), slots }
     }
 }
 

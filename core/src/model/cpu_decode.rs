@@ -1,4 +1,4 @@
-//! A decoding kernel for the Flex CPU backend on x86-64 with AVX-512, used only through
+//! A decoding kernel for the Flex CPU backend on x86-64 with AVX-512 or AVX2, used only through
 //! [`super::proj::project`].
 //!
 //! Decoding multiplies a handful of rows (one per sequence) by every weight matrix, so it is
@@ -16,9 +16,10 @@
 //! the weight throughput of gemm for row-major weights, 2× for transposed ones.
 //!
 //! The kernel applies to f32 tensors of the `Flex` backend itself (a model under `Autodiff<Flex>`
-//! takes it after `.valid()`), at most [`MAX_ROWS`] contiguous input rows, and CPUs with AVX-512;
-//! otherwise [`matmul`] declines and the caller uses burn's ops. Without the `flex` feature it
-//! always declines.
+//! takes it after `.valid()`), at most [`MAX_ROWS`] contiguous input rows, and CPUs with AVX-512
+//! or with AVX2 and FMA (`cpu_decode_avx2.rs`; chosen at run time, `KILN_SIMD` caps it as for the
+//! fused kernels); otherwise [`matmul`] declines and the caller uses burn's ops. Without the
+//! `flex` feature it always declines.
 
 use burn::tensor::{Tensor, backend::Backend};
 
@@ -45,6 +46,10 @@ pub fn matmul<B: Backend>(x: &Tensor<B, 2>, w: &Tensor<B, 2>) -> Option<Tensor<B
 }
 
 #[cfg(all(feature = "flex", target_arch = "x86_64"))]
+#[path = "cpu_decode_avx2.rs"]
+mod avx2;
+
+#[cfg(all(feature = "flex", target_arch = "x86_64"))]
 mod flex {
     use std::any::{Any, TypeId};
 
@@ -59,8 +64,26 @@ mod flex {
     const PARTS: usize = 4;
     const ROWS_PER_PART: usize = 64;
 
+    use super::avx2;
+
     pub fn available<B: Backend>() -> bool {
-        TypeId::of::<B>() == TypeId::of::<Flex>() && std::arch::is_x86_feature_detected!("avx512f")
+        TypeId::of::<B>() == TypeId::of::<Flex>() && isa().is_some()
+    }
+
+    /// Which kernels run on this CPU (the fused kernels' level, `KILN_SIMD` included).
+    #[derive(Clone, Copy)]
+    enum Isa {
+        Avx512,
+        Avx2,
+    }
+
+    fn isa() -> Option<Isa> {
+        use crate::model::fused::simd::{Level, level};
+        match level() {
+            Level::Avx512 => Some(Isa::Avx512),
+            Level::Avx2 => Some(Isa::Avx2),
+            Level::Plain => None,
+        }
     }
 
     /// How the `[k, n]` weight lies in memory.
@@ -96,6 +119,7 @@ mod flex {
 
     /// Transposed weights: tasks own disjoint output columns and stream their weight rows.
     fn by_columns(xs: &[f32], m: usize, k: usize, wt: &[f32], n: usize) -> Vec<f32> {
+        let isa = isa().expect("checked by available");
         let mut y = vec![0.0f32; m * n];
         let out = SharedOut(y.as_mut_ptr());
         (0..n.div_ceil(COLUMNS_PER_TASK)).into_par_iter().for_each(|task| {
@@ -105,9 +129,14 @@ mod flex {
             let cols = task * COLUMNS_PER_TASK..((task + 1) * COLUMNS_PER_TASK).min(n);
             for row in (0..m).step_by(8) {
                 let rows = (m - row).min(8);
-                // SAFETY: AVX-512 was detected; `xs` holds `m × k` and `wt` `n × k` values;
-                // tasks write disjoint columns of `y`, which outlives the loop.
-                unsafe { kernels::dot_rows(&xs[row * k..], rows, k, wt, cols.clone(), out.0.add(row * n), n) };
+                // SAFETY: the instruction set was detected; `xs` holds `m × k` and `wt` `n × k`
+                // values; tasks write disjoint columns of `y`, which outlives the loop.
+                unsafe {
+                    match isa {
+                        Isa::Avx512 => kernels::dot_rows(&xs[row * k..], rows, k, wt, cols.clone(), out.0.add(row * n), n),
+                        Isa::Avx2 => avx2::dot_rows(&xs[row * k..], rows, k, wt, cols.clone(), out.0.add(row * n), n),
+                    }
+                };
             }
         });
         y
@@ -118,13 +147,20 @@ mod flex {
     /// parts are summed. The split depends on the shape only, so results do not depend on the
     /// number of threads.
     fn by_rows(xs: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Vec<f32> {
+        let isa = isa().expect("checked by available");
         let parts = (k / ROWS_PER_PART).clamp(1, PARTS);
         let per_part = k.div_ceil(parts);
         let mut partials = vec![0.0f32; parts * m * n];
         partials.par_chunks_mut(m * n).enumerate().for_each(|(part, y)| {
             let inner = part * per_part..((part + 1) * per_part).min(k);
-            // SAFETY: AVX-512 was detected; `xs` holds `m × k` and `w` `k × n` values, `y` `m × n`.
-            unsafe { kernels::outer_rows(xs, m, k, w, n, inner, y) };
+            // SAFETY: the instruction set was detected; `xs` holds `m × k` and `w` `k × n`
+            // values, `y` `m × n`.
+            unsafe {
+                match isa {
+                    Isa::Avx512 => kernels::outer_rows(xs, m, k, w, n, inner, y),
+                    Isa::Avx2 => avx2::outer_rows(xs, m, k, w, n, inner, y),
+                }
+            };
         });
         let (y, rest) = partials.split_at_mut(m * n);
         for part in rest.chunks_exact(m * n) {

@@ -9,6 +9,12 @@ use crate::error::{Error, Result};
 
 /// `log p(targets[b, t])` under `logits[b, t, :]`, computed in f32: `[B, T, V]` → `[B, T]`.
 pub fn token_logprobs<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 2> {
+    if super::fused::available::<B>() && logits.dtype() == burn::tensor::DType::F32 {
+        let host: Vec<u32> = targets.clone().into_data().convert::<i64>().iter::<i64>().map(|t| t as u32).collect();
+        if let Some(out) = super::fused::token_logprobs(logits.clone(), &host) {
+            return out;
+        }
+    }
     log_softmax(logits.cast(DType::F32), 2).gather(2, targets.unsqueeze_dim(2)).squeeze_dim(2)
 }
 

@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod cpu_decode;
+pub mod fused;
 pub mod hf;
 pub mod inputs;
 pub mod kv_cache;

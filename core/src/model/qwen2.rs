@@ -13,6 +13,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Int, Tensor, backend::Backend};
 
 use super::config::Qwen2Config;
+use super::fused::{self, KeyMask};
 use super::inputs::Inputs;
 use super::kv_cache::{KvCache, LayerCache};
 use super::proj::{self, Proj};
@@ -34,6 +35,11 @@ impl<B: Backend> RmsNorm<B> {
     }
 
     pub fn forward<const N: usize>(&self, x: Tensor<B, N>) -> Tensor<B, N> {
+        if fused::available::<B>()
+            && let Some(y) = fused::rms_norm(x.clone(), self.weight.val(), self.eps)
+        {
+            return y;
+        }
         let dtype = x.dtype();
         let x = x.cast(DType::F32);
         let inv_rms = (x.clone().square().mean_dim(N - 1) + self.eps).sqrt().recip();
@@ -59,8 +65,12 @@ impl<B: Backend> Mlp<B> {
     }
 
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let gate = silu(self.gate_proj.forward(x.clone()));
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+        let (gate, up) = (self.gate_proj.forward(x.clone()), self.up_proj.forward(x));
+        let hidden = match fused::available::<B>() {
+            true => fused::swiglu(gate.clone(), up.clone()),
+            false => None,
+        };
+        self.down_proj.forward(hidden.unwrap_or_else(|| silu(gate) * up))
     }
 }
 
@@ -89,14 +99,18 @@ impl<B: Backend> Attention<B> {
         })
     }
 
-    /// `x` `[B, T, D]`; `mask` `[B, K, G·T, S]` from [`attention_mask`].
+    /// `x` `[B, T, D]`; `mask` from [`AttnMask::new`].
     pub fn forward(
         &self,
         x: Tensor<B, 3>,
         rope: &RopeTables<B>,
-        mask: Tensor<B, 4, Bool>,
+        mask: &AttnMask<B>,
         cache: Option<&mut LayerCache<B>>,
     ) -> Tensor<B, 3> {
+        let mask = match mask {
+            AttnMask::Dense(mask) => mask.clone(),
+            AttnMask::Keys(keys) => return self.forward_fused(x, rope, keys, cache),
+        };
         let [batch, seq, _] = x.dims();
         let (heads, kv_heads, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let split = |y: Tensor<B, 3>, n: usize| y.reshape([batch, seq, n, d]).swap_dims(1, 2);
@@ -116,6 +130,45 @@ impl<B: Backend> Attention<B> {
         let out = attention(q, k, v, Some(mask), None, options); // [B, K, G·T, d]
         let out = out.reshape([batch, heads, seq, d]).swap_dims(1, 2).reshape([batch, seq, heads * d]);
         self.o_proj.forward(out)
+    }
+
+    /// The same on the fused CPU path (`model::fused`): heads stay where the projections put
+    /// them (`[B, T, H, d]`, no transposes), the cache is `[B, S, K, d]`, and the mask is never
+    /// materialised.
+    fn forward_fused(&self, x: Tensor<B, 3>, rope: &RopeTables<B>, mask: &KeyMask, cache: Option<&mut LayerCache<B>>) -> Tensor<B, 3> {
+        let [batch, seq, _] = x.dims();
+        let (heads, kv_heads, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let q = rope.apply_seq_major(self.q_proj.forward(x.clone()).reshape([batch, seq, heads, d]));
+        let k = rope.apply_seq_major(self.k_proj.forward(x.clone()).reshape([batch, seq, kv_heads, d]));
+        let v = self.v_proj.forward(x).reshape([batch, seq, kv_heads, d]);
+        let (k, v) = match cache {
+            Some(cache) => cache.append_along(k, v, 1),
+            None => (k, v),
+        };
+        let out = fused::attention(q, k, v, mask).expect("AttnMask::new chose the fused path for this backend and dtype");
+        self.o_proj.forward(out.reshape([batch, seq, heads * d]))
+    }
+}
+
+/// How attention learns which keys each query may see.
+#[derive(Debug, Clone)]
+pub enum AttnMask<B: Backend> {
+    /// `[B, K, G·T, S]` from [`attention_mask`] (burn's attention op).
+    Dense(Tensor<B, 4, Bool>),
+    /// Which keys are real, for the fused CPU kernel, which derives causality itself.
+    Keys(KeyMask),
+}
+
+impl<B: Backend> AttnMask<B> {
+    /// The mask for `queries` new tokens over keys `key_valid` `[B, S]` (1 = real token), in the
+    /// form the attention of backend `B` and activations of `dtype` take.
+    pub fn new(key_valid: Tensor<B, 2, Int>, queries: usize, kv_heads: usize, group: usize, dtype: DType) -> Self {
+        if fused::available::<B>() && dtype == DType::F32 {
+            let [batch, keys] = key_valid.dims();
+            let valid: Vec<u8> = key_valid.into_data().convert::<i64>().iter::<i64>().map(|v| (v != 0) as u8).collect();
+            return Self::Keys(KeyMask { batch, keys, valid: valid.into() });
+        }
+        Self::Dense(attention_mask(key_valid, queries, kv_heads, group))
     }
 }
 
@@ -168,7 +221,7 @@ impl<B: Backend> DecoderLayer<B> {
         &self,
         x: Tensor<B, 3>,
         rope: &RopeTables<B>,
-        mask: Tensor<B, 4, Bool>,
+        mask: &AttnMask<B>,
         cache: Option<&mut LayerCache<B>>,
     ) -> Tensor<B, 3> {
         let h = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x), rope, mask, cache);
@@ -233,13 +286,14 @@ impl<B: Backend> Qwen2<B> {
         };
         let kv_heads = self.config.num_kv_heads();
         let group = self.config.num_attention_heads / kv_heads;
-        let mask = attention_mask(key_valid, queries, kv_heads, group);
         let rope = self.rope.tables(inputs.positions.clone());
 
-        let mut x = self.embed_tokens.forward(inputs.ids.clone());
+        let x = self.embed_tokens.forward(inputs.ids.clone());
+        let mask = AttnMask::new(key_valid, queries, kv_heads, group, x.dtype());
+        let mut x = x;
         for (i, layer) in self.layers.iter().enumerate() {
             let layer_cache = cache.as_deref_mut().map(|c| &mut c.layers[i]);
-            x = layer.forward(x, &rope, mask.clone(), layer_cache);
+            x = layer.forward(x, &rope, &mask, layer_cache);
         }
         self.norm.forward(x)
     }

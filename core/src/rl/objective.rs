@@ -95,6 +95,9 @@ pub struct PolicyGradient<B: AutodiffBackend> {
     eos_ids: Vec<u32>,
     pad_id: u32,
     step_metrics: Map<String, Value>,
+    /// Data-parallel replica `rank` of `world` (see [`PolicyGradient::shard`]).
+    rank: usize,
+    world: usize,
 }
 
 /// One micro-batch: the responses' layout and the per-token tensors of the loss.
@@ -138,7 +141,30 @@ impl<B: AutodiffBackend> PolicyGradient<B> {
             return Err(Error::InvalidInput(format!("{} prompts do not fill one step of {}", prompts.len(), s.prompts_per_step)));
         }
         let pad_id = tokenizer.pad_id().or_else(|| tokenizer.eos_id()).unwrap_or(0);
-        Ok(Self { settings, prompts, signal, reference, tokenizer, eos_ids, pad_id, step_metrics: Map::new() })
+        Ok(Self { settings, prompts, signal, reference, tokenizer, eos_ids, pad_id, step_metrics: Map::new(), rank: 0, world: 1 })
+    }
+
+    /// This objective as data-parallel replica `rank` of `world`: of every mini-batch of the
+    /// step's prompts it rolls out its consecutive share (`mini_batch / world` prompts, whole
+    /// groups, so group advantages are unchanged) with its own sampling seed, so that the
+    /// replicas' mean gradient is the one of the mini-batch on one device (verl's
+    /// `ppo_mini_batch_size` is global, `ppo_micro_batch_size_per_gpu` per replica).
+    pub fn shard(mut self, rank: usize, world: usize) -> Result<Self> {
+        let s = &self.settings;
+        if !s.prompts_per_step.is_multiple_of(world) || !s.mini_batch.is_multiple_of(world) {
+            return Err(Error::InvalidInput(format!(
+                "[train] prompts_per_step ({}) and mini_batch ({}) must be multiples of the {world} replicas",
+                s.prompts_per_step, s.mini_batch
+            )));
+        }
+        if !(s.mini_batch / world * s.rollout.n).is_multiple_of(s.micro_batch) {
+            return Err(Error::InvalidInput(format!(
+                "a replica's share of a mini-batch (mini_batch {} / {world} replicas × n {}) must be a multiple of micro_batch ({})",
+                s.mini_batch, s.rollout.n, s.micro_batch
+            )));
+        }
+        (self.rank, self.world) = (rank, world);
+        Ok(self)
     }
 
     /// The prompts.
@@ -193,8 +219,11 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         let s = self.settings;
         let began = Instant::now();
         let policy = model.valid();
-        let prompts = self.prompts.batch(step, s.prompts_per_step, s.seed)?;
-        let responses = rollout(&policy, &self.tokenizer, &self.eos_ids, &prompts, &s.rollout, step_seed(s.seed, step))?;
+        let share = s.mini_batch / self.world;
+        let step_prompts = self.prompts.batch(step, s.prompts_per_step, s.seed)?;
+        let prompts: Vec<_> = step_prompts.chunks(s.mini_batch).flat_map(|update| update[self.rank * share..(self.rank + 1) * share].iter().copied()).collect();
+        let seed = step_seed(s.seed, step) ^ (self.rank as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let responses = rollout(&policy, &self.tokenizer, &self.eos_ids, &prompts, &s.rollout, seed)?;
         let rollout_s = began.elapsed().as_secs_f64();
 
         let groups: Vec<usize> = responses.iter().map(|r| r.group).collect();
@@ -213,7 +242,7 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         };
 
         let scoring_began = Instant::now();
-        let per_update = s.mini_batch * s.rollout.n;
+        let per_update = s.mini_batch / self.world * s.rollout.n;
         let micros_per_update = per_update.div_ceil(s.micro_batch);
         let total_micros = responses.len().div_ceil(per_update) * micros_per_update;
         let device = model.device();

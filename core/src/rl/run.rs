@@ -12,14 +12,15 @@ use super::config::{ID_MAX_OP, PgConfig};
 use super::objective::{PolicyGradient, Signal};
 use super::prompts::{PromptSet, op_files};
 use super::validate::{ValidationSettings, Validator};
+use crate::dist::{self, NodeSpec, Replica};
 use crate::error::{Error, Result};
 use crate::generate::model_eos_ids;
 use crate::io::jsonl_files;
 use crate::model::{Qwen2, Qwen2Config, hf};
 use crate::tokenizer::Tokenizer;
-use crate::train::Defaults;
 use crate::train::run::{Sections, loop_config};
-use crate::train::trainer::{Record, RunSummary, Start, train};
+use crate::train::trainer::{Record, RunSummary, Start, train_replica};
+use crate::train::{AdamW, Defaults};
 
 /// Which method a config is run as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +41,45 @@ pub fn run<B: AutodiffBackend>(
     resume: bool,
     on_data: impl FnOnce(&Value),
     on_record: impl FnMut(&Record),
+) -> Result<RunSummary> {
+    run_replicated::<B>(config, method, std::slice::from_ref(device), None, resume, on_data, on_record)
+}
+
+/// [`run`] data-parallel: one replica per device of `devices`, and with `nodes` one process per
+/// node (see [`crate::dist`]); each replica rolls out its share of every step's prompts, and
+/// rank 0 reports, validates and writes the checkpoints.
+pub fn run_replicated<B: AutodiffBackend>(
+    config: &PgConfig,
+    method: Method,
+    devices: &[B::Device],
+    nodes: Option<&NodeSpec>,
+    resume: bool,
+    on_data: impl FnOnce(&Value),
+    mut on_record: impl FnMut(&Record),
+) -> Result<RunSummary> {
+    let text = serde_json::to_string(config).map_err(|e| Error::InvalidInput(e.to_string()))?;
+    let fingerprint = dist::fingerprint(&[&format!("{method:?}"), &text, &devices.len().to_string(), &resume.to_string()]);
+    let mut on_data = Some(on_data);
+    dist::launch(
+        devices,
+        nodes,
+        &fingerprint,
+        |replica, device| {
+            replica_run::<B>(config, method, replica, device, resume, &mut |data| on_data.take().into_iter().for_each(|f| f(data)), &mut on_record)
+        },
+        |replica, device| replica_run::<B>(config, method, replica, device, resume, &mut |_| {}, &mut |_| {}),
+    )
+}
+
+/// One replica of a GRPO or OPD run.
+fn replica_run<B: AutodiffBackend>(
+    config: &PgConfig,
+    method: Method,
+    replica: Replica,
+    device: &B::Device,
+    resume: bool,
+    on_data: &mut dyn FnMut(&Value),
+    on_record: &mut dyn FnMut(&Record),
 ) -> Result<RunSummary> {
     match (method, config.reward.is_some(), config.teacher.is_some()) {
         (Method::Grpo, _, false) | (Method::Opd, false, true) => {}
@@ -89,7 +129,7 @@ pub fn run<B: AutodiffBackend>(
     )
     .map_err(Error::InvalidInput)?;
     let validator = match &config.eval {
-        Some(eval) => {
+        Some(eval) if replica.is_main() => {
             let dir = eval.rows.as_deref().ok_or_else(|| Error::InvalidInput("[eval] needs `rows`".into()))?;
             let validation = ValidationSettings {
                 id_max_op: eval.id_max_op.unwrap_or(ID_MAX_OP),
@@ -101,15 +141,19 @@ pub fn run<B: AutodiffBackend>(
             let files = per_op_files(Some(dir), &eval.ops, &[])?;
             Some(Validator::from_files(task.clone(), &files, &tokenizer, eos_ids.clone(), &validation)?)
         }
-        None => None,
+        _ => None,
     };
-    let mut objective = PolicyGradient::<B>::new(settings, prompts, signal, reference, tokenizer, eos_ids)?;
-    let start = Start::<B>::new(&loop_config, resume, &mut objective, device, || hf::load::<B>(from, device))?;
+    let mut objective = PolicyGradient::<B>::new(settings, prompts, signal, reference, tokenizer, eos_ids)?.shard(replica.rank(), replica.world())?;
+    // Rank 0 resumes (or refuses to overwrite); the others start from its state (dist::sync_start).
+    let start = match replica.is_main() {
+        true => Start::<B>::new(&loop_config, resume, &mut objective, device, || hf::load::<B>(from, device))?,
+        false => Start { model: hf::load::<B>(from, device)?, optimizer: AdamW::new(loop_config.optimizer), step: 0 },
+    };
     let evaluate = |model: &Qwen2<B::InnerBackend>| match &validator {
         Some(v) => v.evaluate(model),
         None => Ok(Record::new()),
     };
-    let (_, summary) = train(start, &mut objective, &loop_config, evaluate, on_record)?;
+    let (_, summary) = train_replica(start, &mut objective, &loop_config, &replica, evaluate, on_record)?;
     Ok(summary)
 }
 

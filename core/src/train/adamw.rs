@@ -148,20 +148,43 @@ impl<AB: AutodiffBackend> ModuleMapper<AB> for Updater<'_, AB::InnerBackend> {
         let name = self.names.get(&id).cloned().unwrap_or_else(|| format!("param-{id}"));
         let dims = tensor.dims();
         let numel = dims.iter().product::<usize>();
-        let grad = match self.clip {
-            Some(coefficient) => grad.mul_scalar(coefficient),
-            None => grad,
-        };
-        let updated = self.optimizer.update_one(&name, tensor.inner().reshape([numel]), grad.reshape([numel]), self.lr);
+        let updated = self.optimizer.update_one(&name, tensor.inner().reshape([numel]), grad.reshape([numel]), self.lr, self.clip);
         let tensor = Tensor::from_inner(updated.reshape(dims)).require_grad();
         Param::from_mapped_value(id, tensor, mapper)
     }
 }
 
 impl<B: Backend> AdamW<B> {
-    /// One torch AdamW update of parameter `name` (flattened `param` and `grad`).
-    fn update_one(&mut self, name: &str, param: Tensor<B, 1>, grad: Tensor<B, 1>, lr: f64) -> Tensor<B, 1> {
+    /// One torch AdamW update of parameter `name` (flattened `param` and `grad`, the gradient
+    /// scaled by `clip` first).
+    fn update_one(&mut self, name: &str, param: Tensor<B, 1>, grad: Tensor<B, 1>, lr: f64, clip: Option<f64>) -> Tensor<B, 1> {
         let c = self.config;
+        #[cfg(feature = "flex")]
+        if crate::model::fused::available::<B>() {
+            let t = (self.step as i32).max(1);
+            let step = crate::model::fused::elementwise::AdamWStep {
+                clip: clip.map(|c| c as f32),
+                decay: (decays(name) && c.weight_decay != 0.0).then_some((1.0 - lr * c.weight_decay) as f32),
+                w: (1.0 - c.beta1) as f32,
+                beta2: c.beta2 as f32,
+                one_minus_beta2: (1.0 - c.beta2) as f32,
+                bias_correction2_sqrt: (1.0 - c.beta2.powi(t)).sqrt() as f32,
+                eps: c.eps as f32,
+                step_size: (lr / (1.0 - c.beta1.powi(t))) as f32,
+            };
+            let moments = self.moments.remove(name).map(|m| (m.exp_avg, m.exp_avg_sq));
+            if let Some((param, exp_avg, exp_avg_sq)) = crate::model::fused::adamw(param.clone(), grad.clone(), moments.clone(), step) {
+                self.moments.insert(name.to_string(), Moments { exp_avg, exp_avg_sq });
+                return param;
+            }
+            if let Some((exp_avg, exp_avg_sq)) = moments {
+                self.moments.insert(name.to_string(), Moments { exp_avg, exp_avg_sq });
+            }
+        }
+        let grad = match clip {
+            Some(coefficient) => grad.mul_scalar(coefficient),
+            None => grad,
+        };
         let param = if decays(name) && c.weight_decay != 0.0 { param.mul_scalar(1.0 - lr * c.weight_decay) } else { param };
         let moments = self.moments.remove(name).unwrap_or_else(|| Moments {
             exp_avg: grad.zeros_like(),

@@ -10,6 +10,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::{Map, Value, json};
 
 use crate::data::{Sample, TrainBatch, collate};
+use crate::dist::Reduce;
 use crate::error::{Error, Result};
 use crate::model::Qwen2;
 use crate::model::logprobs::token_logprobs;
@@ -39,6 +40,13 @@ pub trait Objective<B: AutodiffBackend> {
 
     /// Continues from a checkpoint's [`Objective::state`].
     fn restore(&mut self, state: &Value) -> Result<()>;
+
+    /// How data-parallel replicas combine their gradients (and losses): the mean (default)
+    /// when each replica's loss is a mean over its own share, the sum when it is already
+    /// scaled for the global batch.
+    fn gradient_reduction(&self) -> Reduce {
+        Reduce::Mean
+    }
 }
 
 /// Next-token cross-entropy on the targets of [`Sample`]s (pre-training and SFT).
@@ -46,16 +54,23 @@ pub trait Objective<B: AutodiffBackend> {
 /// Samples are visited in an order shuffled per epoch (seeded). A step takes `micro_batch ×
 /// accumulation` samples; its loss is the sum of target-token losses over the whole step divided
 /// by the step's number of target tokens (HF Trainer's `num_items_in_batch` weighting).
+///
+/// As replica `rank` of `world` ([`NextTokenLoss::shard`]), a step takes `world` times as many
+/// samples in the same order, this replica computes the loss of its consecutive share, and
+/// every share is divided by the target tokens of the whole step: the replicas' gradients add
+/// up to those of one device taking the whole step.
 pub struct NextTokenLoss {
     samples: Vec<Sample>,
     micro_batch: usize,
     accumulation: usize,
     pad_id: u32,
     seed: u64,
-    /// Samples consumed since the start.
+    /// Samples consumed since the start (by all replicas).
     cursor: u64,
     order: Vec<usize>,
     epoch: u64,
+    rank: usize,
+    world: usize,
 }
 
 impl NextTokenLoss {
@@ -63,12 +78,18 @@ impl NextTokenLoss {
         if samples.is_empty() || micro_batch == 0 || accumulation == 0 {
             return Err(Error::InvalidInput("training needs samples and a positive batch size".into()));
         }
-        let mut objective = Self { samples, micro_batch, accumulation, pad_id, seed, cursor: 0, order: Vec::new(), epoch: 0 };
+        let mut objective = Self { samples, micro_batch, accumulation, pad_id, seed, cursor: 0, order: Vec::new(), epoch: 0, rank: 0, world: 1 };
         objective.shuffle(0);
         Ok(objective)
     }
 
-    /// Samples per optimizer update.
+    /// This objective as data-parallel replica `rank` of `world`.
+    pub fn shard(mut self, rank: usize, world: usize) -> Self {
+        (self.rank, self.world) = (rank, world.max(1));
+        self
+    }
+
+    /// Samples per optimizer update (of this replica).
     pub fn samples_per_step(&self) -> usize {
         self.micro_batch * self.accumulation
     }
@@ -114,12 +135,18 @@ impl<B: AutodiffBackend> Objective<B> for NextTokenLoss {
 
     fn updates(&mut self, model: &Qwen2<B>, _step: u64) -> Result<Vec<Vec<Self::Micro>>> {
         let device = model.device();
+        // The whole step's target count (every replica's share), and this replica's share.
+        let mut step_targets = 0;
         let mut groups = Vec::with_capacity(self.accumulation);
-        for _ in 0..self.accumulation {
-            let group: Vec<Sample> = (0..self.micro_batch).map(|_| self.next_sample().clone()).collect();
-            groups.push(group);
+        for rank in 0..self.world {
+            for _ in 0..self.accumulation {
+                let group: Vec<Sample> = (0..self.micro_batch).map(|_| self.next_sample().clone()).collect();
+                step_targets += group.iter().map(Sample::num_targets).sum::<usize>();
+                if rank == self.rank {
+                    groups.push(group);
+                }
+            }
         }
-        let step_targets: usize = groups.iter().flatten().map(Sample::num_targets).sum();
         let micros = groups
             .iter()
             .map(|g| Ok(NextTokenMicro { batch: collate(g, self.pad_id, &device)?, step_targets: step_targets.max(1) }))
@@ -136,6 +163,10 @@ impl<B: AutodiffBackend> Objective<B> for NextTokenLoss {
         metrics.insert("tokens".into(), json!(batch.num_tokens));
         metrics.insert("targets".into(), json!(batch.num_targets));
         Ok((loss, metrics))
+    }
+
+    fn gradient_reduction(&self) -> Reduce {
+        Reduce::Sum
     }
 
     fn state(&self) -> Value {

@@ -13,14 +13,16 @@ use super::config::{
     DEFAULT_CUTOFF, DataSection, Defaults, EvalSection, Family, MixtureData, ModelSection, OptimizerSection, OutputSection,
     ScheduleSection, TrainSection, TokenCount, Typo, base_dir, read_config, resolve_shared,
 };
+use super::adamw::AdamW;
 use super::heldout::HeldOut;
 use super::objective::NextTokenLoss;
-use super::trainer::{LoopConfig, Record, RunSummary, Start, train};
+use super::trainer::{LoopConfig, Record, RunSummary, Start, train_replica};
 use crate::data::Sample;
 use crate::data::chat::{QWEN_DEFAULT_SYSTEM, render_examples};
 use crate::data::sft_source::{SftSource, SplitRule, read_sft_rows};
 use crate::data::corpus::pretrain_samples;
 use crate::data::mixture::{Preset, TypoPolicy, readable_to_number};
+use crate::dist::{self, NodeSpec, Replica};
 use crate::error::{Error, Result};
 use crate::model::{Qwen2, Qwen2Config, hf};
 use crate::tasks::{Task, TaskConfig};
@@ -120,6 +122,43 @@ pub fn run<B: AutodiffBackend>(
     on_data: impl FnOnce(&Value),
     on_record: impl FnMut(&Record),
 ) -> Result<RunSummary> {
+    run_replicated::<B>(config, std::slice::from_ref(device), None, resume, on_data, on_record)
+}
+
+/// [`run`] data-parallel: one replica per device of `devices`, and with `nodes` one process
+/// per node (see [`crate::dist`]). A step takes `micro_batch × grad_accum` samples per replica;
+/// rank 0 reports, evaluates and writes the checkpoints.
+pub fn run_replicated<B: AutodiffBackend>(
+    config: &RunConfig,
+    devices: &[B::Device],
+    nodes: Option<&NodeSpec>,
+    resume: bool,
+    on_data: impl FnOnce(&Value),
+    mut on_record: impl FnMut(&Record),
+) -> Result<RunSummary> {
+    let text = serde_json::to_string(config).map_err(|e| Error::InvalidInput(e.to_string()))?;
+    let fingerprint = dist::fingerprint(&["next-token", &text, &devices.len().to_string(), &resume.to_string()]);
+    let mut on_data = Some(on_data);
+    dist::launch(
+        devices,
+        nodes,
+        &fingerprint,
+        |replica, device| {
+            replica_run::<B>(config, replica, device, resume, &mut |data| on_data.take().into_iter().for_each(|f| f(data)), &mut on_record)
+        },
+        |replica, device| replica_run::<B>(config, replica, device, resume, &mut |_| {}, &mut |_| {}),
+    )
+}
+
+/// One replica of a pre-training or SFT run.
+fn replica_run<B: AutodiffBackend>(
+    config: &RunConfig,
+    replica: Replica,
+    device: &B::Device,
+    resume: bool,
+    on_data: &mut dyn FnMut(&Value),
+    on_record: &mut dyn FnMut(&Record),
+) -> Result<RunSummary> {
     config.check().map_err(Error::InvalidInput)?;
     let d = Defaults::NEXT_TOKEN;
     let tokenizer_dir = tokenizer_dir(&config.model)?;
@@ -135,7 +174,7 @@ pub fn run<B: AutodiffBackend>(
     check_samples(&heldout_rows, &config.data, &model, pad_id)?;
 
     let (micro_batch, grad_accum) = (config.micro_batch().map_err(Error::InvalidInput)?, t.grad_accum.unwrap_or(GRAD_ACCUM));
-    let samples_per_step = micro_batch * grad_accum;
+    let samples_per_step = micro_batch * grad_accum * replica.world();
     let total_steps = t
         .total_steps(|epochs| ((samples.len() as f64 * epochs) / samples_per_step as f64).ceil() as u64)
         .map_err(Error::InvalidInput)?;
@@ -149,12 +188,23 @@ pub fn run<B: AutodiffBackend>(
         json!({ "config": config, "data": data_report, "samples": samples.len() }),
     )
     .map_err(Error::InvalidInput)?;
-    let mut objective = NextTokenLoss::new(samples, micro_batch, grad_accum, pad_id, seed)?;
-    let start = Start::<B>::new(&loop_config, resume, &mut objective, device, || fresh_model(&config.model, device))?;
+    let mut objective = NextTokenLoss::new(samples, micro_batch, grad_accum, pad_id, seed)?.shard(replica.rank(), replica.world());
+    // Rank 0 resumes (or refuses to overwrite); the others start from its state (dist::sync_start).
+    let start = match replica.is_main() {
+        true => Start::<B>::new(&loop_config, resume, &mut objective, device, || fresh_model(&config.model, device))?,
+        false => Start { model: fresh_model(&config.model, device)?, optimizer: AdamW::new(loop_config.optimizer), step: 0 },
+    };
     on_data(&data_summary);
-    let mut held_out = HeldOut::load(task, &config.eval, cutoff_len, &tokenizer, pad_id)?;
-    held_out.add_loss_samples(heldout_rows);
-    let (_, summary) = train(start, &mut objective, &loop_config, |model| held_out.evaluate(model), on_record)?;
+    let mut held_out = match replica.is_main() {
+        true => {
+            let mut held_out = HeldOut::load(task, &config.eval, cutoff_len, &tokenizer, pad_id)?;
+            held_out.add_loss_samples(heldout_rows);
+            Some(held_out)
+        }
+        false => None,
+    };
+    let evaluate = |model: &Qwen2<B::InnerBackend>| held_out.as_mut().map_or_else(|| Ok(Record::new()), |h| h.evaluate(model));
+    let (_, summary) = train_replica(start, &mut objective, &loop_config, &replica, evaluate, on_record)?;
     Ok(summary)
 }
 

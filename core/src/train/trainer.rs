@@ -17,6 +17,7 @@ use super::checkpoint::{self, TrainerState};
 use super::metrics::{MetricsLog, rss_mib};
 use super::objective::Objective;
 use super::schedule::Schedule;
+use crate::dist::{self, Replica};
 use crate::error::{Error, Result};
 use crate::model::{Qwen2, hf};
 
@@ -149,6 +150,25 @@ pub fn train<B, O>(
     start: Start<B>,
     objective: &mut O,
     config: &LoopConfig,
+    evaluate: impl FnMut(&Qwen2<B::InnerBackend>) -> Result<Record>,
+    on_record: impl FnMut(&Record),
+) -> Result<(Qwen2<B>, RunSummary)>
+where
+    B: AutodiffBackend,
+    O: Objective<B>,
+{
+    train_replica(start, objective, config, &Replica::single(), evaluate, on_record)
+}
+
+/// [`train`] as one of several data-parallel replicas: every replica starts from rank 0's
+/// `start`, the gradients of each update are reduced over the replicas (by the objective's
+/// [`Objective::gradient_reduction`]) and the step's metrics too; only rank 0 logs, evaluates
+/// and writes checkpoints.
+pub fn train_replica<B, O>(
+    start: Start<B>,
+    objective: &mut O,
+    config: &LoopConfig,
+    replica: &Replica,
     mut evaluate: impl FnMut(&Qwen2<B::InnerBackend>) -> Result<Record>,
     mut on_record: impl FnMut(&Record),
 ) -> Result<(Qwen2<B>, RunSummary)>
@@ -156,21 +176,24 @@ where
     B: AutodiffBackend,
     O: Objective<B>,
 {
-    let Start { mut model, mut optimizer, mut step } = start;
+    let Start { mut model, mut optimizer, mut step } = dist::sync_start(replica, start, objective)?;
+    let main = replica.is_main();
     let began = Instant::now();
     let resumed = step > 0;
     let metrics_path = config.out_dir.join(checkpoint::metrics_name(config.save.run_name.as_deref()));
-    let mut log = MetricsLog::open(&metrics_path, resumed.then_some(step))?;
+    let mut log = if main { Some(MetricsLog::open(&metrics_path, resumed.then_some(step))?) } else { None };
     let mut summary = RunSummary { steps: step, stopped_early: false, checkpoints: Vec::new(), elapsed: Duration::ZERO };
-    let mut emit = |log: &mut MetricsLog, record: Record| -> Result<()> {
-        log.write(&record)?;
-        on_record(&record);
+    let mut emit = |log: &mut Option<MetricsLog>, record: Record| -> Result<()> {
+        if let Some(log) = log {
+            log.write(&record)?;
+            on_record(&record);
+        }
         Ok(())
     };
     let eval_due = |s: u64| config.eval_every.is_some_and(|e| e > 0 && s.is_multiple_of(e));
     // Updates skipped for a non-finite gradient norm (AdamW leaves the weights alone), warned once.
     let mut skipped_total = 0u64;
-    if !resumed && config.eval_every.is_some() {
+    if !resumed && config.eval_every.is_some() && main {
         let mut record = evaluate(&model.valid())?;
         record.insert("step".into(), json!(0));
         emit(&mut log, record)?;
@@ -197,7 +220,8 @@ where
                 accumulator.accumulate(&model, grads);
                 add_metrics(&mut extras, metrics);
             }
-            let (next, grad_norm) = optimizer.update(model, &names, accumulator.grads(), lr);
+            let grads = dist::reduce_gradients(replica, &model, &names, accumulator.grads(), objective.gradient_reduction())?;
+            let (next, grad_norm) = optimizer.update(model, &names, grads, lr);
             model = next;
             norm_sum += grad_norm;
             if !grad_norm.is_finite() {
@@ -211,6 +235,14 @@ where
         let (loss_sum, grad_norm) = (loss_sum / updates.len() as f64, norm_sum / updates.len() as f64);
         let update_seconds = update_began.elapsed().as_secs_f64();
         step += 1;
+        // The step's loss and metrics over all replicas.
+        extras.insert("loss".into(), json!(loss_sum));
+        extras.extend(objective.step_metrics());
+        if replica.world() > 1 {
+            let all = replica.gather(Value::Object(extras))?;
+            extras = dist::reduce_records(all, objective.gradient_reduction());
+        }
+        let loss_sum = extras.remove("loss").and_then(|l| l.as_f64()).unwrap_or(loss_sum);
 
         let seconds = step_began.elapsed().as_secs_f64();
         let mut record = Record::new();
@@ -232,15 +264,16 @@ where
             record.insert("rss_mib".into(), json!(rss));
         }
         record.extend(extras);
-        record.extend(objective.step_metrics());
         if (eval_due(step) || step == config.total_steps)
-            && config.eval_every.is_some() {
+            && config.eval_every.is_some() && main {
                 record.extend(evaluate(&model.valid())?);
             }
         emit(&mut log, record)?;
 
         let out_of_time = config.time_budget.is_some_and(|budget| began.elapsed() >= budget) && step < config.total_steps;
-        if config.save.saves(step, config.total_steps) || out_of_time {
+        // Rank 0's clock decides for every replica.
+        let out_of_time = if replica.world() > 1 { replica.broadcast(json!(out_of_time))?.as_bool() == Some(true) } else { out_of_time };
+        if (config.save.saves(step, config.total_steps) || out_of_time) && main {
             let state = TrainerState {
                 step,
                 total_steps: config.total_steps,
@@ -258,6 +291,8 @@ where
             break;
         }
     }
+    // Every replica ends here, after rank 0 wrote the last checkpoint.
+    replica.barrier()?;
     summary.steps = step;
     summary.elapsed = began.elapsed();
     Ok((model, summary))

@@ -6,7 +6,7 @@
 //! [task]       # kind = "interplay" (the default)
 //! [data]       # kind = "mixture" (pre-training) | "sft" | "prompts" (rl, opd)
 //! [train]      # steps | epochs; micro_batch, grad_accum (pretrain, sft); prompts_per_step,
-//!              # mini_batch (rl, opd); seed
+//!              # mini_batch (rl, opd); seed; devices (data parallel)
 //! [optimizer]  # AdamW: lr, weight_decay, max_grad_norm, beta1, beta2, eps
 //! [schedule]   # kind = "constant" | "constant_with_warmup" | "linear" | "cosine"
 //!              #      | "cosine_with_min_lr" (min_lr | min_lr_rate) | "cosine_then_floor"
@@ -126,6 +126,11 @@ pub struct TrainSection {
     pub mini_batch: Option<usize>,
     /// Data order (pretrain, sft; 42). RL runs seed their prompt order with `[data] seed`.
     pub seed: Option<u64>,
+    /// Data-parallel devices of each process, one replica each (`["cuda:0", "cuda:1"]`,
+    /// `["cpu", "cpu"]`; default: the CPU). Batches are per replica: a step takes
+    /// `micro_batch × grad_accum` samples (rl, opd: `prompts_per_step / replicas` prompts) on
+    /// every replica. `--devices` or `--backend` on the command line override it.
+    pub devices: Option<Vec<String>>,
 }
 
 impl TrainSection {

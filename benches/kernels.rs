@@ -1,0 +1,130 @@
+//! Criterion benches of the CPU kernels, each next to the plain burn ops it replaces, at the
+//! 100M config's sizes (hidden 768, 12 heads on 2 KV heads of 64, MLP 3072; batch 8):
+//! decode projection (8 rows), prefill GEMM (8 × 64 rows), attention (8 × 64 queries), RoPE,
+//! RMSNorm, SwiGLU gating and one AdamW step of a 768 × 3072 weight.
+//!
+//! `cargo bench --bench kernels` (`-- attention` for one group). The kernels dispatch on CPU
+//! features at run time; `KILN_SIMD=avx2` or `plain` caps them to compare the paths.
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use kiln::backends::Cpu;
+use kiln::model::fused::{self, KeyMask, elementwise::AdamWStep};
+use kiln::model::proj;
+use kiln::model::qwen2::attention_mask;
+use burn::tensor::activation::silu;
+use burn::tensor::module::{attention, linear};
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Distribution, Int, Tensor};
+
+const D: usize = 768;
+const FF: usize = 3072;
+const HEADS: usize = 12;
+const KV: usize = 2;
+const HEAD: usize = 64;
+const BATCH: usize = 8;
+const SEQ: usize = 64;
+
+fn normal<const N: usize>(shape: [usize; N]) -> Tensor<Cpu, N> {
+    Tensor::random(shape, Distribution::Normal(0.0, 1.0), &Default::default())
+}
+
+fn projections(c: &mut Criterion) {
+    let w = normal([D, FF]) * 0.02;
+    for (name, rows) in [("decode_projection_8x768x3072", 1), ("prefill_gemm_512x768x3072", SEQ)] {
+        let x = normal([BATCH, rows, D]);
+        let mut g = c.benchmark_group(name);
+        g.throughput(Throughput::Elements((2 * BATCH * rows * D * FF) as u64));
+        g.bench_function("kiln", |b| b.iter(|| proj::project(x.clone(), w.clone(), None).into_data()));
+        g.bench_function("burn", |b| b.iter(|| linear(x.clone(), w.clone(), None).into_data()));
+        g.finish();
+    }
+}
+
+fn attention_bench(c: &mut Criterion) {
+    let q = normal([BATCH, SEQ, HEADS, HEAD]);
+    let k = normal([BATCH, SEQ, KV, HEAD]);
+    let v = normal([BATCH, SEQ, KV, HEAD]);
+    let mask = KeyMask { batch: BATCH, keys: SEQ, valid: vec![1u8; BATCH * SEQ].into() };
+    let valid = Tensor::<Cpu, 2, Int>::ones([BATCH, SEQ], &Default::default());
+    let dense = attention_mask(valid, SEQ, KV, HEADS / KV);
+    let mut g = c.benchmark_group("attention_8x64_gqa12on2");
+    g.throughput(Throughput::Elements((BATCH * SEQ) as u64));
+    g.bench_function("kiln_fused", |b| b.iter(|| fused::attention(q.clone(), k.clone(), v.clone(), &mask).unwrap().into_data()));
+    g.bench_function("burn_attention_op", |b| {
+        b.iter(|| {
+            let q = q.clone().swap_dims(1, 2).reshape([BATCH, KV, HEADS / KV * SEQ, HEAD]);
+            let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: false };
+            attention(q, k.clone().swap_dims(1, 2), v.clone().swap_dims(1, 2), Some(dense.clone()), None, options).into_data()
+        })
+    });
+    g.finish();
+}
+
+fn rowwise(c: &mut Criterion) {
+    let x = normal([BATCH, SEQ, HEADS, HEAD]);
+    let cos = normal([BATCH, 1, SEQ, HEAD]);
+    let sin = normal([BATCH, 1, SEQ, HEAD]);
+    let mut g = c.benchmark_group("rope_8x64x12x64");
+    g.bench_function("kiln_fused", |b| b.iter(|| fused::rope(x.clone(), &cos, &sin).unwrap().into_data()));
+    g.bench_function("burn_ops", |b| {
+        b.iter(|| {
+            let (c, s) = (cos.clone().reshape([BATCH, SEQ, 1, HEAD]), sin.clone().reshape([BATCH, SEQ, 1, HEAD]));
+            let rotated = Tensor::cat(vec![x.clone().narrow(3, HEAD / 2, HEAD / 2).neg(), x.clone().narrow(3, 0, HEAD / 2)], 3);
+            (x.clone() * c + rotated * s).into_data()
+        })
+    });
+    g.finish();
+
+    let h = normal([BATCH, SEQ, D]);
+    let weight = normal([D]);
+    let mut g = c.benchmark_group("rms_norm_8x64x768");
+    g.bench_function("kiln_fused", |b| b.iter(|| fused::rms_norm(h.clone(), weight.clone(), 1e-6).unwrap().into_data()));
+    g.bench_function("burn_ops", |b| {
+        b.iter(|| {
+            let inv = (h.clone().square().mean_dim(2) + 1e-6).sqrt().recip();
+            (h.clone() * inv * weight.clone().unsqueeze()).into_data()
+        })
+    });
+    g.finish();
+
+    let gate = normal([BATCH, SEQ, FF]);
+    let up = normal([BATCH, SEQ, FF]);
+    let mut g = c.benchmark_group("swiglu_8x64x3072");
+    g.bench_function("kiln_fused", |b| b.iter(|| fused::swiglu(gate.clone(), up.clone()).unwrap().into_data()));
+    g.bench_function("burn_ops", |b| b.iter(|| (silu(gate.clone()) * up.clone()).into_data()));
+    g.finish();
+}
+
+fn adamw(c: &mut Criterion) {
+    let n = D * FF;
+    let (p, grad, m) = (normal([n]), normal([n]), normal([n]));
+    let v = normal([n]).abs();
+    let step = AdamWStep {
+        clip: Some(0.5),
+        decay: Some(1.0 - 3e-4),
+        w: 0.1,
+        beta2: 0.999,
+        one_minus_beta2: 1e-3,
+        bias_correction2_sqrt: 0.1,
+        eps: 1e-8,
+        step_size: 3e-3,
+    };
+    let mut g = c.benchmark_group("adamw_step_768x3072");
+    g.throughput(Throughput::Elements(n as u64));
+    g.bench_function("kiln_fused", |b| {
+        b.iter(|| fused::adamw(p.clone(), grad.clone(), Some((m.clone(), v.clone())), step).unwrap().0.into_data())
+    });
+    g.bench_function("burn_ops", |b| {
+        b.iter(|| {
+            let g = grad.clone().mul_scalar(0.5);
+            let m = m.clone() + (g.clone() - m.clone()).mul_scalar(0.1);
+            let v = v.clone().mul_scalar(0.999) + g.clone().mul_scalar(1e-3) * g;
+            let denom = v.sqrt().div_scalar(0.1).add_scalar(1e-8);
+            (p.clone().mul_scalar(1.0 - 3e-4) - (m / denom).mul_scalar(3e-3)).into_data()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, projections, attention_bench, rowwise, adamw);
+criterion_main!(benches);

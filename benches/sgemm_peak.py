@@ -1,0 +1,36 @@
+#!/usr/bin/env python3
+"""This machine's f32 matrix-product rate through PyTorch (MKL/oneDNN), the ceiling that training
+throughput is compared with in `benches/compare.sh`.
+
+    python benches/sgemm_peak.py [--n 2048] [--threads N]
+
+Best of `--repeats` products of two n x n f32 matrices; prints one JSON line.
+"""
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--n", type=int, default=2048)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    x, y = torch.randn(a.n, a.n), torch.randn(a.n, a.n)
+    torch.mm(x, y)
+    best = float("inf")
+    for _ in range(a.repeats):
+        start = time.perf_counter()
+        torch.mm(x, y)
+        best = min(best, time.perf_counter() - start)
+    print(json.dumps({"n": a.n, "threads": torch.get_num_threads(), "seconds": best, "gflops": 2 * a.n**3 / best / 1e9}))
+
+
+if __name__ == "__main__":
+    main()

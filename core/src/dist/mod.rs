@@ -1,0 +1,337 @@
+//! Data parallelism: one model replica per device, several devices per process, several
+//! processes (nodes) per run. Training uses it through [`Replica`] (all-reduce gradients, gather
+//! metrics, agree on the start); [`launch`] starts the replicas of a process.
+//!
+//! Two levels, each behind one file:
+//! - between the replicas (threads) of a process: burn-collective's local all-reduce
+//!   ([`engine`]), the engine the issue chose;
+//! - between processes: kiln's own rendezvous and control connections ([`group`]) and a TCP
+//!   ring all-reduce ([`ring`]). burn-collective 0.21's multi-node level is not used: its ring
+//!   never clears its end-of-call barrier (`SyncService::sync` clears a copy of the list), so
+//!   the second all-reduce hangs, and on a 2-core machine its blocking local server starves
+//!   the tokio workers so the first one can hang too (both reproduced with two processes on
+//!   127.0.0.1); its tree and centralized strategies reuse transfer ids (burn #4549), and
+//!   multi-node reduce/broadcast are unimplemented. It also binds 0.0.0.0.
+//!
+//! Ranks are global: node `n`'s local replica `l` is rank `n · devices + l`; rank 0 is the
+//! main replica (it logs, evaluates and writes checkpoints). Every replica reaches identical
+//! weights: gradients are summed in one order and the result is copied, never re-summed.
+//!
+//! Other work can be spread the same way, evaluation over rows for instance: [`launch`] one
+//! replica per device, let each take its [`Replica::shard`] of the rows and [`Replica::gather`]
+//! the results (every replica gets all of them, in rank order):
+//!
+//! ```
+//! use kiln_core::dist::{self, Replica};
+//!
+//! let rows: Vec<u64> = (1..=10).collect();
+//! let score = |replica: Replica, _device: &()| -> kiln_core::Result<u64> {
+//!     let mine: u64 = rows[replica.shard(rows.len())].iter().sum();
+//!     Ok(replica.gather(mine.into())?.iter().filter_map(|v| v.as_u64()).sum())
+//! };
+//! assert_eq!(dist::launch(&[(), ()], None, "eval", score, score).unwrap(), 55);
+//! ```
+
+#[cfg(not(target_arch = "wasm32"))]
+mod engine;
+mod group;
+mod local;
+mod params;
+mod ring;
+
+/// On wasm32 (the browser: one device, no threads) there is no collective engine; burn-collective
+/// needs tokio and sockets. Several devices per process are refused at registration.
+#[cfg(target_arch = "wasm32")]
+mod engine {
+    use burn::tensor::{Tensor, backend::Backend};
+
+    use super::local::Abort;
+    use crate::error::{Error, Result};
+
+    pub(crate) fn reset<B: Backend>() {}
+    pub(crate) fn register<B: Backend>(_local: usize, _size: usize, _device: B::Device, _abort: &Abort) -> Result<()> {
+        Err(Error::Distributed("several devices per process are not available on wasm32".into()))
+    }
+    pub(crate) fn all_reduce_sum<B: Backend>(_local: usize, _tensor: Tensor<B, 1>, _abort: &Abort) -> Result<Tensor<B, 1>> {
+        Err(Error::Distributed("several devices per process are not available on wasm32".into()))
+    }
+    pub(crate) fn finish<B: Backend>(_local: usize) {}
+}
+
+use std::cell::RefCell;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+pub use group::NodeSpec;
+pub use params::{reduce_gradients, reduce_records, sync_start};
+
+use self::group::Group;
+use self::local::{Abort, Rounds, lock};
+use crate::error::{Error, Result};
+
+/// How the replicas' values combine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduce {
+    /// The sum: each replica's loss is already scaled for the global batch.
+    Sum,
+    /// The mean over replicas: each replica's loss is a mean over its own share.
+    Mean,
+}
+
+/// Elements per all-reduce call: gradients are flattened into buckets of at most this many.
+const BUCKET: usize = 1 << 24;
+
+struct Shared {
+    abort: Arc<Abort>,
+    rounds: Rounds,
+    group: Option<Arc<Group>>,
+}
+
+/// One replica's handle on the run: its rank, and the collective operations (every replica
+/// must call them in the same order).
+pub struct Replica {
+    rank: usize,
+    world: usize,
+    local: usize,
+    local_size: usize,
+    node: usize,
+    shared: Option<Arc<Shared>>,
+    /// Unregisters from the engine when the replica ends.
+    finish: RefCell<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl Replica {
+    /// The only replica of a one-device run (every operation is the identity).
+    pub fn single() -> Self {
+        Self { rank: 0, world: 1, local: 0, local_size: 1, node: 0, shared: None, finish: RefCell::new(None) }
+    }
+
+    /// Global rank, `0..world`.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Replicas in the run.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// Rank 0: logs, evaluates and writes checkpoints.
+    pub fn is_main(&self) -> bool {
+        self.rank == 0
+    }
+
+    /// This process's node rank.
+    pub fn node(&self) -> usize {
+        self.node
+    }
+
+    /// This replica's contiguous share of `n` items (the first `n % world` ranks take one more):
+    /// how evaluation can split rows over replicas.
+    pub fn shard(&self, n: usize) -> Range<usize> {
+        let (base, extra) = (n / self.world, n % self.world);
+        let start = self.rank * base + self.rank.min(extra);
+        start..start + base + usize::from(self.rank < extra)
+    }
+
+    /// Every replica's `value`, in rank order.
+    pub fn gather(&self, value: Value) -> Result<Vec<Value>> {
+        let Some(shared) = &self.shared else { return Ok(vec![value]) };
+        let group = shared.group.clone();
+        let all = shared.rounds.round(self.local, value, move |locals: Vec<Value>| match &group {
+            Some(group) => Ok(group.gather(locals)?.into_iter().flatten().collect::<Vec<Value>>()),
+            None => Ok(locals),
+        })?;
+        Ok(all.as_ref().clone())
+    }
+
+    /// Rank 0's `value` (the others' are ignored).
+    pub fn broadcast(&self, value: Value) -> Result<Value> {
+        Ok(self.gather(value)?.swap_remove(0))
+    }
+
+    /// Waits until every replica got here.
+    pub fn barrier(&self) -> Result<()> {
+        self.gather(Value::Null).map(|_| ())
+    }
+
+    /// `tensor` summed (or averaged) over all replicas; every replica gets the same values.
+    pub fn all_reduce<B: Backend>(&self, tensor: Tensor<B, 1>, op: Reduce) -> Result<Tensor<B, 1>> {
+        let Some(shared) = &self.shared else { return Ok(tensor) };
+        let device = tensor.device();
+        let mut tensor = tensor;
+        if self.local_size > 1 {
+            self.register::<B>(shared, &device)?;
+            tensor = engine::all_reduce_sum::<B>(self.local, tensor, &shared.abort)?;
+        }
+        if let Some(group) = &shared.group {
+            let n = tensor.dims()[0];
+            let host = |t: Tensor<B, 1>| t.into_data().convert::<f32>().into_vec::<f32>().expect("f32 data");
+            let summed = if self.local_size == 1 {
+                let mut data = host(tensor);
+                group.all_reduce_sum(&mut data)?;
+                data
+            } else {
+                let mine = (self.local == 0).then(|| host(tensor));
+                let group = group.clone();
+                let all = shared.rounds.round(self.local, mine, move |mut inputs: Vec<Option<Vec<f32>>>| {
+                    let mut data = inputs[0].take().expect("the leader's buffer");
+                    group.all_reduce_sum(&mut data)?;
+                    Ok(data)
+                })?;
+                all.as_ref().clone()
+            };
+            tensor = Tensor::from_data(TensorData::new(summed, [n]), &device);
+        }
+        Ok(match op {
+            Reduce::Sum => tensor,
+            Reduce::Mean => tensor.div_scalar(self.world as f64),
+        })
+    }
+
+    /// [`Replica::all_reduce`] of several tensors, flattened into buckets of up to 2^24 values.
+    pub fn all_reduce_many<B: Backend>(&self, tensors: Vec<Tensor<B, 1>>, op: Reduce) -> Result<Vec<Tensor<B, 1>>> {
+        if self.shared.is_none() {
+            return Ok(tensors);
+        }
+        let mut out = Vec::with_capacity(tensors.len());
+        let mut bucket: Vec<Tensor<B, 1>> = Vec::new();
+        let mut filled = 0;
+        let mut tensors = tensors.into_iter().peekable();
+        while let Some(tensor) = tensors.next() {
+            filled += tensor.dims()[0];
+            bucket.push(tensor);
+            let full = tensors.peek().is_none_or(|next| filled + next.dims()[0] > BUCKET);
+            if full {
+                let lengths: Vec<usize> = bucket.iter().map(|t| t.dims()[0]).collect();
+                let reduced = self.all_reduce(Tensor::cat(std::mem::take(&mut bucket), 0), op)?;
+                let mut start = 0;
+                for length in lengths {
+                    out.push(reduced.clone().slice(start..start + length));
+                    start += length;
+                }
+                filled = 0;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Registers with the engine on first use (a round first resets the engine's server).
+    fn register<B: Backend>(&self, shared: &Shared, device: &B::Device) -> Result<()> {
+        if self.finish.borrow().is_some() {
+            return Ok(());
+        }
+        shared.rounds.round(self.local, (), |_| {
+            engine::reset::<B>();
+            Ok(())
+        })?;
+        engine::register::<B>(self.local, self.local_size, device.clone(), &shared.abort)?;
+        let local = self.local;
+        *self.finish.borrow_mut() = Some(Box::new(move || engine::finish::<B>(local)));
+        Ok(())
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if let Some(finish) = self.finish.get_mut().take() {
+            finish();
+        }
+    }
+}
+
+/// One run with several replicas per process at a time (the engine's server is per process).
+static LAUNCH: Mutex<()> = Mutex::new(());
+
+/// Runs one replica per device of this process: `main` for local replica 0 on the calling
+/// thread, `other` for the rest on their own threads; with `nodes`, this process first joins
+/// the other nodes (`fingerprint` must match theirs, see [`fingerprint`]). Returns `main`'s
+/// result, or the error that stopped the run (a replica's own error, or one naming the node
+/// that failed or was lost).
+pub fn launch<D: Sync, T: Send>(
+    devices: &[D],
+    nodes: Option<&NodeSpec>,
+    fingerprint: &str,
+    main: impl FnOnce(Replica, &D) -> Result<T>,
+    other: impl Fn(Replica, &D) -> Result<T> + Sync,
+) -> Result<T> {
+    if devices.is_empty() {
+        return Err(Error::InvalidInput("a run needs at least one device".into()));
+    }
+    if devices.len() == 1 && nodes.is_none() {
+        return main(Replica::single(), &devices[0]);
+    }
+    let _one_run = lock(&LAUNCH);
+    let abort = Arc::new(Abort::default());
+    let local_size = devices.len();
+    let group = nodes.map(|spec| Group::join(spec, fingerprint, local_size, abort.clone())).transpose()?;
+    let (node, nnodes) = group.as_ref().map_or((0, 1), |g| (g.node, g.size));
+    let shared = Arc::new(Shared { abort: abort.clone(), rounds: Rounds::new(local_size, abort.clone()), group: group.clone() });
+    let replica = |local: usize| Replica {
+        rank: node * local_size + local,
+        world: nnodes * local_size,
+        local,
+        local_size,
+        node,
+        shared: Some(shared.clone()),
+        finish: RefCell::new(None),
+    };
+    // The first replica to fail stops the others; its own error is the run's.
+    let first_failure: Mutex<Option<usize>> = Mutex::new(None);
+    let failed = |local: usize, error: &Error| {
+        let mut first = lock(&first_failure);
+        if first.is_none() && abort.reason().is_none() {
+            *first = Some(local);
+        }
+        let prefix = if nnodes > 1 { format!("node {node} failed: ") } else { String::new() };
+        abort.raise(format!("{prefix}{error}"));
+        shared.rounds.wake();
+    };
+    let mut results: Vec<Result<T>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (1..local_size)
+            .map(|local| {
+                let (replica, device, other, failed) = (replica(local), &devices[local], &other, &failed);
+                s.spawn(move || {
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| other(replica, device)))
+                        .unwrap_or_else(|_| Err(Error::Distributed(format!("replica {local} panicked"))));
+                    if let Err(e) = &result {
+                        failed(local, e);
+                    }
+                    result
+                })
+            })
+            .collect();
+        let main_result = main(replica(0), &devices[0]);
+        if let Err(e) = &main_result {
+            failed(0, e);
+        }
+        std::iter::once(main_result).chain(handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Distributed("a replica panicked".into()))))).collect()
+    });
+    if let Some(group) = &group {
+        match abort.reason() {
+            Some(reason) => group.fail(&reason),
+            None => group.close(),
+        }
+    }
+    let first = lock(&first_failure).unwrap_or(0);
+    results.swap_remove(first)
+}
+
+/// A short hash of everything that must agree between the nodes of a run (command, config,
+/// devices): nodes whose fingerprints differ are refused at the rendezvous.
+pub fn fingerprint(parts: &[&str]) -> String {
+    let mut hash = Sha256::new();
+    for part in parts {
+        hash.update((part.len() as u64).to_le_bytes());
+        hash.update(part.as_bytes());
+    }
+    hash.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,183 @@
+//! What the training loop asks of the replicas: summed gradients, one start (rank 0's weights,
+//! optimizer state and data cursor) and one metrics record per step.
+//!
+//! Tensors travel in the order of the parameters' Hugging Face names, never of burn's
+//! `ParamId`s (random per process), so replicas need not share ids.
+
+use std::collections::HashMap;
+
+use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::Tensor;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use serde_json::{Map, Value, json};
+
+use super::{Reduce, Replica};
+use crate::error::{Error, Result};
+use crate::train::adamw::Moments;
+use crate::train::{Objective, Start};
+
+type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
+
+/// The gradients of one optimizer update summed (or averaged, `op`) over all replicas. A
+/// parameter without a gradient counts as zeros.
+pub fn reduce_gradients<AB: AutodiffBackend, M: AutodiffModule<AB>>(
+    replica: &Replica,
+    model: &M,
+    names: &HashMap<ParamId, String>,
+    mut grads: GradientsParams,
+    op: Reduce,
+) -> Result<GradientsParams> {
+    if replica.world() == 1 {
+        return Ok(grads);
+    }
+    let mut take = Flatten::<Inner<AB>> { names, source: Source::Grads(&mut grads), out: Vec::new() };
+    model.visit(&mut take);
+    let mut flat = take.out;
+    flat.sort_by(|a, b| a.0.cmp(&b.0));
+    let ids: Vec<ParamId> = flat.iter().map(|f| f.1).collect();
+    let reduced = replica.all_reduce_many(flat.into_iter().map(|f| f.2).collect(), op)?;
+    let mut put = PutGrads { grads: &mut grads, by_id: ids.into_iter().zip(reduced).collect() };
+    model.visit(&mut put);
+    Ok(grads)
+}
+
+/// Makes every replica start from rank 0's `start`: its weights, optimizer state, step and the
+/// objective's data cursor (a node without rank 0's checkpoints gets them over the network).
+pub fn sync_start<AB: AutodiffBackend, O: Objective<AB>>(replica: &Replica, start: Start<AB>, objective: &mut O) -> Result<Start<AB>> {
+    if replica.world() == 1 {
+        return Ok(start);
+    }
+    let Start { model, mut optimizer, step } = start;
+    let header = replica.broadcast(json!({
+        "step": step,
+        "optimizer_step": optimizer.step,
+        "data": objective.state(),
+        "moments": !optimizer.moments.is_empty(),
+    }))?;
+    let number = |key: &str| header[key].as_u64().ok_or_else(|| Error::Distributed(format!("rank 0 sent no {key} at the start")));
+    let (step, optimizer_step) = (number("step")?, number("optimizer_step")?);
+    if !replica.is_main() && step > 0 {
+        objective.restore(&header["data"])?;
+    }
+    let names = model.param_names();
+    let zeros = !replica.is_main();
+    // Weights: rank 0 contributes them, the others zeros, so the sum is exactly rank 0's.
+    let mut weights = Flatten::<Inner<AB>> { names: &names, source: Source::Values { zeros }, out: Vec::new() };
+    model.visit(&mut weights);
+    let mut flat = weights.out;
+    flat.sort_by(|a, b| a.0.cmp(&b.0));
+    let shapes: Vec<(String, ParamId, usize)> = flat.iter().map(|f| (f.0.clone(), f.1, f.2.dims()[0])).collect();
+    let reduced = replica.all_reduce_many(flat.into_iter().map(|f| f.2).collect(), Reduce::Sum)?;
+    let model = model.map(&mut PutWeights { by_id: shapes.iter().map(|s| s.1).zip(reduced).collect() });
+
+    optimizer.step = optimizer_step;
+    if header["moments"].as_bool() == Some(true) {
+        let device = model.device();
+        let mut tensors = Vec::with_capacity(2 * shapes.len());
+        for (name, _, numel) in &shapes {
+            let moments = optimizer.moments.remove(name).filter(|_| !zeros);
+            let (avg, sq) = match moments {
+                Some(m) => (m.exp_avg, m.exp_avg_sq),
+                None => (Tensor::zeros([*numel], &device), Tensor::zeros([*numel], &device)),
+            };
+            tensors.extend([avg, sq]);
+        }
+        let mut reduced = replica.all_reduce_many(tensors, Reduce::Sum)?.into_iter();
+        for (name, _, _) in &shapes {
+            let (exp_avg, exp_avg_sq) = (reduced.next().expect("two per parameter"), reduced.next().expect("two per parameter"));
+            optimizer.moments.insert(name.clone(), Moments { exp_avg, exp_avg_sq });
+        }
+    }
+    Ok(Start { model, optimizer, step })
+}
+
+/// One metrics record from every replica's: `loss` by the objective's reduction, counts
+/// (`tokens`, `targets`, `prompts`, `responses`, `rollout_tokens`) and throughputs (`*_per_s`)
+/// summed, `*_max`/`*_min` by max/min, durations (`*_s`) by the slowest, everything else
+/// averaged; values that are not numbers are rank 0's.
+pub fn reduce_records(records: Vec<Value>, loss: Reduce) -> Map<String, Value> {
+    let mut records = records.into_iter().map(|r| if let Value::Object(m) = r { m } else { Map::new() });
+    let Some(first) = records.next() else { return Map::new() };
+    let rest: Vec<Map<String, Value>> = records.collect();
+    let n = 1 + rest.len();
+    let mut out = Map::new();
+    for (key, value) in first {
+        let Some(own) = value.as_f64() else {
+            out.insert(key, value);
+            continue;
+        };
+        let values = std::iter::once(own).chain(rest.iter().filter_map(|r| r.get(&key).and_then(Value::as_f64)));
+        const SUMMED: [&str; 5] = ["tokens", "targets", "prompts", "responses", "rollout_tokens"];
+        let reduced = if (key == "loss" && loss == Reduce::Sum) || SUMMED.contains(&key.as_str()) || key.ends_with("_per_s") {
+            values.sum::<f64>()
+        } else if key.ends_with("_max") || key.ends_with("_s") {
+            values.fold(f64::NEG_INFINITY, f64::max)
+        } else if key.ends_with("_min") {
+            values.fold(f64::INFINITY, f64::min)
+        } else {
+            values.sum::<f64>() / n as f64
+        };
+        out.insert(key, json!(reduced));
+    }
+    out
+}
+
+enum Source<'a> {
+    /// Take each parameter's gradient out of these (zeros where there is none).
+    Grads(&'a mut GradientsParams),
+    /// The parameters' values, or zeros of their size.
+    Values { zeros: bool },
+}
+
+/// Every parameter as `(name, id, flat tensor)`.
+struct Flatten<'a, B: Backend> {
+    names: &'a HashMap<ParamId, String>,
+    source: Source<'a>,
+    out: Vec<(String, ParamId, Tensor<B, 1>)>,
+}
+
+impl<AB: AutodiffBackend> ModuleVisitor<AB> for Flatten<'_, AB::InnerBackend> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
+        let value = param.val().inner();
+        let numel = value.dims().iter().product::<usize>();
+        let flat = match &mut self.source {
+            Source::Grads(grads) => match grads.remove::<AB::InnerBackend, D>(param.id) {
+                Some(grad) => grad.reshape([numel]),
+                None => Tensor::zeros([numel], &value.device()),
+            },
+            Source::Values { zeros: true } => Tensor::zeros([numel], &value.device()),
+            Source::Values { zeros: false } => value.reshape([numel]),
+        };
+        let name = self.names.get(&param.id).cloned().unwrap_or_else(|| format!("param-{}", param.id));
+        self.out.push((name, param.id, flat));
+    }
+}
+
+struct PutGrads<'a, B: Backend> {
+    grads: &'a mut GradientsParams,
+    by_id: HashMap<ParamId, Tensor<B, 1>>,
+}
+
+impl<AB: AutodiffBackend> ModuleVisitor<AB> for PutGrads<'_, AB::InnerBackend> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
+        if let Some(flat) = self.by_id.remove(&param.id) {
+            self.grads.register::<AB::InnerBackend, D>(param.id, flat.reshape(param.val().dims()));
+        }
+    }
+}
+
+struct PutWeights<B: Backend> {
+    by_id: HashMap<ParamId, Tensor<B, 1>>,
+}
+
+impl<AB: AutodiffBackend> ModuleMapper<AB> for PutWeights<AB::InnerBackend> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let Some(flat) = self.by_id.remove(&id) else {
+            return Param::from_mapped_value(id, tensor, mapper);
+        };
+        let value = Tensor::from_inner(flat.reshape(tensor.dims())).require_grad();
+        Param::from_mapped_value(id, value, mapper)
+    }
+}

@@ -1,0 +1,167 @@
+//! The replicas' operations in one process, and the node group on 127.0.0.1 (nodes as threads).
+
+use std::cell::RefCell;
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use burn::backend::Flex;
+use burn::tensor::{Tensor, TensorData};
+use serde_json::{Value, json};
+
+use super::group::{Group, NodeSpec};
+use super::local::Abort;
+use super::*;
+
+/// A port of 127.0.0.1 that was free a moment ago.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn spec(nnodes: usize, node_rank: usize, port: u16, timeout_s: u64) -> NodeSpec {
+    NodeSpec { nnodes, node_rank, master: format!("127.0.0.1:{port}"), timeout: Duration::from_secs(timeout_s) }
+}
+
+#[test]
+fn shards_split_items_contiguously() {
+    let replica = |rank| Replica { rank, world: 3, local: 0, local_size: 1, node: 0, shared: None, finish: RefCell::new(None) };
+    let shards: Vec<_> = (0..3).map(|r| replica(r).shard(10)).collect();
+    assert_eq!(shards, vec![0..4, 4..7, 7..10]);
+    assert_eq!(Replica::single().shard(5), 0..5);
+}
+
+#[test]
+fn records_reduce_by_kind_of_metric() {
+    let records = vec![
+        json!({"loss": 1.0, "tokens": 10, "reward_mean": 0.5, "advantage_max": 2.0, "advantage_min": -1.0, "rollout_s": 3.0, "rollout_tokens_per_s": 100.0, "note": "a"}),
+        json!({"loss": 2.0, "tokens": 30, "reward_mean": 1.0, "advantage_max": 1.0, "advantage_min": -3.0, "rollout_s": 5.0, "rollout_tokens_per_s": 50.0, "note": "b"}),
+    ];
+    let summed = reduce_records(records.clone(), Reduce::Sum);
+    assert_eq!(summed["loss"], json!(3.0));
+    let mean = reduce_records(records, Reduce::Mean);
+    assert_eq!(mean["loss"], json!(1.5));
+    assert_eq!(mean["tokens"], json!(40.0));
+    assert_eq!(mean["reward_mean"], json!(0.75));
+    assert_eq!(mean["advantage_max"], json!(2.0));
+    assert_eq!(mean["advantage_min"], json!(-3.0));
+    assert_eq!(mean["rollout_s"], json!(5.0));
+    assert_eq!(mean["rollout_tokens_per_s"], json!(150.0));
+    assert_eq!(mean["note"], json!("a"));
+}
+
+#[test]
+fn fingerprints_separate_their_parts() {
+    assert_eq!(fingerprint(&["a", "bc"]), fingerprint(&["a", "bc"]));
+    assert_ne!(fingerprint(&["a", "bc"]), fingerprint(&["ab", "c"]));
+    assert_eq!(fingerprint(&["x"]).len(), 16);
+}
+
+/// Three replicas (threads) on the CPU: sums and means of tensors of several buckets, back to
+/// back, and gathers in rank order.
+#[test]
+fn local_replicas_reduce_and_gather() {
+    let devices = vec![Default::default(); 3];
+    let body = |replica: Replica, device: &burn::tensor::Device<Flex>| -> Result<Vec<Vec<f32>>> {
+        let rank = replica.rank() as f32;
+        let mut out = Vec::new();
+        for k in 0..4 {
+            let tensors = vec![
+                Tensor::<Flex, 1>::from_data(TensorData::new(vec![rank + k as f32; 5], [5]), device),
+                Tensor::<Flex, 1>::from_data(TensorData::new(vec![rank * 2.0; 3], [3]), device),
+            ];
+            let op = if k % 2 == 0 { Reduce::Sum } else { Reduce::Mean };
+            let reduced = replica.all_reduce_many(tensors, op)?;
+            out.extend(reduced.into_iter().map(|t| t.into_data().to_vec::<f32>().unwrap()));
+        }
+        let all = replica.gather(json!(replica.rank()))?;
+        assert_eq!(all, vec![json!(0), json!(1), json!(2)]);
+        Ok(out)
+    };
+    let main = launch(&devices, None, "t", |r, d| body(r, d), |r, d| body(r, d)).unwrap();
+    // Σ rank = 3, Σ 2·rank = 6; k odd: means.
+    assert_eq!(main[0], vec![3.0; 5]);
+    assert_eq!(main[1], vec![6.0; 3]);
+    assert_eq!(main[2], vec![(3.0 + 3.0) / 3.0; 5]);
+    assert_eq!(main[3], vec![2.0; 3]);
+    assert_eq!(main[4], vec![3.0 + 6.0; 5]);
+}
+
+/// Runs `body` as node `n` of a group of `nnodes` on 127.0.0.1, one thread per node.
+fn nodes<T: Send>(nnodes: usize, timeout_s: u64, fingerprints: &[&str], body: impl Fn(Arc<Group>) -> T + Sync) -> Vec<Result<T>> {
+    let port = free_port();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..nnodes)
+            .map(|n| {
+                let (body, fingerprint) = (&body, fingerprints[n.min(fingerprints.len() - 1)]);
+                s.spawn(move || Group::join(&spec(nnodes, n, port, timeout_s), fingerprint, 1, Arc::new(Abort::default())).map(body))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn three_nodes_gather_and_sum_on_loopback() {
+    let results = nodes(3, 20, &["same"], |group| {
+        let mut sums = Vec::new();
+        for k in 0..5 {
+            let mut data = vec![(group.node + k) as f32; 7];
+            group.all_reduce_sum(&mut data).unwrap();
+            sums.push(data[6]);
+        }
+        let all = group.gather(vec![json!(group.node)]).unwrap();
+        group.close();
+        (sums, all)
+    });
+    for result in results {
+        let (sums, all) = result.unwrap();
+        assert_eq!(sums, vec![3.0, 6.0, 9.0, 12.0, 15.0]);
+        assert_eq!(all, vec![vec![json!(0)], vec![json!(1)], vec![json!(2)]]);
+    }
+}
+
+#[test]
+fn nodes_with_another_config_are_refused() {
+    let results = nodes(2, 20, &["one", "two"], |_| ());
+    for result in results {
+        let err = result.expect_err("both nodes fail").to_string();
+        assert!(err.contains("node 1 runs another configuration than node 0"), "{err}");
+    }
+}
+
+#[test]
+fn a_missing_node_is_an_error_within_the_timeout() {
+    let port = free_port();
+    let began = Instant::now();
+    let err = Group::join(&spec(3, 0, port, 1), "f", 1, Arc::new(Abort::default())).err().unwrap().to_string();
+    assert!(err.contains("node(s) 1, 2 did not join within 1s"), "{err}");
+    let err = Group::join(&spec(2, 1, port, 1), "f", 1, Arc::new(Abort::default())).err().unwrap().to_string();
+    assert!(err.contains(&format!("cannot reach node 0 at 127.0.0.1:{port} within 1s")), "{err}");
+    assert!(began.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn a_master_port_in_use_is_named() {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let err = Group::join(&spec(2, 0, port, 1), "f", 1, Arc::new(Abort::default())).err().unwrap().to_string();
+    assert!(err.contains(&format!("port {port} of 127.0.0.1 is in use")), "{err}");
+}
+
+/// A node whose connections close without a goodbye (its process died) stops the others, named.
+#[test]
+fn a_lost_node_stops_the_others() {
+    let results = nodes(3, 20, &["same"], |group| {
+        if group.node == 2 {
+            group.sever();
+            return Ok(Value::Null);
+        }
+        let mut data = vec![1.0; 4];
+        group.all_reduce_sum(&mut data)?;
+        group.gather(vec![]).map(|_| Value::Null)
+    });
+    let dropped = results.into_iter().take(2).map(|r| r.unwrap().unwrap_err().to_string());
+    for err in dropped {
+        assert!(err.contains("node 2"), "{err}");
+    }
+}

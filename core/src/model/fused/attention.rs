@@ -1,0 +1,325 @@
+//! Causal grouped-query attention on contiguous f32 buffers, forward and backward.
+//!
+//! Layouts (all row-major): queries, outputs and their gradients `[B, T, H, d]` (the projection's
+//! output as it lies, no transposes); keys and values `[B, S, K, d]`; log-sum-exps `[B, T, H]`.
+//! Query `t` of a batch row is the key at position `o + t`, `o = S - T` (the cached prefix), and
+//! sees key `j` iff `j ≤ o + t` and key `j` is a real token or is the query itself (a padded
+//! query attends to itself only), as `qwen2::attention_mask` describes.
+//!
+//! Work is split into tasks of one batch row and one KV head (all `G = H / K` query heads that
+//! read it, so each key and value is loaded once per group), further split by blocks of queries
+//! in the forward pass; tasks run on rayon's pool and write disjoint parts of the outputs. Within
+//! a task the scores of a block of queries against all keys they can see are one matrix product
+//! (gemm), the masked softmax runs row by row ([`simd_fn!`] dispatch), and the weighted sum of
+//! values is a second product. The backward pass recomputes the probabilities from the saved
+//! log-sum-exps (FlashAttention-2's recipe) instead of keeping the `T × S` probabilities.
+
+use rayon::prelude::*;
+
+use super::simd::{self, simd_fn};
+
+/// Sizes of one attention call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    pub batch: usize,
+    /// `T`, new queries per row.
+    pub queries: usize,
+    /// `S`, keys per row (cached + new).
+    pub keys: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Dims {
+    fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+    fn offset(&self) -> usize {
+        self.keys - self.queries
+    }
+    fn q_len(&self) -> usize {
+        self.batch * self.queries * self.heads * self.head_dim
+    }
+    fn kv_len(&self) -> usize {
+        self.batch * self.keys * self.kv_heads * self.head_dim
+    }
+}
+
+/// Most query rows (query positions × heads of a group) whose scores one task holds at once.
+const BLOCK_ROWS: usize = 256;
+
+/// Output and log-sum-exp of every query: `out` `[B, T, H, d]`, `lse` `[B, T, H]`.
+/// `valid` `[B, S]` is 1 for real keys, 0 for padding.
+pub fn forward(dims: Dims, q: &[f32], k: &[f32], v: &[f32], valid: &[u8], scale: f32) -> (Vec<f32>, Vec<f32>) {
+    check(dims, q, k, v, valid);
+    let mut out = vec![0.0f32; dims.q_len()];
+    let mut lse = vec![0.0f32; dims.batch * dims.queries * dims.heads];
+    let per_block = (BLOCK_ROWS / dims.group()).max(1);
+    let blocks = dims.queries.div_ceil(per_block);
+    let (out_ptr, lse_ptr) = (Shared(out.as_mut_ptr()), Shared(lse.as_mut_ptr()));
+    (0..dims.batch * dims.kv_heads * blocks).into_par_iter().for_each(|task| {
+        let (out_ptr, lse_ptr) = (&out_ptr, &lse_ptr);
+        let (b, kh, block) = (task / (dims.kv_heads * blocks), task / blocks % dims.kv_heads, task % blocks);
+        let rows = Rows::new(dims, b, kh, block * per_block, ((block + 1) * per_block).min(dims.queries));
+        let valid = &valid[b * dims.keys..(b + 1) * dims.keys];
+        let mut qp = rows.pack(q);
+        let mut scores = vec![0.0f32; rows.count * rows.width];
+        rows.scores(&qp, k, scale, &mut scores);
+        let mut row_lse = vec![0.0f32; rows.count];
+        softmax_rows(&mut scores, rows.width, &rows.limits, valid, &mut row_lse);
+        // The packed outputs reuse the packed queries' buffer.
+        qp.fill(0.0);
+        // SAFETY: `scores` is `count × width`, `v` holds the keys `< width` of this row/head, `qp`
+        // is `count × d`.
+        unsafe {
+            gemm(rows.count, d(dims), rows.width, qp.as_mut_ptr(), d(dims), false,
+                 scores.as_ptr(), rows.width as isize, 1, v.as_ptr().add(rows.kv_base), kv_row(dims), 1, 1.0);
+        }
+        // SAFETY: tasks own disjoint rows of `out` and `lse`.
+        unsafe {
+            rows.scatter(&qp, out_ptr.0);
+            for (r, &l) in row_lse.iter().enumerate() {
+                *lse_ptr.0.add(rows.lse_index(r)) = l;
+            }
+        }
+    });
+    (out, lse)
+}
+
+/// Gradients `(dq, dk, dv)` of [`forward`] given the gradient `dout` of its output.
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    dims: Dims,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    valid: &[u8],
+    scale: f32,
+    out: &[f32],
+    lse: &[f32],
+    dout: &[f32],
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    check(dims, q, k, v, valid);
+    assert!(out.len() == dims.q_len() && dout.len() == dims.q_len() && lse.len() == dims.batch * dims.queries * dims.heads);
+    let d = d(dims);
+    let mut dq = vec![0.0f32; dims.q_len()];
+    let mut dk = vec![0.0f32; dims.kv_len()];
+    let mut dv = vec![0.0f32; dims.kv_len()];
+    let per_block = (BLOCK_ROWS / dims.group()).max(1);
+    let (dq_ptr, dk_ptr, dv_ptr) = (Shared(dq.as_mut_ptr()), Shared(dk.as_mut_ptr()), Shared(dv.as_mut_ptr()));
+    (0..dims.batch * dims.kv_heads).into_par_iter().for_each(|task| {
+        let (dq_ptr, dk_ptr, dv_ptr) = (&dq_ptr, &dk_ptr, &dv_ptr);
+        let (b, kh) = (task / dims.kv_heads, task % dims.kv_heads);
+        let valid = &valid[b * dims.keys..(b + 1) * dims.keys];
+        // Packed key and value gradients `[S, d]` of this row and KV head.
+        let mut dkp = vec![0.0f32; dims.keys * d];
+        let mut dvp = vec![0.0f32; dims.keys * d];
+        for t0 in (0..dims.queries).step_by(per_block) {
+            let rows = Rows::new(dims, b, kh, t0, (t0 + per_block).min(dims.queries));
+            let (n, w) = (rows.count, rows.width);
+            let qp = rows.pack(q);
+            let dop = rows.pack(dout);
+            let op = rows.pack(out);
+            let row_lse: Vec<f32> = (0..n).map(|r| lse[rows.lse_index(r)]).collect();
+            let delta: Vec<f32> = (0..n).map(|r| simd::dot(&dop[r * d..(r + 1) * d], &op[r * d..(r + 1) * d])).collect();
+            let mut probs = vec![0.0f32; n * w];
+            rows.scores(&qp, k, scale, &mut probs);
+            probabilities(&mut probs, w, &rows.limits, valid, &row_lse);
+            let mut grad = vec![0.0f32; n * w];
+            let mut dqp = vec![0.0f32; n * d];
+            // SAFETY: every operand is sized as its product needs (`n × w` probabilities and
+            // score gradients, `n × d` packed rows, keys/values `< w` of this row and head).
+            unsafe {
+                let (kp, vp) = (k.as_ptr().add(rows.kv_base), v.as_ptr().add(rows.kv_base));
+                // dV += Pᵀ · dO
+                gemm(w, d, n, dvp.as_mut_ptr(), d, true, probs.as_ptr(), 1, w as isize, dop.as_ptr(), d as isize, 1, 1.0);
+                // dP = dO · Vᵀ
+                gemm(n, w, d, grad.as_mut_ptr(), w, false, dop.as_ptr(), d as isize, 1, vp, 1, kv_row(dims), 1.0);
+                score_grads(&mut grad, &probs, w, &delta, scale);
+                // dQ = dS · K, dK += dSᵀ · Q
+                gemm(n, d, w, dqp.as_mut_ptr(), d, false, grad.as_ptr(), w as isize, 1, kp, kv_row(dims), 1, 1.0);
+                gemm(w, d, n, dkp.as_mut_ptr(), d, true, grad.as_ptr(), 1, w as isize, qp.as_ptr(), d as isize, 1, 1.0);
+                rows.scatter(&dqp, dq_ptr.0);
+            }
+        }
+        // SAFETY: tasks own disjoint (row, KV head) slices of `dk` and `dv`.
+        unsafe {
+            for j in 0..dims.keys {
+                let at = ((b * dims.keys + j) * dims.kv_heads + kh) * d;
+                std::ptr::copy_nonoverlapping(dkp[j * d..].as_ptr(), dk_ptr.0.add(at), d);
+                std::ptr::copy_nonoverlapping(dvp[j * d..].as_ptr(), dv_ptr.0.add(at), d);
+            }
+        }
+    });
+    (dq, dk, dv)
+}
+
+fn check(dims: Dims, q: &[f32], k: &[f32], v: &[f32], valid: &[u8]) {
+    assert!(dims.kv_heads > 0 && dims.heads.is_multiple_of(dims.kv_heads) && dims.keys >= dims.queries);
+    assert!(q.len() == dims.q_len() && k.len() == dims.kv_len() && v.len() == dims.kv_len());
+    assert_eq!(valid.len(), dims.batch * dims.keys);
+}
+
+fn d(dims: Dims) -> usize {
+    dims.head_dim
+}
+
+/// Distance between consecutive keys of one head in `[B, S, K, d]`.
+fn kv_row(dims: Dims) -> isize {
+    (dims.kv_heads * dims.head_dim) as isize
+}
+
+/// A block of query rows of one task: queries `t0..t1` × the `G` heads of KV head `kh`, packed
+/// as row `(t - t0)·G + g`.
+struct Rows {
+    dims: Dims,
+    b: usize,
+    kh: usize,
+    t0: usize,
+    count: usize,
+    /// Keys any row of the block may see: `0..o + t1`.
+    width: usize,
+    /// Per row, the position of its own key (the last it may see).
+    limits: Vec<usize>,
+    /// Offset of key 0 of this batch row and KV head in `k` and `v`.
+    kv_base: usize,
+}
+
+impl Rows {
+    fn new(dims: Dims, b: usize, kh: usize, t0: usize, t1: usize) -> Self {
+        let g = dims.group();
+        let limits = (0..(t1 - t0) * g).map(|r| dims.offset() + t0 + r / g).collect();
+        let kv_base = (b * dims.keys * dims.kv_heads + kh) * dims.head_dim;
+        Self { dims, b, kh, t0, count: (t1 - t0) * g, width: dims.offset() + t1, limits, kv_base }
+    }
+
+    /// Offset of packed row `r` in a `[B, T, H, d]` buffer, divided by `d`.
+    fn lse_index(&self, r: usize) -> usize {
+        let g = self.dims.group();
+        ((self.b * self.dims.queries + self.t0 + r / g) * self.dims.heads) + self.kh * g + r % g
+    }
+
+    /// This block's rows of a `[B, T, H, d]` buffer, packed `[count, d]`.
+    fn pack(&self, x: &[f32]) -> Vec<f32> {
+        let d = self.dims.head_dim;
+        let mut out = Vec::with_capacity(self.count * d);
+        for r in 0..self.count {
+            let at = self.lse_index(r) * d;
+            out.extend_from_slice(&x[at..at + d]);
+        }
+        out
+    }
+
+    /// Writes packed rows back into a `[B, T, H, d]` buffer.
+    ///
+    /// # Safety
+    /// `dst` points to a `[B, T, H, d]` buffer that no other thread writes these rows of.
+    unsafe fn scatter(&self, packed: &[f32], dst: *mut f32) {
+        let d = self.dims.head_dim;
+        for r in 0..self.count {
+            unsafe { std::ptr::copy_nonoverlapping(packed[r * d..].as_ptr(), dst.add(self.lse_index(r) * d), d) };
+        }
+    }
+
+    /// `scores = scale · Q_packed · K[0..width]ᵀ`, `[count, width]`.
+    fn scores(&self, qp: &[f32], k: &[f32], scale: f32, scores: &mut [f32]) {
+        let d = self.dims.head_dim;
+        assert!(qp.len() >= self.count * d && scores.len() >= self.count * self.width);
+        assert!(self.kv_base + (self.width - 1) * kv_row(self.dims) as usize + d <= k.len());
+        // SAFETY: sizes checked above.
+        unsafe {
+            gemm(self.count, self.width, d, scores.as_mut_ptr(), self.width, false, qp.as_ptr(), d as isize, 1,
+                 k.as_ptr().add(self.kv_base), 1, kv_row(self.dims), scale);
+        }
+    }
+}
+
+/// Splits a score row at its query's own key: `(seen, later)`, `seen` = keys `0..=limit`; keys
+/// in `seen` that are padding (other than the query itself) are set to `-inf`.
+#[inline(always)]
+fn visible<'a>(row: &'a mut [f32], limit: usize, valid: &[u8]) -> (&'a mut [f32], &'a mut [f32]) {
+    let (seen, later) = row.split_at_mut(limit + 1);
+    if !valid[..limit].iter().all(|&v| v != 0) {
+        for (s, &v) in seen[..limit].iter_mut().zip(valid) {
+            *s = if v != 0 { *s } else { f32::NEG_INFINITY };
+        }
+    }
+    (seen, later)
+}
+
+simd_fn! {
+    /// Masked softmax of `[rows, width]` scores in place; `lse[r]` = log Σ exp over row `r`.
+    fn softmax_rows(scores: &mut [f32], width: usize, limits: &[usize], valid: &[u8], lse: &mut [f32]) {
+        for (r, row) in scores.chunks_exact_mut(width).enumerate() {
+            let (seen, later) = visible(row, limits[r], valid);
+            later.fill(0.0);
+            let max = simd::max(seen);
+            let sum = simd::exp_shifted_sum(seen, max);
+            let inv = 1.0 / sum;
+            seen.iter_mut().for_each(|s| *s *= inv);
+            lse[r] = max + sum.ln();
+        }
+    }
+}
+
+simd_fn! {
+    /// Scores `[rows, width]` → probabilities `exp(s - lse[r])`, masked ones 0.
+    fn probabilities(scores: &mut [f32], width: usize, limits: &[usize], valid: &[u8], lse: &[f32]) {
+        for (r, row) in scores.chunks_exact_mut(width).enumerate() {
+            let l = lse[r];
+            let (seen, later) = visible(row, limits[r], valid);
+            later.fill(0.0);
+            for s in seen.iter_mut() {
+                *s = if *s == f32::NEG_INFINITY { 0.0 } else { simd::exp(*s - l) };
+            }
+        }
+    }
+}
+
+simd_fn! {
+    /// Probability gradients → score gradients (with the scale of the scores folded in):
+    /// `grad = scale · P ∘ (grad − delta[r])`.
+    fn score_grads(grad: &mut [f32], probs: &[f32], width: usize, delta: &[f32], scale: f32) {
+        for ((g, p), &dr) in grad.chunks_exact_mut(width).zip(probs.chunks_exact(width)).zip(delta) {
+            for (g, &p) in g.iter_mut().zip(p) {
+                *g = scale * p * (*g - dr);
+            }
+        }
+    }
+}
+
+/// `dst[m × n] (+)= beta · lhs[m × k] · rhs[k × n]`, single-threaded (tasks are the parallelism);
+/// row strides given, `dst` row-major with row stride `dst_rs`; `accumulate` adds to `dst`.
+///
+/// # Safety
+/// The pointers must be valid for the extents the sizes and strides describe.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut f32,
+    dst_rs: usize,
+    accumulate: bool,
+    lhs: *const f32,
+    lhs_rs: isize,
+    lhs_cs: isize,
+    rhs: *const f32,
+    rhs_rs: isize,
+    rhs_cs: isize,
+    beta: f32,
+) {
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    unsafe {
+        gemm::gemm(m, n, k, dst, 1, dst_rs as isize, accumulate, lhs, lhs_cs, lhs_rs, rhs, rhs_cs, rhs_rs,
+                   1.0, beta, false, false, false, gemm::Parallelism::None);
+    }
+}
+
+/// A pointer shared by tasks that write disjoint elements.
+struct Shared(*mut f32);
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}

@@ -1,0 +1,274 @@
+//! The fused kernels on burn tensors: `Flex` directly, `Autodiff<Flex>` as custom operations whose
+//! backward pass is the kernel's own (burn-autodiff's `Backward`), recorded only when a parent
+//! tracks gradients.
+
+use std::any::{Any, TypeId};
+use std::sync::Arc;
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, CheckpointStrategy, NoCheckpointing};
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive, backend::Backend};
+use burn_flex::{Flex, FlexTensor};
+
+use super::KeyMask;
+use super::attention::{self as attn, Dims};
+use super::elementwise as ew;
+
+type AdTensor = FloatTensor<Autodiff<Flex>>;
+
+pub fn is_flex<B: Backend>() -> bool {
+    TypeId::of::<B>() == TypeId::of::<Flex>()
+}
+
+pub fn is_autodiff_flex<B: Backend>() -> bool {
+    checkpointing::<B>().is_some()
+}
+
+/// Which autodiff checkpointing strategy `B = Autodiff<Flex, C>` uses.
+#[derive(Clone, Copy)]
+enum Strategy {
+    None,
+    Balanced,
+}
+
+fn checkpointing<B: Backend>() -> Option<Strategy> {
+    if TypeId::of::<B>() == TypeId::of::<Autodiff<Flex, NoCheckpointing>>() {
+        Some(Strategy::None)
+    } else if TypeId::of::<B>() == TypeId::of::<Autodiff<Flex, BalancedCheckpointing>>() {
+        Some(Strategy::Balanced)
+    } else {
+        None
+    }
+}
+
+/// The primitive of `t` as type `P` (the backend's own primitive type when `B` is as checked).
+fn primitive<B: Backend, P: 'static, const D: usize>(t: Tensor<B, D>) -> Option<P> {
+    let any: Box<dyn Any> = Box::new(t.into_primitive().tensor());
+    any.downcast::<P>().ok().map(|p| *p)
+}
+
+fn tensor<B: Backend, P: 'static, const D: usize>(p: P) -> Tensor<B, D> {
+    let any: Box<dyn Any> = Box::new(p);
+    let p = any.downcast::<B::FloatTensorPrimitive>().expect("primitive of backend B");
+    Tensor::from_primitive(TensorPrimitive::Float(*p))
+}
+
+/// `t` as a contiguous f32 tensor (a cheap clone when it already is one).
+fn contiguous(t: &FlexTensor) -> Option<FlexTensor> {
+    if t.dtype() != DType::F32 {
+        return None;
+    }
+    Some(if t.as_slice::<f32>().is_some() { t.clone() } else { t.to_contiguous() })
+}
+
+fn f32s(t: &FlexTensor) -> &[f32] {
+    t.as_slice::<f32>().expect("contiguous f32")
+}
+
+fn from_vec(values: Vec<f32>, shape: &[usize]) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape.to_vec()))
+}
+
+/// The Flex value behind a tensor of `Flex` or `Autodiff<Flex>`, for inputs that need no
+/// gradient (tables): contiguous f32, or `None`.
+fn constant<B: Backend, const D: usize>(t: &Tensor<B, D>) -> Option<FlexTensor> {
+    let t = t.clone();
+    let flex = match is_flex::<B>() {
+        true => primitive::<B, FlexTensor, D>(t)?,
+        false => primitive::<B, AdTensor, D>(t)?.primitive,
+    };
+    contiguous(&flex)
+}
+
+/// Computes the gradients of the inputs from the output's gradient.
+type GradFn = Arc<dyn Fn(&FlexTensor) -> Vec<Option<FlexTensor>> + Send + Sync>;
+
+/// A fused op's forward result: its output and how to take its gradients.
+struct Forward {
+    output: FlexTensor,
+    grad: GradFn,
+}
+
+/// Runs `forward` on the contiguous f32 values of `inputs` (all of one rank `D`) on backend
+/// `B`, recording `Forward::grad` as the backward pass under autodiff; `None` if `B` is neither
+/// Flex nor Flex under autodiff, or an input is not f32.
+fn run<B: Backend, const N: usize, const D: usize, const E: usize>(
+    inputs: [Tensor<B, D>; N],
+    forward: impl FnOnce(&[FlexTensor; N]) -> Forward,
+) -> Option<Tensor<B, E>> {
+    if inputs.iter().any(|t| t.dtype() != DType::F32) {
+        return None;
+    }
+    if is_flex::<B>() {
+        let values = inputs.map(|t| primitive::<B, FlexTensor, D>(t).and_then(|t| contiguous(&t)));
+        let values: [FlexTensor; N] = values.into_iter().collect::<Option<Vec<_>>>()?.try_into().ok()?;
+        return Some(tensor::<B, _, E>(forward(&values).output));
+    }
+    let strategy = checkpointing::<B>()?;
+    let inputs: Vec<AdTensor> = inputs.into_iter().map(primitive::<B, AdTensor, D>).collect::<Option<_>>()?;
+    let inputs: [AdTensor; N] = inputs.try_into().ok()?;
+    let values = inputs.iter().map(|t| contiguous(&t.primitive)).collect::<Option<Vec<_>>>()?;
+    let values: [FlexTensor; N] = values.try_into().ok()?;
+    let result = forward(&values);
+    let out = match strategy {
+        Strategy::None => record::<NoCheckpointing, N>(&inputs, result),
+        Strategy::Balanced => record::<BalancedCheckpointing, N>(&inputs, result),
+    };
+    Some(tensor::<B, _, E>(out))
+}
+
+/// The gradient function of a recorded op.
+#[derive(Clone)]
+struct Saved(GradFn);
+
+impl std::fmt::Debug for Saved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("fused op")
+    }
+}
+
+#[derive(Debug)]
+struct FusedBackward;
+
+impl<const N: usize> Backward<Flex, N> for FusedBackward {
+    type State = Saved;
+
+    fn backward(self, ops: Ops<Saved, N>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = grads.consume::<Flex>(&ops.node);
+        let grad = contiguous(&grad).expect("f32 gradient");
+        for (parent, g) in ops.parents.into_iter().zip((ops.state.0)(&grad)) {
+            if let (Some(parent), Some(g)) = (parent, g) {
+                grads.register::<Flex>(parent.id, g);
+            }
+        }
+    }
+}
+
+fn record<C: CheckpointStrategy, const N: usize>(inputs: &[AdTensor; N], result: Forward) -> AdTensor {
+    let nodes = inputs.clone().map(|t| t.node);
+    match FusedBackward.prepare::<C>(nodes).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish(Saved(result.grad), result.output),
+        OpsKind::UnTracked(prep) => prep.finish(result.output),
+    }
+}
+
+pub fn attention<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, mask: &KeyMask) -> Option<Tensor<B, 4>> {
+    let [batch, queries, heads, head_dim] = q.dims();
+    let [_, keys, kv_heads, _] = k.dims();
+    let dims = Dims { batch, queries, keys, heads, kv_heads, head_dim };
+    if mask.batch != batch || mask.keys != keys {
+        return None;
+    }
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let mask = mask.clone();
+    run::<B, 3, 4, 4>([q, k, v], move |[q, k, v]| {
+        let (out, lse) = attn::forward(dims, f32s(q), f32s(k), f32s(v), &mask.valid, scale);
+        let output = from_vec(out, &[batch, queries, heads, head_dim]);
+        let (q, k, v, out) = (q.clone(), k.clone(), v.clone(), output.clone());
+        let grad: GradFn = Arc::new(move |dout| {
+            let (dq, dk, dv) = attn::backward(dims, f32s(&q), f32s(&k), f32s(&v), &mask.valid, scale, f32s(&out), &lse, f32s(dout));
+            vec![
+                Some(from_vec(dq, &[batch, queries, heads, head_dim])),
+                Some(from_vec(dk, &[batch, keys, kv_heads, head_dim])),
+                Some(from_vec(dv, &[batch, keys, kv_heads, head_dim])),
+            ]
+        });
+        Forward { output, grad }
+    })
+}
+
+pub fn swiglu<B: Backend, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>) -> Option<Tensor<B, D>> {
+    let shape = gate.dims();
+    if up.dims() != shape {
+        return None;
+    }
+    run::<B, 2, D, D>([gate, up], move |[gate, up]| {
+        let output = from_vec(ew::swiglu(f32s(gate), f32s(up)), &shape);
+        let (gate, up) = (gate.clone(), up.clone());
+        let grad: GradFn = Arc::new(move |dout| {
+            let (dg, du) = ew::swiglu_backward(f32s(&gate), f32s(&up), f32s(dout));
+            vec![Some(from_vec(dg, &shape)), Some(from_vec(du, &shape))]
+        });
+        Forward { output, grad }
+    })
+}
+
+pub fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> Option<Tensor<B, 4>> {
+    let shape = x.dims();
+    let [batch, seq, heads, d] = shape;
+    if cos.dims() != [batch, 1, seq, d] || sin.dims() != [batch, 1, seq, d] {
+        return None;
+    }
+    let (cos, sin) = (constant(cos)?, constant(sin)?);
+    run::<B, 1, 4, 4>([x], move |[x]| {
+        let output = from_vec(ew::rope(f32s(x), f32s(&cos), f32s(&sin), heads, d, false), &shape);
+        let grad: GradFn = Arc::new(move |dout| vec![Some(from_vec(ew::rope(f32s(dout), f32s(&cos), f32s(&sin), heads, d, true), &shape))]);
+        Forward { output, grad }
+    })
+}
+
+pub fn rms_norm<B: Backend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 1>, eps: f64) -> Option<Tensor<B, D>> {
+    let shape = x.dims();
+    let width = weight.dims()[0];
+    if shape[D - 1] != width {
+        return None;
+    }
+    // Both inputs as rank-D tensors so one `run` takes them; the weight goes back to `[width]`.
+    let mut wshape = [1; D];
+    wshape[D - 1] = width;
+    let weight = weight.reshape(wshape);
+    run::<B, 2, D, D>([x, weight], move |[x, weight]| {
+        let (out, inv) = ew::rms_norm(f32s(x), f32s(weight), eps as f32);
+        let output = from_vec(out, &shape);
+        let (x, weight) = (x.clone(), weight.clone());
+        let grad: GradFn = Arc::new(move |dout| {
+            let (dx, dw) = ew::rms_norm_backward(f32s(&x), f32s(&weight), &inv, f32s(dout));
+            vec![Some(from_vec(dx, &shape)), Some(from_vec(dw, &wshape))]
+        });
+        Forward { output, grad }
+    })
+}
+
+pub fn token_logprobs<B: Backend>(logits: Tensor<B, 3>, targets: &[u32]) -> Option<Tensor<B, 2>> {
+    let [batch, seq, vocab] = logits.dims();
+    if targets.len() != batch * seq || targets.iter().any(|&t| t as usize >= vocab) {
+        return None;
+    }
+    let targets: Arc<Vec<u32>> = Arc::new(targets.to_vec());
+    run::<B, 1, 3, 2>([logits], move |[logits]| {
+        let (out, lse) = ew::token_logprobs(f32s(logits), vocab, &targets);
+        let logits = logits.clone();
+        let grad: GradFn = Arc::new(move |dout| {
+            vec![Some(from_vec(ew::token_logprobs_backward(f32s(&logits), vocab, &targets, &lse, f32s(dout)), &[batch, seq, vocab]))]
+        });
+        Forward { output: from_vec(out, &[batch, seq]), grad }
+    })
+}
+
+pub fn adamw<B: Backend>(
+    param: Tensor<B, 1>,
+    grad: Tensor<B, 1>,
+    moments: Option<(Tensor<B, 1>, Tensor<B, 1>)>,
+    step: ew::AdamWStep,
+) -> Option<(Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>)> {
+    if !is_flex::<B>() {
+        return None;
+    }
+    let n = param.dims()[0];
+    let values = |t: Tensor<B, 1>| primitive::<B, FlexTensor, 1>(t).and_then(|t| contiguous(&t));
+    let (p, g) = (values(param)?, values(grad)?);
+    let (m, v) = match moments {
+        Some((m, v)) => (values(m)?, values(v)?),
+        None => {
+            let zeros = from_vec(vec![0.0; n], &[n]);
+            (zeros.clone(), zeros)
+        }
+    };
+    let (p, m, v) = ew::adamw(f32s(&p), f32s(&g), f32s(&m), f32s(&v), step);
+    let wrap = |x: Vec<f32>| tensor::<B, _, 1>(from_vec(x, &[n]));
+    Some((wrap(p), wrap(m), wrap(v)))
+}

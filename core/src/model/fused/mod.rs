@@ -1,0 +1,112 @@
+//! Fused CPU kernels for the Flex backend (f32), with their backward passes under
+//! `Autodiff<Flex>`: the parts of a Qwen2 block that burn runs as chains of single-threaded
+//! elementwise ops (attention's mask, softmax and transposes; see `benches/README.md`).
+//!
+//! Each entry point takes and returns burn tensors of any backend and answers `None` when it does
+//! not apply (another backend, a dtype other than f32, or the `flex` feature off); the caller
+//! then runs burn's ops. Kernels dispatch on CPU features at run time ([`simd::level`]) and
+//! run on rayon's pool.
+
+#[cfg(feature = "flex")]
+pub mod attention;
+#[cfg(feature = "flex")]
+pub mod elementwise;
+pub mod simd;
+
+use std::sync::Arc;
+
+use burn::tensor::{Tensor, backend::Backend};
+
+/// Which keys are real tokens, host-side: `[batch, keys]`, 1 = real, 0 = padding. Built once
+/// per forward pass and shared by every layer.
+#[derive(Debug, Clone)]
+pub struct KeyMask {
+    pub batch: usize,
+    pub keys: usize,
+    pub valid: Arc<Vec<u8>>,
+}
+
+/// Whether the fused kernels run on backend `B` (Flex, or Flex under autodiff).
+pub fn available<B: Backend>() -> bool {
+    #[cfg(feature = "flex")]
+    return flex::is_flex::<B>() || flex::is_autodiff_flex::<B>();
+    #[cfg(not(feature = "flex"))]
+    false
+}
+
+/// Causal grouped-query attention (see `attention.rs` for the masking rule): `q` `[B, T, H, d]`,
+/// `k` and `v` `[B, S, K, d]`, the output `[B, T, H, d]`, scores scaled by `1/√d`.
+pub fn attention<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, mask: &KeyMask) -> Option<Tensor<B, 4>> {
+    #[cfg(feature = "flex")]
+    return flex::attention(q, k, v, mask);
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = (q, k, v, mask);
+        None
+    }
+}
+
+/// `silu(gate) · up` (SwiGLU's gating), any shape.
+pub fn swiglu<B: Backend, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>) -> Option<Tensor<B, D>> {
+    #[cfg(feature = "flex")]
+    return flex::swiglu(gate, up);
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = (gate, up);
+        None
+    }
+}
+
+/// Rotary embedding (Hugging Face's rotate-half) of `x` `[B, T, n, d]` with `cos`, `sin`
+/// `[B, 1, T, d]` (constants).
+pub fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> Option<Tensor<B, 4>> {
+    #[cfg(feature = "flex")]
+    return flex::rope(x, cos, sin);
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = (x, cos, sin);
+        None
+    }
+}
+
+/// RMSNorm over the last axis: `x / √(mean(x²) + eps) · weight`.
+pub fn rms_norm<B: Backend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 1>, eps: f64) -> Option<Tensor<B, D>> {
+    #[cfg(feature = "flex")]
+    return flex::rms_norm(x, weight, eps);
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = (x, weight, eps);
+        None
+    }
+}
+
+/// `log_softmax(logits)[b, t, targets[b, t]]`: `[B, T, V]` → `[B, T]`, `targets` row-major
+/// `[B, T]` on the host.
+pub fn token_logprobs<B: Backend>(logits: Tensor<B, 3>, targets: &[u32]) -> Option<Tensor<B, 2>> {
+    #[cfg(feature = "flex")]
+    return flex::token_logprobs(logits, targets);
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = (logits, targets);
+        None
+    }
+}
+
+/// One AdamW update of a flattened parameter on Flex (no autodiff): `(param, exp_avg,
+/// exp_avg_sq)` after the step, bit-identical to `train::adamw`'s burn ops; `moments` `None`
+/// starts them at zero.
+#[cfg(feature = "flex")]
+pub fn adamw<B: Backend>(
+    param: Tensor<B, 1>,
+    grad: Tensor<B, 1>,
+    moments: Option<(Tensor<B, 1>, Tensor<B, 1>)>,
+    step: elementwise::AdamWStep,
+) -> Option<(Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>)> {
+    flex::adamw(param, grad, moments, step)
+}
+
+#[cfg(feature = "flex")]
+mod flex;
+
+#[cfg(all(test, feature = "flex"))]
+mod tests;

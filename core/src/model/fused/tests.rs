@@ -1,0 +1,235 @@
+//! The fused kernels against burn's plain ops: values on Flex, gradients under `Autodiff<Flex>`.
+
+use burn::backend::Autodiff;
+use burn::tensor::activation::softmax;
+use burn::tensor::{Bool, Distribution, ElementConversion, Tensor, TensorData, backend::Backend};
+use burn_flex::Flex;
+
+use super::{KeyMask, attention, rms_norm, rope, swiglu, token_logprobs};
+use burn::tensor::activation::silu;
+
+type Ad = Autodiff<Flex>;
+
+/// Attention written out with burn ops: K/V repeated per query head, a dense mask from the
+/// visibility rule (query `t` is key `o + t`; it sees earlier real keys and itself).
+fn reference<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, mask: &KeyMask) -> Tensor<B, 4> {
+    let [b, t, h, d] = q.dims();
+    let [_, s, kv, _] = k.dims();
+    let g = h / kv;
+    let repeat = |x: Tensor<B, 4>| x.swap_dims(1, 2).unsqueeze_dim::<5>(2).expand([b, kv, g, s, d]).reshape([b, h, s, d]);
+    let (k, v) = (repeat(k), repeat(v));
+    let scores = q.swap_dims(1, 2).matmul(k.swap_dims(2, 3)) / (d as f64).sqrt(); // [b, h, t, s]
+    let offset = s - t;
+    let hidden: Vec<bool> = (0..b)
+        .flat_map(|bi| (0..t).flat_map(move |ti| (0..s).map(move |j| (bi, ti, j))))
+        .map(|(bi, ti, j)| !(j <= offset + ti && (mask.valid[bi * s + j] != 0 || j == offset + ti)))
+        .collect();
+    let hidden = Tensor::<B, 4, Bool>::from_data(TensorData::new(hidden, [b, 1, t, s]), &scores.device()).expand([b, h, t, s]);
+    softmax(scores.mask_fill(hidden, f32::NEG_INFINITY), 3).matmul(v).swap_dims(1, 2)
+}
+
+fn max_diff<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> f32 {
+    (a - b).abs().max().into_scalar().elem::<f32>()
+}
+
+/// Random inputs: batch 3, `t` queries over `s` keys, 6 heads on 2 KV heads, d = 8; row 1 has
+/// left padding, row 2 right padding.
+fn case<B: Backend>(t: usize, s: usize) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>, KeyMask) {
+    let device = Default::default();
+    let (b, h, kv, d) = (3, 6, 2, 8);
+    let n = Distribution::Normal(0.0, 1.0);
+    let q = Tensor::random([b, t, h, d], n, &device);
+    let k = Tensor::random([b, s, kv, d], n, &device);
+    let v = Tensor::random([b, s, kv, d], n, &device);
+    let valid: Vec<u8> = (0..b * s)
+        .map(|i| match i / s {
+            1 => (i % s >= 2) as u8,
+            2 => (i % s < s - 3) as u8,
+            _ => 1,
+        })
+        .collect();
+    (q, k, v, KeyMask { batch: b, keys: s, valid: valid.into() })
+}
+
+#[test]
+fn attention_matches_burn_ops_for_prefill_and_cached_decoding() {
+    for (t, s) in [(7, 7), (1, 9), (3, 10), (300, 300)] {
+        let (q, k, v, mask) = case::<Flex>(t, s);
+        let fused = attention(q.clone(), k.clone(), v.clone(), &mask).expect("fused path on Flex");
+        let err = max_diff(fused, reference(q, k, v, &mask));
+        assert!(err < 2e-5, "t {t}, s {s}: max |Δ| = {err:e}");
+    }
+}
+
+#[test]
+fn attention_gradients_match_burn_autodiff() {
+    for (t, s) in [(7, 7), (3, 10), (300, 300)] {
+        let (q, k, v, mask) = case::<Ad>(t, s);
+        let weights = Tensor::<Ad, 4>::random(q.dims(), Distribution::Normal(0.0, 1.0), &Default::default());
+        let grads_of = |fused: bool| {
+            let (q, k, v) = (q.clone().require_grad(), k.clone().require_grad(), v.clone().require_grad());
+            let out = match fused {
+                true => attention(q.clone(), k.clone(), v.clone(), &mask).expect("fused path under autodiff"),
+                false => reference(q.clone(), k.clone(), v.clone(), &mask),
+            };
+            let grads = (out * weights.clone()).sum().backward();
+            [q, k, v].map(|x| x.grad(&grads).expect("gradient"))
+        };
+        let (got, want) = (grads_of(true), grads_of(false));
+        for (name, (g, w)) in ["q", "k", "v"].iter().zip(got.into_iter().zip(want)) {
+            let err = max_diff(g, w);
+            assert!(err < 5e-5, "t {t}, s {s}: d{name} max |Δ| = {err:e}");
+        }
+    }
+}
+
+fn normal<B: Backend, const D: usize>(shape: [usize; D]) -> Tensor<B, D> {
+    Tensor::random(shape, Distribution::Normal(0.0, 1.0), &Default::default())
+}
+
+/// Values of `fused` and `plain` on the same inputs, and their gradients through a random
+/// weighting of the output, agree within `tol`.
+fn check_op<const N: usize, const D: usize, const E: usize>(
+    inputs: [Tensor<Ad, D>; N],
+    fused: impl Fn([Tensor<Ad, D>; N]) -> Option<Tensor<Ad, E>>,
+    plain: impl Fn([Tensor<Ad, D>; N]) -> Tensor<Ad, E>,
+    tol: f32,
+) {
+    let run = |use_fused: bool| {
+        let inputs = inputs.clone().map(|t| t.require_grad());
+        let out = match use_fused {
+            true => fused(inputs.clone()).expect("fused path under autodiff"),
+            false => plain(inputs.clone()),
+        };
+        let grads = (out.clone() * weights_for(&out)).sum().backward();
+        (out, inputs.map(|x| x.grad(&grads).expect("gradient")))
+    };
+    let ((got, got_grads), (want, want_grads)) = (run(true), run(false));
+    let err = max_diff(got.inner(), want.inner());
+    assert!(err < tol, "values: max |Δ| = {err:e}");
+    for (i, (g, w)) in got_grads.into_iter().zip(want_grads).enumerate() {
+        let err = max_diff(g, w);
+        assert!(err < tol, "gradient of input {i}: max |Δ| = {err:e}");
+    }
+}
+
+/// A fixed pseudo-random weighting of the output (the same for both runs).
+fn weights_for<const E: usize>(out: &Tensor<Ad, E>) -> Tensor<Ad, E> {
+    let n = out.shape().num_elements();
+    let values: Vec<f32> = (0..n).map(|i| ((i * 7919) % 113) as f32 / 56.0 - 1.0).collect();
+    Tensor::from_data(TensorData::new(values, out.dims()), &Default::default())
+}
+
+#[test]
+fn swiglu_matches_silu_times_up() {
+    check_op([normal([3, 5, 37]), normal([3, 5, 37]) * 3.0], |[g, u]| swiglu(g, u), |[g, u]| silu(g) * u, 1e-5);
+}
+
+#[test]
+fn rope_matches_rotate_half() {
+    let (b, t, h, d) = (2, 5, 3, 8);
+    let cos = normal::<Ad, 4>([b, 1, t, d]);
+    let sin = normal::<Ad, 4>([b, 1, t, d]);
+    let plain = |x: Tensor<Ad, 4>| {
+        let (c, s) = (cos.clone().reshape([b, t, 1, d]), sin.clone().reshape([b, t, 1, d]));
+        let rotated = Tensor::cat(vec![x.clone().narrow(3, d / 2, d / 2).neg(), x.clone().narrow(3, 0, d / 2)], 3);
+        x * c + rotated * s
+    };
+    check_op([normal([b, t, h, d])], |[x]| rope(x, &cos, &sin), |[x]| plain(x), 1e-5);
+}
+
+#[test]
+fn rms_norm_matches_the_formula() {
+    let weight = normal::<Ad, 1>([48]);
+    let plain = |x: Tensor<Ad, 3>, w: Tensor<Ad, 1>| {
+        let inv = (x.clone().square().mean_dim(2) + 1e-6).sqrt().recip();
+        x * inv * w.unsqueeze()
+    };
+    // The weight's gradient is checked through a rank-3 view of it.
+    check_op(
+        [normal([4, 3, 48]) * 2.0, weight.clone().reshape([1, 1, 48])],
+        |[x, w]| rms_norm(x, w.reshape([48]), 1e-6),
+        |[x, w]| plain(x, w.reshape([48])),
+        2e-5,
+    );
+}
+
+#[test]
+fn token_logprobs_match_log_softmax_and_gather() {
+    let (b, t, v) = (2, 3, 37);
+    let targets: Vec<u32> = (0..b * t).map(|i| (i * 11 % v) as u32).collect();
+    let ids: Tensor<Ad, 2, burn::tensor::Int> =
+        Tensor::from_data(TensorData::new(targets.iter().map(|&x| x as i64).collect::<Vec<_>>(), [b, t]), &Default::default());
+    let plain = |x: Tensor<Ad, 3>| burn::tensor::activation::log_softmax(x, 2).gather(2, ids.clone().unsqueeze_dim(2)).squeeze_dim::<2>(2);
+    check_op([normal([b, t, v]) * 4.0], |[x]| token_logprobs(x, &targets), |[x]| plain(x), 2e-5);
+}
+
+/// The fused AdamW step is bit-identical to `train::adamw`'s chain of burn ops.
+#[test]
+fn adamw_step_is_bit_identical_to_burn_ops() {
+    let (lr, wd, b1, b2, eps, clip, t) = (3e-3f64, 0.1f64, 0.9f64, 0.999f64, 1e-8f64, 0.37f64, 3i32);
+    let n = 40_000;
+    let [p, g, m] = [0, 1, 2].map(|_| normal::<Flex, 1>([n]));
+    let v = normal::<Flex, 1>([n]).abs();
+    let grad = g.clone().mul_scalar(clip);
+    let exp_avg = m.clone() + (grad.clone() - m.clone()).mul_scalar(1.0 - b1);
+    let exp_avg_sq = v.clone().mul_scalar(b2) + grad.clone().mul_scalar(1.0 - b2) * grad;
+    let denom = exp_avg_sq.clone().sqrt().div_scalar((1.0 - b2.powi(t)).sqrt()).add_scalar(eps);
+    let want = p.clone().mul_scalar(1.0 - lr * wd) - (exp_avg.clone() / denom).mul_scalar(lr / (1.0 - b1.powi(t)));
+    let step = super::elementwise::AdamWStep {
+        clip: Some(clip as f32),
+        decay: Some((1.0 - lr * wd) as f32),
+        w: (1.0 - b1) as f32,
+        beta2: b2 as f32,
+        one_minus_beta2: (1.0 - b2) as f32,
+        bias_correction2_sqrt: (1.0 - b2.powi(t)).sqrt() as f32,
+        eps: eps as f32,
+        step_size: (lr / (1.0 - b1.powi(t))) as f32,
+    };
+    let (got, got_m, got_v) = super::adamw(p, g, Some((m, v)), step).expect("fused AdamW on Flex");
+    for (a, b) in [(got, want), (got_m, exp_avg), (got_v, exp_avg_sq)] {
+        assert_eq!(a.into_data().to_vec::<f32>().unwrap(), b.into_data().to_vec::<f32>().unwrap());
+    }
+}
+
+/// On the fused path, prefill plus cached decoding of a left-padded batch gives the logits of one
+/// full forward pass over the whole sequences (and the model does take the fused path).
+#[test]
+fn cached_decoding_with_fused_attention_equals_a_full_forward() {
+    use crate::model::{HostBatch, Qwen2, Qwen2Config};
+    let config: Qwen2Config = serde_json::from_str(
+        r#"{"vocab_size": 97, "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 2,
+            "num_attention_heads": 6, "num_key_value_heads": 2, "tie_word_embeddings": true,
+            "max_position_embeddings": 64, "rope_theta": 10000.0, "initializer_range": 0.3}"#,
+    )
+    .unwrap();
+    let device = Default::default();
+    let model = Qwen2::<Flex>::random(&config, 7, &device).unwrap();
+    assert!(super::available::<Flex>());
+    let rows: Vec<Vec<u32>> = vec![(0..12).map(|t| (t * 5 + 1) % 97).collect(), (0..9).map(|t| (t * 11 + 3) % 97).collect()];
+    let full = model.forward(&HostBatch::left_padded(&rows, 0).unwrap().to_device::<Flex>(&device));
+    // The same sequences: a prefill of the first 6 (5 for the shorter row) tokens, then one
+    // token at a time through the cache.
+    let prefix: Vec<Vec<u32>> = rows.iter().map(|r| r[..r.len() - 6].to_vec()).collect();
+    let mut cache = model.new_cache();
+    let prefill = HostBatch::left_padded(&prefix, 0).unwrap();
+    let _ = model.forward_hidden(&prefill.to_device::<Flex>(&device), Some(&mut cache));
+    let mut seen: Vec<usize> = prefix.iter().map(Vec::len).collect();
+    for step in 0..6 {
+        let ids: Vec<u32> = rows.iter().zip(&seen).map(|(r, &n)| r[n]).collect();
+        let batch = HostBatch { batch: 2, seq: 1, ids: ids.clone(), valid: vec![true; 2] };
+        let mut inputs = batch.to_device::<Flex>(&device);
+        let positions: Vec<i64> = seen.iter().map(|&n| n as i64).collect();
+        inputs.positions = Tensor::from_data(TensorData::new(positions, [2, 1]), &device);
+        let logits = model.logits(model.forward_hidden(&inputs, Some(&mut cache)));
+        for (b, r) in rows.iter().enumerate() {
+            // Row b's token `seen[b]` sits at column `pad + seen[b]` of the full left-padded pass.
+            let column = 12 - r.len() + seen[b];
+            let want = full.clone().narrow(0, b, 1).narrow(1, column, 1);
+            let got = logits.clone().narrow(0, b, 1);
+            let err = max_diff(got, want);
+            assert!(err < 1e-4, "step {step}, row {b}: max |Δ logit| = {err:e}");
+        }
+        seen.iter_mut().for_each(|n| *n += 1);
+    }
+}

@@ -1,0 +1,279 @@
+//! Multi-process data parallelism through the `kiln` binary, every process on 127.0.0.1:
+//! 2 and 3 nodes with micro-batch b give the weights of one process with micro-batch N·b
+//! (steps back to back); a resumed 2-node run equals an uninterrupted one; a killed node stops
+//! the others with an error naming it; mismatched configs, a missing node and a master port in
+//! use are one-line errors.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::fixture;
+
+fn kiln() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+}
+
+/// A port of 127.0.0.1 that was free a moment ago.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A pre-training config of a tiny model on 200 generated op-2 rows (`extra` appended to
+/// `[output]`).
+fn write_config(dir: &Path, name: &str, micro_batch: usize, steps: u64, extra: &str) -> PathBuf {
+    std::fs::create_dir_all(dir.join("model")).unwrap();
+    if !dir.join("data/train").is_dir() {
+        let out = kiln().args(["data", "interplay", "--ops", "2", "--per-op", "200", "--seed", "1", "--split", "train", "--out"]).arg(dir.join("data")).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    std::fs::write(
+        dir.join("model/config.json"),
+        r#"{"vocab_size": 2200, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": true,
+            "max_position_embeddings": 128, "rope_theta": 1000000.0, "eos_token_id": 3}"#,
+    )
+    .unwrap();
+    let text = format!(
+        r#"[model]
+init = "model/config.json"
+tokenizer = {tokenizer:?}
+seed = 3
+
+[data]
+kind = "mixture"
+root = "data"
+ops = [2]
+probs = [1.0]
+tokens = 20000
+cutoff_len = 64
+
+[train]
+steps = {steps}
+micro_batch = {micro_batch}
+grad_accum = 2
+seed = 5
+
+[optimizer]
+lr = 3e-3
+weight_decay = 0.1
+max_grad_norm = 0.5
+
+[schedule]
+kind = "cosine"
+warmup_steps = 1
+
+[output]
+dir = "{name}"
+{extra}
+"#,
+        tokenizer = fixture("interplay/qwen2_100M"),
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Starts node `rank` of `nnodes` on `port`.
+fn spawn_node(config: &Path, nnodes: usize, rank: usize, port: u16, extra: &[&str]) -> Child {
+    kiln()
+        .args(["pretrain", "--config", config.to_str().unwrap(), "--nnodes", &nnodes.to_string(), "--node-rank", &rank.to_string()])
+        .args(["--master-addr", &format!("127.0.0.1:{port}")])
+        .args(if extra.contains(&"--dist-timeout") { &[][..] } else { &["--dist-timeout", "60"][..] })
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Runs every node to the end (a new port if the first was taken in the meantime).
+fn run_nodes(configs: &[&Path], extra: &[&str]) -> Vec<Output> {
+    for _ in 0..3 {
+        let port = free_port();
+        let children: Vec<Child> = configs.iter().enumerate().map(|(rank, config)| spawn_node(config, configs.len(), rank, port, extra)).collect();
+        let outputs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+        if !stderr(&outputs[0]).contains("is in use") {
+            return outputs;
+        }
+    }
+    panic!("no free port on 127.0.0.1");
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+fn last_line(out: &Output) -> String {
+    stderr(out).lines().last().unwrap_or_default().to_string()
+}
+
+fn succeed(outputs: &[Output]) {
+    for (rank, out) in outputs.iter().enumerate() {
+        assert!(out.status.success(), "node {rank} failed: {}", stderr(out));
+    }
+}
+
+/// A checkpoint's tensors by name.
+fn weights(checkpoint: &Path) -> HashMap<String, Vec<f32>> {
+    let bytes = std::fs::read(checkpoint.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(name, view)| (name, view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()))
+        .collect()
+}
+
+/// Largest ‖a − b‖ / ‖b‖ over the tensors but the key biases, whose exact gradient is zero
+/// (see tests/data_parallel.rs).
+fn max_relative_difference(a: &HashMap<String, Vec<f32>>, b: &HashMap<String, Vec<f32>>) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|x| x * x).sum::<f64>().sqrt();
+    a.iter()
+        .filter(|(name, _)| !name.ends_with("k_proj.bias"))
+        .map(|(name, va)| {
+            let vb = &b[name];
+            norm(&mut va.iter().zip(vb).map(|(x, y)| f64::from(x - y))) / norm(&mut vb.iter().map(|&y| f64::from(y)))
+        })
+        .fold(0.0, f64::max)
+}
+
+fn losses(run: &Path) -> Vec<f64> {
+    kiln::train::trainer::read_metrics(&run.join("metrics.jsonl")).unwrap().iter().map(|r| r["loss"].as_f64().unwrap()).collect()
+}
+
+#[test]
+fn two_and_three_nodes_match_one_process_with_the_whole_batch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let steps = 4;
+    for nnodes in [2usize, 3] {
+        let single = write_config(dir, &format!("single{nnodes}"), 2 * nnodes, steps, "");
+        let out = kiln().args(["pretrain", "--config", single.to_str().unwrap()]).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let multi = write_config(dir, &format!("multi{nnodes}"), 2, steps, "");
+        let configs = vec![multi.as_path(); nnodes];
+        let outputs = run_nodes(&configs, &[]);
+        succeed(&outputs);
+        // Only node 0 writes checkpoints and metrics.
+        let checkpoint = |name: &str| dir.join(name).join(format!("checkpoint-{steps}"));
+        let (a, b) = (weights(&checkpoint(&format!("multi{nnodes}"))), weights(&checkpoint(&format!("single{nnodes}"))));
+        let difference = max_relative_difference(&a, &b);
+        assert!(difference <= 1e-6, "{nnodes} nodes × micro-batch 2 vs 1 × {}: weights differ by {difference:e} relative", 2 * nnodes);
+        let (multi, single) = (losses(&dir.join(format!("multi{nnodes}"))), losses(&dir.join(format!("single{nnodes}"))));
+        assert_eq!(multi.len(), steps as usize);
+        for (x, y) in multi.iter().zip(&single) {
+            assert!((x - y).abs() <= 1e-5 * y.abs(), "losses {multi:?} vs {single:?}");
+        }
+        assert!(multi[steps as usize - 1] < multi[0], "the loss should fall: {multi:?}");
+    }
+}
+
+/// Two processes of two replicas each (the engine inside a process, the ring between them), and
+/// one process of two replicas named in the config, against one device with the whole batch.
+#[test]
+fn replicas_in_processes_and_from_the_config_match_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let steps = 3;
+    let single = write_config(dir, "single", 4, steps, "");
+    let out = kiln().args(["pretrain", "--config", single.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let multi = write_config(dir, "multi", 1, steps, "");
+    succeed(&run_nodes(&[&multi, &multi], &["--devices", "cpu,cpu"]));
+    let listed = write_config(dir, "listed", 2, steps, "").to_str().unwrap().to_string();
+    let text = std::fs::read_to_string(&listed).unwrap().replace("seed = 5", "seed = 5\ndevices = [\"cpu\", \"cpu\"]");
+    std::fs::write(&listed, text).unwrap();
+    let out = kiln().args(["pretrain", "--config", &listed]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reference = weights(&dir.join(format!("single/checkpoint-{steps}")));
+    for run in ["multi", "listed"] {
+        let difference = max_relative_difference(&weights(&dir.join(run).join(format!("checkpoint-{steps}"))), &reference);
+        assert!(difference <= 1e-6, "{run}: weights differ by {difference:e} relative");
+        assert_eq!(losses(&dir.join(run)).len(), steps as usize);
+    }
+    // Devices of two backends do not make one run.
+    let out = kiln().args(["pretrain", "--config", &listed, "--devices", "cpu,cuda:0"]).output().unwrap();
+    assert!(last_line(&out).contains("must all be of one backend (got cpu and cuda:0)"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_resumed_two_node_run_equals_an_uninterrupted_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let whole = write_config(dir, "whole", 2, 4, "");
+    succeed(&run_nodes(&[&whole, &whole], &[]));
+    // A zero time budget stops (and saves) after the first step; the resumed run finishes it.
+    let first = write_config(dir, "part", 2, 4, "time_budget_s = 0.0");
+    succeed(&run_nodes(&[&first, &first], &[]));
+    assert!(dir.join("part/checkpoint-1").is_dir() && !dir.join("part/checkpoint-4").exists());
+    let rest = write_config(dir, "part", 2, 4, "");
+    succeed(&run_nodes(&[&rest, &rest], &["--resume"]));
+    assert!(weights(&dir.join("whole/checkpoint-4")) == weights(&dir.join("part/checkpoint-4")), "final weights differ");
+}
+
+#[test]
+fn a_killed_node_stops_the_others_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let config = write_config(dir, "run", 2, 100_000, "");
+    let port = free_port();
+    let mut children: Vec<Child> = (0..3).map(|rank| spawn_node(&config, 3, rank, port, &[])).collect();
+    // Kill node 2 once training runs (node 0 logged a step).
+    let metrics = dir.join("run/metrics.jsonl");
+    let began = Instant::now();
+    while std::fs::read_to_string(&metrics).map_or(true, |t| t.lines().count() < 2) {
+        if began.elapsed() > Duration::from_secs(120) || children[0].try_wait().unwrap().is_some() {
+            children.iter_mut().for_each(|c| drop(c.kill()));
+            panic!("the run did not start: {}", stderr(&children.remove(0).wait_with_output().unwrap()));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    children[2].kill().unwrap();
+    children[2].wait().unwrap();
+    let killed = Instant::now();
+    for (rank, child) in children.iter_mut().enumerate().take(2) {
+        while child.try_wait().unwrap().is_none() {
+            if killed.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                panic!("node {rank} still runs 30 s after node 2 was killed");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    for (rank, child) in children.into_iter().enumerate().take(2) {
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success(), "node {rank} should fail");
+        let line = last_line(&out);
+        assert!(line.starts_with("error: ") && line.contains("node 2"), "node {rank}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn rendezvous_errors_are_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let a = write_config(dir, "a", 2, 2, "");
+    let b = write_config(dir, "b", 2, 2, "save_steps = 1");
+    // Different configs: both nodes refuse.
+    for out in run_nodes(&[&a, &b], &[]) {
+        let line = last_line(&out);
+        assert!(!out.status.success() && line.contains("node 1 runs another configuration than node 0"), "{}", stderr(&out));
+    }
+    // No node 0.
+    let port = free_port();
+    let out = spawn_node(&a, 2, 1, port, &["--dist-timeout", "1"]).wait_with_output().unwrap();
+    assert!(last_line(&out).contains(&format!("cannot reach node 0 at 127.0.0.1:{port} within 1s")), "{}", stderr(&out));
+    // The master port is taken.
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let out = spawn_node(&a, 2, 0, port, &[]).wait_with_output().unwrap();
+    assert!(last_line(&out).contains(&format!("port {port} of 127.0.0.1 is in use")), "{}", stderr(&out));
+    // --nnodes without a master address.
+    let out = kiln().args(["pretrain", "--config", a.to_str().unwrap(), "--nnodes", "2"]).output().unwrap();
+    assert!(last_line(&out).contains("--nnodes 2 needs --master-addr"), "{}", stderr(&out));
+}
