@@ -8,7 +8,7 @@
 #
 # --model copies a Hugging Face model directory (config.json, model.safetensors, tokenizer
 # files) into OUT_DIR/model, e.g. the quickstart's last checkpoint:
-#   scripts/build-web.sh site --model kiln-quickstart/release/pretrain/checkpoint-200
+#   scripts/build-web.sh site --model kiln-quickstart/release/pretrain/checkpoint-400
 #
 # Needs the wasm32 standard library (`rustup target add wasm32-unknown-unknown`, or where rustup
 # cannot download: ../shared/toolchains/install-wasm32-std.sh) and wasm-bindgen-cli at exactly
@@ -50,7 +50,8 @@ echo "build-web: cargo build --release --target wasm32-unknown-unknown -p kiln-w
 (cd "$root" && cargo build --locked --release --target wasm32-unknown-unknown -p kiln-web)
 
 mkdir -p "$out"
-"$bindgen" --target web --no-typescript --out-dir "$out" "$target_dir/wasm32-unknown-unknown/release/kiln_web.wasm"
+# Without the function-name section (2 MB; panics still name their message and place).
+"$bindgen" --target web --no-typescript --remove-name-section --out-dir "$out" "$target_dir/wasm32-unknown-unknown/release/kiln_web.wasm"
 cp "$root"/web/static/* "$out"/
 if [ -n "$model" ]; then
     rm -rf "$out/model"
