@@ -140,6 +140,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         time_budget: None,
         companions: Some(tokenizer_dir.clone()),
         run_config: json!({ "example": "library" }),
+        precision: Default::default(),
     };
     let pad_id = tokenizer.pad_id().unwrap_or(0);
     let mut objective = AnswerLoss { samples, batch: 16, cursor: 0, pad_id };

@@ -187,3 +187,26 @@ fn f16_checkpoints_load_exactly() {
     let seqs = &reference.expected.sequences;
     assert_eq!(logits(&model, seqs), logits(&reloaded, seqs));
 }
+
+/// `hf::save_random` (what `kiln init` writes, tensor by tensor) is the directory of
+/// `Qwen2::random` saved in that dtype, byte for byte; a bf16 directory loads as bf16 weights.
+#[test]
+fn streamed_random_init_equals_the_saved_random_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = Reference::load("tied_gqa2");
+    let config = kiln::model::Qwen2Config::from_file(reference.dir.join("config.json")).unwrap();
+    let model = Qwen2::<Cpu>::random(&config, 3, &Default::default()).unwrap();
+    for dtype in [SaveDtype::F32, SaveDtype::BF16, SaveDtype::F16] {
+        let (saved, streamed) = (tmp.path().join(format!("saved-{dtype}")), tmp.path().join(format!("streamed-{dtype}")));
+        hf::save(&model, &saved, dtype, None).unwrap();
+        hf::save_random(&config, 3, &streamed, dtype, None).unwrap();
+        assert_eq!(tensors(&saved), tensors(&streamed), "{dtype}");
+        assert_eq!(std::fs::read_to_string(saved.join("config.json")).unwrap(), std::fs::read_to_string(streamed.join("config.json")).unwrap());
+        let loaded = hf::load_as::<Cpu>(&streamed, &Default::default(), dtype).unwrap();
+        assert_eq!(loaded.dtype(), dtype);
+        let same = Qwen2::<Cpu>::random_as(&config, 3, &Default::default(), dtype).unwrap();
+        assert!(loaded.to_hf_data().iter().zip(same.to_hf_data()).all(|((_, a), (_, b))| a.as_bytes() == b.as_bytes()), "{dtype}");
+    }
+    let err = hf::save_random(&config, 3, tmp.path().join("saved-f32"), SaveDtype::F32, None).unwrap_err().to_string();
+    assert!(err.contains("not overwriting"), "{err}");
+}

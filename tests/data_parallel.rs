@@ -16,7 +16,6 @@ use kiln::data::Sample;
 use kiln::data::packing::pack_ffd;
 use kiln::dist::{self, Replica};
 use kiln::model::{Qwen2, Qwen2Config};
-use kiln::train::adamw::AdamW;
 use kiln::train::trainer::{read_metrics, train_replica};
 use kiln::train::{AdamWConfig, Decay, LoopConfig, NextTokenLoss, SavePolicy, Schedule, Start};
 use serde_json::Value;
@@ -67,6 +66,7 @@ fn loop_config(out: &Path, steps: u64, budget: Option<Duration>) -> LoopConfig {
         time_budget: budget,
         companions: Some(fixture("interplay/qwen2_100M")),
         run_config: serde_json::json!({"test": true}),
+        precision: Default::default(),
     }
 }
 
@@ -78,7 +78,7 @@ fn replica_run(replica: Replica, out: &Path, prompts: bool, micro_batch: usize, 
     let device = Default::default();
     let start = match replica.is_main() {
         true => Start::new(&config, resume, &mut objective, &device, || Qwen2::random(&model_config(), 11, &device)).unwrap(),
-        false => Start { model: Qwen2::random(&model_config(), 99, &device).unwrap(), optimizer: AdamW::new(config.optimizer), step: 0 },
+        false => Start::fresh(&config, &device, || Qwen2::random(&model_config(), 99, &device)).unwrap(),
     };
     train_replica(start, &mut objective, &config, &replica, |_| Ok(Default::default()), |_| {}).unwrap().0
 }

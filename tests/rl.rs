@@ -361,7 +361,7 @@ fn a_custom_reward_plugs_in_and_flat_groups_carry_no_signal() {
     let tokenizer = Tokenizer::from_file(paper_tokenizer()).unwrap();
     let prompts = PromptSet::load(&[fixture("interplay/rows/op2.jsonl")], &tokenizer, 512, Some(8)).unwrap();
     let settings = PgSettings {
-        rollout: RolloutSettings { n: 3, sampler: Sampler::default(), max_response_length: 6, batch_size: 64 },
+        rollout: RolloutSettings { n: 3, sampler: Sampler::default(), max_response_length: 6, batch_size: 64, dtype: None },
         prompts_per_step: 4,
         mini_batch: 2,
         micro_batch: 3,
@@ -382,6 +382,7 @@ fn a_custom_reward_plugs_in_and_flat_groups_carry_no_signal() {
         time_budget: None,
         companions: None,
         run_config: Value::Null,
+        precision: Default::default(),
     };
     let config: Qwen2Config = serde_json::from_str(
         r#"{"vocab_size": 2200, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
@@ -441,4 +442,59 @@ fn opd_on_two_replicas_matches_one_device() {
     let three = vec![burn::tensor::Device::<B>::default(); 3];
     let err = kiln::rl::run::run_replicated::<B>(&config, Method::Opd, &three, None, false, |_| {}, |_| {}).unwrap_err();
     assert!(err.to_string().contains("must be multiples of the 3 replicas"), "{err}");
+}
+
+/// `[model] dtype` samples the rollouts in that dtype while the policy trains in its own
+/// precision: bf16 rollouts of an f32 policy differ from its f32 scores by bf16's rounding
+/// (verl's vLLM-versus-FSDP gap, logged as `logprob_diff_*`), f32 rollouts do not; a
+/// bf16-mixed policy trains through it.
+#[test]
+fn rollouts_sample_in_the_configured_dtype() {
+    use kiln::model::Dtype;
+    use kiln::train::Precision;
+    let run = |dtype: Option<Dtype>, precision: Precision| {
+        let tmp = tempfile::tempdir().unwrap();
+        let device = Default::default();
+        let tokenizer = Tokenizer::from_file(paper_tokenizer()).unwrap();
+        let prompts = PromptSet::load(&[fixture("interplay/rows/op2.jsonl")], &tokenizer, 512, Some(4)).unwrap();
+        let settings = PgSettings {
+            rollout: RolloutSettings { n: 2, sampler: Sampler::default(), max_response_length: 6, batch_size: 64, dtype },
+            prompts_per_step: 2,
+            mini_batch: 2,
+            micro_batch: 4,
+            clip: Clip { low: 0.2, high: 0.2, dual: 3.0 },
+            agg: LossAgg::TokenMean,
+            kl: None,
+            seed: 5,
+        };
+        let signal = Signal::Rewards { reward: Box::new(Constant(0.25)), scaling: RewardScaling::Group, epsilon: 1e-6 };
+        let mut objective = PolicyGradient::<B>::new(settings, prompts, signal, None, tokenizer, vec![3]).unwrap();
+        let loop_config = LoopConfig {
+            total_steps: 1,
+            schedule: Schedule { base_lr: 1e-2, warmup_steps: 0, total_steps: 1, decay: Decay::Constant },
+            optimizer: AdamWConfig::default(),
+            out_dir: tmp.path().to_path_buf(),
+            save: SavePolicy { last: false, ..Default::default() },
+            eval_every: None,
+            time_budget: None,
+            companions: None,
+            run_config: Value::Null,
+            precision,
+        };
+        let config: Qwen2Config = serde_json::from_str(
+            r#"{"vocab_size": 2200, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                "num_attention_heads": 2, "num_key_value_heads": 1, "tie_word_embeddings": true,
+                "max_position_embeddings": 512, "rope_theta": 1000000.0, "eos_token_id": 3, "initializer_range": 0.2}"#,
+        )
+        .unwrap();
+        let start = Start::new(&loop_config, false, &mut objective, &device, || Qwen2::random(&config, 4, &device)).unwrap();
+        let mut records = Vec::new();
+        train(start, &mut objective, &loop_config, |_| Ok(Record::new()), |r| records.push(r.clone())).unwrap();
+        records[0]["logprob_diff_max"].as_f64().unwrap()
+    };
+    let same = run(None, Precision::F32);
+    let bf16 = run(Some(Dtype::BF16), Precision::F32);
+    assert!(same < 1e-4, "f32 rollouts of an f32 policy: {same}");
+    assert!(bf16 > 1e-3, "bf16 rollouts of an f32 policy should differ by bf16 rounding: {bf16}");
+    assert!(run(None, Precision::Bf16Mixed).is_finite());
 }

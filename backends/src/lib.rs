@@ -93,6 +93,30 @@ pub fn run<J: Job>(spec: DeviceSpec, job: J) -> Result<J::Output, BackendError> 
 
 /// Runs `job` on the device named by `spec`, with autodiff.
 pub fn run_training<J: TrainJob>(spec: DeviceSpec, job: J) -> Result<J::Output, BackendError> {
+    run_training_with(spec, false, job)
+}
+
+/// [`run_training`]; with `recompute`, the backward pass recomputes the outputs of memory-bound
+/// operations (elementwise ops, reductions, the softmax) from kept inputs instead of keeping
+/// them, while matrix products stay kept: burn's `BalancedCheckpointing` (burn selects the
+/// strategy by the autodiff backend's type, `Autodiff<B, BalancedCheckpointing>`).
+pub fn run_training_with<J: TrainJob>(spec: DeviceSpec, recompute: bool, job: J) -> Result<J::Output, BackendError> {
+    use burn::backend::Autodiff;
+    use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing as Recompute;
+    match (spec, recompute) {
+        #[cfg(feature = "cpu")]
+        (DeviceSpec::Cpu, true) => Ok(job.run::<Autodiff<Cpu, Recompute>>(Default::default())),
+        #[cfg(feature = "wgpu")]
+        (DeviceSpec::Wgpu(i), true) => Ok(job.run::<Autodiff<Wgpu, Recompute>>(wgpu_device(i))),
+        #[cfg(feature = "cuda")]
+        (DeviceSpec::Cuda(i), true) => Ok(job.run::<Autodiff<Cuda, Recompute>>(burn::backend::cuda::CudaDevice::new(i))),
+        (spec, false) => run_plain(spec, job),
+        #[allow(unreachable_patterns)]
+        (other, _) => Err(not_compiled(other)),
+    }
+}
+
+fn run_plain<J: TrainJob>(spec: DeviceSpec, job: J) -> Result<J::Output, BackendError> {
     use burn::backend::Autodiff;
     match spec {
         #[cfg(feature = "cpu")]
@@ -115,7 +139,14 @@ pub trait ReplicaJob {
 /// Runs `job` on the devices named by `specs` (all of one backend, e.g. `cuda:0, cuda:1` or
 /// `cpu, cpu`), with autodiff.
 pub fn run_replicas<J: ReplicaJob>(specs: &[DeviceSpec], job: J) -> Result<J::Output, BackendError> {
+    run_replicas_with(specs, false, job)
+}
+
+/// [`run_replicas`]; with `recompute`, activations are recomputed in the backward pass as in
+/// [`run_training_with`].
+pub fn run_replicas_with<J: ReplicaJob>(specs: &[DeviceSpec], recompute: bool, job: J) -> Result<J::Output, BackendError> {
     use burn::backend::Autodiff;
+    use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing as Recompute;
     let first = *specs.first().ok_or_else(|| BackendError::Unknown(String::new()))?;
     if let Some(other) = specs.iter().find(|s| std::mem::discriminant(*s) != std::mem::discriminant(&first)) {
         return Err(BackendError::Mixed(first.to_string(), other.to_string()));
@@ -125,15 +156,23 @@ pub fn run_replicas<J: ReplicaJob>(specs: &[DeviceSpec], job: J) -> Result<J::Ou
         DeviceSpec::Cpu => 0,
         DeviceSpec::Wgpu(i) | DeviceSpec::Cuda(i) => *i,
     }).collect();
-    match first {
+    match (first, recompute) {
         #[cfg(feature = "cpu")]
-        DeviceSpec::Cpu => Ok(job.run::<Autodiff<Cpu>>(vec![Default::default(); specs.len()])),
+        (DeviceSpec::Cpu, false) => Ok(job.run::<Autodiff<Cpu>>(vec![Default::default(); specs.len()])),
+        #[cfg(feature = "cpu")]
+        (DeviceSpec::Cpu, true) => Ok(job.run::<Autodiff<Cpu, Recompute>>(vec![Default::default(); specs.len()])),
         #[cfg(feature = "wgpu")]
-        DeviceSpec::Wgpu(_) => Ok(job.run::<Autodiff<Wgpu>>(indices.into_iter().map(wgpu_device).collect())),
+        (DeviceSpec::Wgpu(_), false) => Ok(job.run::<Autodiff<Wgpu>>(indices.into_iter().map(wgpu_device).collect())),
+        #[cfg(feature = "wgpu")]
+        (DeviceSpec::Wgpu(_), true) => Ok(job.run::<Autodiff<Wgpu, Recompute>>(indices.into_iter().map(wgpu_device).collect())),
         #[cfg(feature = "cuda")]
-        DeviceSpec::Cuda(_) => Ok(job.run::<Autodiff<Cuda>>(indices.into_iter().map(burn::backend::cuda::CudaDevice::new).collect())),
+        (DeviceSpec::Cuda(_), false) => Ok(job.run::<Autodiff<Cuda>>(indices.into_iter().map(burn::backend::cuda::CudaDevice::new).collect())),
+        #[cfg(feature = "cuda")]
+        (DeviceSpec::Cuda(_), true) => {
+            Ok(job.run::<Autodiff<Cuda, Recompute>>(indices.into_iter().map(burn::backend::cuda::CudaDevice::new).collect()))
+        }
         #[allow(unreachable_patterns)]
-        other => Err(not_compiled(other)),
+        (other, _) => Err(not_compiled(other)),
     }
 }
 

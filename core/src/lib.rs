@@ -73,6 +73,7 @@
 //! | Interplay scorer: answers, solution graphs, strict scoring, rewards | `tasks/interplay/answer.rs`, `tasks/interplay/graph/`, `tasks/interplay/scoring.rs`, `tasks/interplay/rewards.rs` (feature `tasks`) |
 //! | run configs (TOML) and the pre-training / SFT / RL runs | `train/config/`, `train/run.rs`, `rl/run.rs` (feature `tasks`) |
 //! | checkpoint evaluation | `eval/` (feature `eval`) |
+//! | precision: dtypes, `[train] precision` (mixed, pure, loss scaling); memory and FLOPs from a config (`kiln plan`) | [`model::dtype`] `model/dtype.rs`, [`train::precision`] `train/precision.rs`, [`plan`] `plan.rs` |
 //! | data parallel: replicas over burn-collective in one process, a TCP ring between processes, sharded evaluation | [`dist`] `dist/` |
 //! | files: JSONL, atomic writes, Python-compatible JSON | [`io`] `io/` |
 //! | SVG charts | `plot.rs` (feature `plot`) |
@@ -174,6 +175,7 @@
 //!     time_budget: None,
 //!     companions: None,
 //!     run_config: Value::Null,
+//!     precision: Default::default(), // f32
 //! };
 //! type B = Autodiff<Flex>;
 //! let device = Default::default();
@@ -239,8 +241,11 @@ pub mod generate;
 pub mod io;
 pub mod metrics;
 pub mod model;
+pub mod plan;
 #[cfg(feature = "plot")]
 pub mod plot;
+#[cfg(feature = "eval")]
+pub mod release;
 pub mod rl;
 #[cfg(feature = "tasks")]
 pub mod tasks;

@@ -11,9 +11,9 @@ use clap::Args;
 use burn::tensor::backend::AutodiffBackend;
 use kiln::backends::{DeviceSpec, Job, TrainJob};
 use kiln::data::Sample;
-use kiln::train::{AdamWConfig, Decay, LoopConfig, NextTokenLoss, SavePolicy, Schedule, Start, train};
+use kiln::train::{AdamWConfig, Decay, LoopConfig, NextTokenLoss, Precision, SavePolicy, Schedule, Start, train};
 use kiln::generate::{Engine, Sampler, SamplingParams};
-use kiln::model::{Qwen2, Qwen2Config, hf};
+use kiln::model::{Dtype, Qwen2, Qwen2Config, hf};
 use rand::{Rng, SeedableRng};
 
 #[derive(Debug, Args)]
@@ -48,6 +48,16 @@ pub struct BenchArgs {
     /// `--batch` sequences in all.
     #[arg(long, default_value_t = 1)]
     samples: usize,
+    /// Weights and activations in f32, bf16 or f16 (with --train: the mixed precision of that
+    /// dtype unless --precision says otherwise).
+    #[arg(long, default_value = "f32")]
+    dtype: Dtype,
+    /// With --train: f32, bf16-mixed, f16-mixed or bf16-pure.
+    #[arg(long)]
+    precision: Option<Precision>,
+    /// With --train: recompute activations in the backward pass (`[train] recompute`).
+    #[arg(long)]
+    recompute: bool,
 }
 
 /// A count of at least 1.
@@ -61,7 +71,7 @@ fn positive(text: &str) -> Result<usize, String> {
 pub fn run(args: BenchArgs) -> Result<()> {
     let backend = args.backend;
     if args.train {
-        return kiln::backends::run_training(backend, TrainBenchJob(args))?;
+        return kiln::backends::run_training_with(backend, args.recompute, TrainBenchJob(args))?;
     }
     if args.rollout {
         return kiln::backends::run_training(backend, RolloutBenchJob(args))?;
@@ -81,6 +91,9 @@ impl TrainJob for TrainBenchJob {
             Some(path) => Qwen2Config::from_file(path)?,
             None => bail!("--train needs --config"),
         };
+        if args.prompt_len > config.max_position_embeddings {
+            bail!("--prompt-len {} is longer than the model's {} positions (max_position_embeddings)", args.prompt_len, config.max_position_embeddings);
+        }
         let vocab = config.vocab_size as u32;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
         let samples: Vec<Sample> = (0..args.batch * 64)
@@ -98,9 +111,11 @@ impl TrainJob for TrainBenchJob {
             time_budget: None,
             companions: None,
             run_config: serde_json::Value::Null,
+            precision: args.precision.unwrap_or(Precision::mixed(args.dtype)),
         };
         let mut objective = NextTokenLoss::new(samples, args.batch, 1, 0, 0)?;
-        let start = Start::<B>::new(&loop_config, false, &mut objective, &device, || Qwen2::random(&config, 0, &device))?;
+        let weights = loop_config.precision.weights();
+        let start = Start::<B>::new(&loop_config, false, &mut objective, &device, || Qwen2::random_as(&config, 0, &device, weights))?;
         let mut step_times = Vec::new();
         let mut rss = Vec::new();
         train(start, &mut objective, &loop_config, |_| Ok(Default::default()), |record| {
@@ -117,12 +132,15 @@ impl TrainJob for TrainBenchJob {
             "backend": args.backend.to_string(),
             "cpu": cpu_model(),
             "threads": rayon_threads(),
+            "precision": loop_config.precision.name(),
             "parameters": config.num_parameters(),
             "batch": args.batch,
             "seq": args.prompt_len,
             "step_s": median,
             "tokens_per_s": (args.batch * args.prompt_len) as f64 / median,
             "rss_mib_first_last": [rss.first(), rss.last()],
+            "recompute": args.recompute,
+            "peak_rss_mib": kiln::train::metrics::peak_rss_mib(),
         });
         println!("{figures}");
         Ok(())
@@ -137,8 +155,11 @@ impl Job for BenchJob {
     fn run<B: Backend>(self, device: B::Device) -> Result<()> {
         let args = self.0;
         let model: Qwen2<B> = match (&args.config, &args.model) {
-            (Some(config), None) => Qwen2::random(&Qwen2Config::from_file(config)?, 0, &device)?,
-            (None, Some(dir)) => hf::load(dir, &device)?,
+            (Some(config), None) => {
+                args.dtype.check::<B>(&device)?;
+                Qwen2::random_as(&Qwen2Config::from_file(config)?, 0, &device, args.dtype)?
+            }
+            (None, Some(dir)) => hf::load_as(dir, &device, args.dtype)?,
             _ => bail!("give one of --config or --model"),
         };
         println!("{}", generation_figures(&model, &args, Sampler::greedy(), 1, "generate")?);
@@ -156,8 +177,11 @@ impl TrainJob for RolloutBenchJob {
     fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<()> {
         let args = self.0;
         let model: Qwen2<B> = match (&args.config, &args.model) {
-            (Some(config), None) => Qwen2::random(&Qwen2Config::from_file(config)?, 0, &device)?,
-            (None, Some(dir)) => hf::load(dir, &device)?,
+            (Some(config), None) => {
+                args.dtype.check::<B>(&device)?;
+                Qwen2::random_as(&Qwen2Config::from_file(config)?, 0, &device, args.dtype)?
+            }
+            (None, Some(dir)) => hf::load_as(dir, &device, args.dtype)?,
             _ => bail!("give one of --config or --model"),
         };
         let sampler = Sampler { temperature: 1.0, top_k: 0, top_p: 1.0 };
@@ -197,6 +221,7 @@ fn generation_figures<B: Backend>(model: &Qwen2<B>, args: &BenchArgs, sampler: S
         "engine": "kiln",
         "mode": mode,
         "backend": args.backend.to_string(),
+        "dtype": args.dtype.name(),
         "cpu": cpu_model(),
         "parameters": model.config().num_parameters(),
         "batch": sequences,

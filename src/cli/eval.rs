@@ -5,11 +5,13 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
-use burn::tensor::backend::Backend;
 use clap::{Args, Subcommand};
-use kiln::backends::{DeviceSpec, Job};
-use kiln::eval::{EvalEvent, EvalSettings, ModelEntry, evaluate, named_models, release_models};
+use burn::tensor::backend::AutodiffBackend;
+use kiln::backends::{DeviceSpec, ReplicaJob};
+use kiln::dist::NodeSpec;
+use kiln::eval::{EvalEvent, EvalSettings, ModelEntry, evaluate_on, named_models, release_models};
 use kiln::generate::Sampler;
+use kiln::model::Dtype;
 use kiln::tasks::interplay::answer_metrics::{answer_metrics, read_samples};
 use kiln::tasks::interplay::eval::EvalData;
 use kiln::io::write_atomic;
@@ -18,6 +20,7 @@ use kiln::tasks::interplay::graph_passk::{DEFAULT_PASS_AT, aggregate};
 use kiln::io::pyjson::Style;
 use kiln::tasks::interplay::scoring::{ScoreOptions, score};
 
+use super::dist::DistArgs;
 use super::progress;
 
 #[derive(Debug, Args)]
@@ -81,12 +84,20 @@ struct InterplayArgs {
     /// Ops up to this are in-distribution; a negative value puts every op in ID.
     #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
     id_op_threshold: i64,
-    /// Device: cpu, wgpu[:N], cuda[:N].
+    /// Device: cpu, wgpu[:N], cuda[:N] (see --devices for several).
     #[arg(long, default_value = "cpu", value_parser = super::parse_backend)]
     backend: DeviceSpec,
-    /// Sequences decoded together.
+    /// Several devices (`--devices cuda:0,cuda:1`), and several processes with --nnodes,
+    /// --node-rank, --master-addr: the shards are dealt out, one engine per device, and node 0
+    /// writes files identical to a one-device run's.
+    #[command(flatten)]
+    dist: DistArgs,
+    /// Sequences decoded together (per device).
     #[arg(long, default_value_t = 256)]
     batch_size: usize,
+    /// Weights and activations in f32, bf16 or f16 (attention and log-probs in f32).
+    #[arg(long, default_value = "f32")]
+    dtype: Dtype,
     /// Prompts per shard (the unit of work kept on disk for resuming).
     #[arg(long, default_value_t = 32)]
     shard_prompts: usize,
@@ -184,18 +195,29 @@ fn interplay(args: InterplayArgs) -> Result<()> {
         loss: args.loss,
         keep_generations: args.keep_generations,
         overwrite: args.overwrite,
+        dtype: args.dtype,
         ..EvalSettings::default()
     };
-    eprintln!(
-        "{} models, {} ID + {} OOD prompts from {}, {} samples each -> {}",
-        models.len(),
-        data.id.len(),
-        data.ood.len(),
-        data.dir.display(),
-        settings.samples,
-        out.display()
-    );
-    kiln::backends::run(args.backend, EvalJob { models, data, out, settings })?
+    let devices = args.dist.devices(Some(args.backend), None)?;
+    let nodes = args.dist.nodes()?;
+    let node = nodes.as_ref().map_or(0, |n| n.node_rank);
+    if node == 0 {
+        let on = match (devices.len(), &nodes) {
+            (1, None) => devices[0].to_string(),
+            (d, None) => format!("{d} devices"),
+            (d, Some(n)) => format!("{d} devices x {} nodes", n.nnodes),
+        };
+        eprintln!(
+            "{} models, {} ID + {} OOD prompts from {}, {} samples each, on {on} -> {}",
+            models.len(),
+            data.id.len(),
+            data.ood.len(),
+            data.dir.display(),
+            settings.samples,
+            out.display()
+        );
+    }
+    kiln::backends::run_replicas(&devices, EvalJob { models, data, out, settings, nodes })?
 }
 
 struct EvalJob {
@@ -203,15 +225,17 @@ struct EvalJob {
     data: EvalData,
     out: PathBuf,
     settings: EvalSettings,
+    nodes: Option<NodeSpec>,
 }
 
-impl Job for EvalJob {
+impl ReplicaJob for EvalJob {
     type Output = Result<()>;
 
-    fn run<B: Backend>(self, device: B::Device) -> Result<()> {
+    fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<()> {
         let mut bar: Option<indicatif::ProgressBar> = None;
         let mut started = std::time::Instant::now();
-        let outcomes = evaluate::<B>(&self.models, &self.data, &self.out, &self.settings, &device, |event| match event {
+        let nodes = self.nodes.as_ref();
+        let outcomes = evaluate_on::<B::InnerBackend>(&self.models, &self.data, &self.out, &self.settings, &devices, nodes, |event| match event {
             EvalEvent::Model { index, count, name } => eprintln!("[{}/{count}] {name}", index + 1),
             EvalEvent::Skipped { name } => eprintln!("  {name}: finished already, skipped (--overwrite re-evaluates)"),
             EvalEvent::Generating { done, total, new_samples, new_tokens, .. } => {
@@ -250,6 +274,10 @@ impl Job for EvalJob {
                 );
             }
         })?;
+        if let Some(spec) = nodes.filter(|n| n.node_rank > 0) {
+            eprintln!("node {}: done; node 0 wrote the files", spec.node_rank);
+            return Ok(());
+        }
         let evaluated = outcomes.iter().filter(|o| !o.skipped).count();
         eprintln!(
             "{evaluated} evaluated, {} skipped; wrote {}",

@@ -8,7 +8,7 @@ use burn::tensor::backend::Backend;
 use clap::Args;
 use kiln::backends::{DeviceSpec, Job};
 use kiln::generate::{Engine, Sampler, SamplingParams, StopCriteria};
-use kiln::model::hf;
+use kiln::model::{Dtype, hf};
 use kiln::tokenizer::Tokenizer;
 use serde::Deserialize;
 
@@ -31,6 +31,9 @@ pub struct GenerateArgs {
     /// Device: cpu, wgpu[:N], cuda[:N].
     #[arg(long, default_value = "cpu", value_parser = super::parse_backend)]
     backend: DeviceSpec,
+    /// Weights and activations in f32, bf16 or f16 (attention and log-probs in f32).
+    #[arg(long, default_value = "f32")]
+    dtype: Dtype,
     /// Samples per prompt.
     #[arg(long, default_value_t = 1)]
     n: usize,
@@ -135,7 +138,7 @@ impl Job for GenerateJob {
             })
             .collect::<Result<_, _>>()?;
 
-        let model = hf::load::<B>(&args.model, &device)?;
+        let model = hf::load_as::<B>(&args.model, &device, args.dtype)?;
         let token_ids = match &args.stop_token_ids {
             Some(ids) => super::parse_ids(ids)?,
             None => Vec::new(),

@@ -4,9 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use kiln::backends::Cpu;
 use kiln::model::hf::{self, SaveDtype};
-use kiln::model::{Qwen2, Qwen2Config};
+use kiln::model::Qwen2Config;
 
 #[derive(Debug, Args)]
 pub struct InitArgs {
@@ -34,8 +33,8 @@ pub fn run(args: InitArgs) -> Result<()> {
         _ => PathBuf::from("."),
     };
     let companions = args.tokenizer_from.clone().unwrap_or(config_dir);
-    let model: Qwen2<Cpu> = Qwen2::random(&config, args.seed, &Default::default())?;
-    hf::save(&model, &args.out, args.dtype, Some(&companions))
+    // Tensor by tensor (the weights of `Qwen2::random`), so memory holds the saved bytes only.
+    hf::save_random(&config, args.seed, &args.out, args.dtype, Some(&companions))
         .with_context(|| format!("writing {}", args.out.display()))?;
     eprintln!(
         "wrote {} ({:.1}M parameters, seed {})",

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use burn::tensor::backend::Backend;
 use clap::Args;
 use kiln::backends::{DeviceSpec, Job};
-use kiln::model::hf;
+use kiln::model::{Dtype, hf};
 use kiln::model::logprobs::sequence_logprobs;
 use kiln::tokenizer::Tokenizer;
 
@@ -25,6 +25,9 @@ pub struct LogprobsArgs {
     /// Device: cpu, wgpu[:N], cuda[:N].
     #[arg(long, default_value = "cpu", value_parser = super::parse_backend)]
     backend: DeviceSpec,
+    /// Weights and activations in f32, bf16 or f16 (attention and log-probs in f32).
+    #[arg(long, default_value = "f32")]
+    dtype: Dtype,
     /// Print `{"ids": [...], "logprobs": [null, ...]}`.
     #[arg(long)]
     json: bool,
@@ -47,7 +50,7 @@ impl Job for LogprobsJob {
             (None, Some(ids)) => (super::parse_ids(ids)?, "--ids"),
             _ => bail!("give one of --text or --ids"),
         };
-        let model = hf::load::<B>(&args.model, &device)?;
+        let model = hf::load_as::<B>(&args.model, &device, args.dtype)?;
         let logprobs = sequence_logprobs(&model, std::slice::from_ref(&ids), 512).context(input)?.remove(0);
         let mut out = std::io::stdout().lock();
         if args.json {

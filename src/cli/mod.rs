@@ -11,10 +11,12 @@ mod eval_code;
 mod generate;
 mod init;
 mod logprobs;
+mod plan;
 mod plot;
 mod plot_train;
 mod progress;
 mod quickstart;
+mod release;
 mod rl;
 mod train;
 
@@ -41,6 +43,8 @@ enum Command {
     Init(init::InitArgs),
     /// Measure prefill and decode throughput.
     Bench(bench::BenchArgs),
+    /// Memory by part and FLOPs of a training step and of generation, from a config.json.
+    Plan(plan::PlanArgs),
     /// Pre-train on an Interplay mixture (packed next-token loss) from a TOML config.
     Pretrain(train::TrainArgs),
     /// Supervised fine-tuning (completion-only loss on ChatML rows) from a TOML config.
@@ -55,6 +59,8 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Charts (SVG) of evaluation results.
     Plot(plot::PlotArgs),
+    /// The Interplay release as one recipe: pre-training, RL, OPD and evaluation of its batches.
+    Release(release::ReleaseArgs),
     /// Code problems: grade completions by running them in the sandbox.
     #[cfg(feature = "code")]
     Code(code::CodeArgs),
@@ -68,6 +74,7 @@ impl Cli {
             Command::Logprobs(args) => logprobs::run(args),
             Command::Init(args) => init::run(args),
             Command::Bench(args) => bench::run(args),
+            Command::Plan(args) => plan::run(args),
             Command::Pretrain(args) => train::run(train::Kind::Pretrain, args),
             Command::Sft(args) => train::run(train::Kind::Sft, args),
             Command::Rl(args) => rl::run(kiln::rl::Method::Grpo, args),
@@ -75,6 +82,7 @@ impl Cli {
             Command::Data(args) => data::run(args),
             Command::Eval(args) => eval::run(args),
             Command::Plot(args) => plot::run(args),
+            Command::Release(args) => release::run(args),
             #[cfg(feature = "code")]
             Command::Code(args) => code::run(args),
         }

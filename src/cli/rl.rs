@@ -34,8 +34,9 @@ pub fn run(method: Method, args: RlArgs) -> Result<()> {
     let config = PgConfig::from_toml(&args.config, &text)?;
     let devices = args.dist.devices(args.backend, config.train.devices.as_deref())?;
     let nodes = args.dist.nodes()?;
+    let recompute = config.train.recompute;
     let job = RlJob { config, method, resume: args.resume, path: args.config, nodes };
-    kiln::backends::run_replicas(&devices, job)?
+    kiln::backends::run_replicas_with(&devices, recompute, job)?
 }
 
 struct RlJob {

@@ -46,7 +46,8 @@ pub fn run(kind: Kind, args: TrainArgs) -> Result<()> {
     }
     let devices = args.dist.devices(args.backend, config.train.devices.as_deref())?;
     let nodes = args.dist.nodes()?;
-    kiln::backends::run_replicas(&devices, RunJob { config, resume: args.resume, nodes })?
+    let recompute = config.train.recompute;
+    kiln::backends::run_replicas_with(&devices, recompute, RunJob { config, resume: args.resume, nodes })?
 }
 
 struct RunJob {
@@ -83,6 +84,9 @@ impl ReplicaJob for RunJob {
                 }
                 if let Some(acc) = number("eval_accuracy") {
                     message += &format!("acc {acc:.3} ");
+                }
+                if let Some(changed) = number("weights_changed") {
+                    message += &format!("changed {:.1}% ", 100.0 * changed);
                 }
                 if let Some(tps) = number("tokens_per_s") {
                     message += &format!("{tps:.0} tok/s");

@@ -6,9 +6,11 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-/// `tests/fixtures/<rel>`.
+/// `tests/fixtures/<rel>` of this checkout, or of the checkout at `$KILN_REPO_DIR` (test binaries
+/// built on one machine and run on another, as `scripts/gpu-check.sh` does).
 pub fn fixture(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(rel)
+    let repo = std::env::var_os("KILN_REPO_DIR").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    repo.join("tests/fixtures").join(rel)
 }
 
 /// The reference models written by transformers.
@@ -39,12 +41,24 @@ impl Reference {
 
     /// An f32 tensor of expected.safetensors as (shape, values).
     pub fn tensor(&self, name: &str) -> (Vec<usize>, Vec<f32>) {
-        let st = safetensors::SafeTensors::deserialize(&self.tensors).unwrap();
-        let view = st.tensor(name).unwrap();
-        let values = view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-        (view.shape().to_vec(), values)
+        f32_tensor(&self.tensors, name)
+    }
+
+    /// The f32 tensors of another safetensors file of the model's directory, by name.
+    pub fn file_tensors(&self, file: &str) -> impl Fn(&str) -> (Vec<usize>, Vec<f32>) + use<> {
+        let bytes = std::fs::read(self.dir.join(file)).unwrap_or_else(|e| panic!("{}: {e}", self.dir.join(file).display()));
+        move |name| f32_tensor(&bytes, name)
     }
 }
+
+/// An f32 tensor of the safetensors file `bytes` as (shape, values).
+fn f32_tensor(bytes: &[u8], name: &str) -> (Vec<usize>, Vec<f32>) {
+    let st = safetensors::SafeTensors::deserialize(bytes).unwrap();
+    let view = st.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let values = view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    (view.shape().to_vec(), values)
+}
+
 
 /// Largest absolute difference of two equally long slices.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

@@ -65,7 +65,6 @@ use std::sync::{Arc, Mutex};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 pub use group::NodeSpec;
 pub use params::{reduce_gradients, reduce_records, sync_start};
@@ -164,7 +163,9 @@ impl Replica {
     pub fn all_reduce<B: Backend>(&self, tensor: Tensor<B, 1>, op: Reduce) -> Result<Tensor<B, 1>> {
         let Some(shared) = &self.shared else { return Ok(tensor) };
         let device = tensor.device();
-        let mut tensor = tensor;
+        // Reduced in f32 whatever the tensor's dtype (bf16-pure weights), handed back in it.
+        let dtype = tensor.dtype();
+        let mut tensor = crate::model::proj::to_dtype(tensor, burn::tensor::DType::F32);
         if self.local_size > 1 {
             self.register::<B>(shared, &device)?;
             tensor = engine::all_reduce_sum::<B>(self.local, tensor, &shared.abort)?;
@@ -188,10 +189,11 @@ impl Replica {
             };
             tensor = Tensor::from_data(TensorData::new(summed, [n]), &device);
         }
-        Ok(match op {
+        let tensor = match op {
             Reduce::Sum => tensor,
             Reduce::Mean => tensor.div_scalar(self.world as f64),
-        })
+        };
+        Ok(crate::model::proj::to_dtype(tensor, dtype))
     }
 
     /// [`Replica::all_reduce`] of several tensors, flattened into buckets of up to 2^24 values.
@@ -325,12 +327,15 @@ pub fn launch<D: Sync, T: Send>(
 /// A short hash of everything that must agree between the nodes of a run (command, config,
 /// devices): nodes whose fingerprints differ are refused at the rendezvous.
 pub fn fingerprint(parts: &[&str]) -> String {
-    let mut hash = Sha256::new();
+    // FNV-1a (64 bit) over each part's length and bytes: stable across builds and machines, and
+    // not a security boundary (a mismatch is a configuration mistake, not an attack).
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for part in parts {
-        hash.update((part.len() as u64).to_le_bytes());
-        hash.update(part.as_bytes());
+        for byte in (part.len() as u64).to_le_bytes().iter().chain(part.as_bytes()) {
+            hash = (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
     }
-    hash.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
+    format!("{hash:016x}")
 }
 
 #[cfg(test)]

@@ -48,12 +48,13 @@ pub fn sync_start<AB: AutodiffBackend, O: Objective<AB>>(replica: &Replica, star
     if replica.world() == 1 {
         return Ok(start);
     }
-    let Start { model, mut optimizer, step } = start;
+    let Start { model, mut optimizer, step, loss_scale } = start;
     let header = replica.broadcast(json!({
         "step": step,
         "optimizer_step": optimizer.step,
         "data": objective.state(),
         "moments": !optimizer.moments.is_empty(),
+        "loss_scale": loss_scale,
     }))?;
     let number = |key: &str| header[key].as_u64().ok_or_else(|| Error::Distributed(format!("rank 0 sent no {key} at the start")));
     let (step, optimizer_step) = (number("step")?, number("optimizer_step")?);
@@ -89,7 +90,9 @@ pub fn sync_start<AB: AutodiffBackend, O: Objective<AB>>(replica: &Replica, star
             optimizer.moments.insert(name.clone(), Moments { exp_avg, exp_avg_sq });
         }
     }
-    Ok(Start { model, optimizer, step })
+    let loss_scale = serde_json::from_value(header["loss_scale"].clone())
+        .map_err(|e| Error::Distributed(format!("rank 0 sent a bad loss scale: {e}")))?;
+    Ok(Start { model, optimizer, step, loss_scale })
 }
 
 /// One metrics record from every replica's: `loss` by the objective's reduction, counts

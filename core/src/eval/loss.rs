@@ -9,9 +9,14 @@
 
 use burn::tensor::backend::Backend;
 
-use crate::error::Result;
+use super::runner::EvalSettings;
+use super::shards::{ShardKind, ShardStore};
+use crate::error::{Error, Result};
+use crate::io::pyjson::{Json, Style};
+use crate::io::{AtomicFile, jsonl_records};
 use crate::model::Qwen2;
 use crate::model::logprobs::sequence_logprobs;
+use crate::tasks::Evaluation;
 use crate::tokenizer::Tokenizer;
 
 /// The mean token loss of each of `texts`, in order. Texts are cut to the model's context; they
@@ -36,4 +41,45 @@ pub fn text_losses<B: Backend>(model: &Qwen2<B>, tokenizer: &Tokenizer, texts: &
         }
     }
     Ok(losses)
+}
+
+/// The teacher-forced loss of every item of every part, computed shard by shard and kept in
+/// loss shards (an item without a loss text scores an empty text: 0).
+pub(super) fn losses<B: Backend>(
+    model: &Qwen2<B>,
+    tokenizer: &Tokenizer,
+    evaluation: &dyn Evaluation,
+    store: &ShardStore,
+    settings: &EvalSettings,
+) -> Result<Vec<Vec<f64>>> {
+    let mut all = Vec::new();
+    for (p, part) in evaluation.parts().iter().enumerate() {
+        let mut part_losses = Vec::with_capacity(part.items.len());
+        for index in 0..part.items.len().div_ceil(settings.shard_prompts) {
+            let start = index * settings.shard_prompts;
+            let end = (start + settings.shard_prompts).min(part.items.len());
+            let path = store.path(ShardKind::Loss, part.name, index);
+            if !path.is_file() {
+                let texts: Vec<&str> = (start..end).map(|i| evaluation.loss_text(p, i).unwrap_or("")).collect();
+                let losses = text_losses(model, tokenizer, &texts, settings.loss_batch_size)?;
+                let mut file = AtomicFile::create(&path)?;
+                for (i, loss) in (start..end).zip(losses) {
+                    let line = Json::object([("__idx", Json::from(i)), ("loss", Json::Float(loss))]);
+                    file.write_line(&line.dumps(Style::COMPACT))?;
+                }
+                file.commit()?;
+            }
+            for record in jsonl_records(&path)? {
+                let record = record?;
+                let loss = record
+                    .fields
+                    .get("loss")
+                    .and_then(serde_json::Value::as_f64)
+                    .ok_or_else(|| Error::data(&path, Some(record.line), "missing \"loss\""))?;
+                part_losses.push(loss);
+            }
+        }
+        all.push(part_losses);
+    }
+    Ok(all)
 }

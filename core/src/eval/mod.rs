@@ -9,9 +9,11 @@
 //! - [`release`]: which checkpoints, and their names.
 //! - [`shards`]: finished work kept on disk.
 //! - [`loss`]: the teacher-forced loss per text.
-//! - [`runner`]: the evaluation itself.
+//! - [`runner`]: the evaluation itself, on one device or several ([`evaluate_on`]).
+//! - `generation`: the shards dealt out over the devices.
 
 mod compat;
+mod generation;
 pub mod loss;
 pub mod release;
 pub mod runner;
@@ -19,4 +21,4 @@ pub mod shards;
 
 pub use compat::{EvalData, EvalRow, Subset};
 pub use release::{ModelEntry, named_models, release_models};
-pub use runner::{EvalEvent, EvalSettings, ModelOutcome, evaluate};
+pub use runner::{EvalEvent, EvalSettings, ModelOutcome, evaluate, evaluate_on};

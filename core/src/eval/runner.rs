@@ -1,7 +1,8 @@
 //! The evaluation of a list of checkpoints on a task (`eval_checkpoints.py` for Interplay,
 //! `docs/interplay.md` §8.1–8.5): for every model, sample `samples` completions of every item of
 //! every part with the batched engine, shard by shard, then let the task write its files
-//! ([`Evaluation`]).
+//! ([`Evaluation`]). [`evaluate`] runs on one device, [`evaluate_on`] on several (and several
+//! processes), with the same files.
 //!
 //! Files under `out` (the release's `evals/` layout):
 //! - `<model>_<part>_generations.jsonl`: the task's line per sample, joined from the shards,
@@ -12,20 +13,21 @@
 //!   `summary_id_weighting.{json,csv}`, rewritten after each model;
 //! - `.shards/<model>/`: finished shards of an unfinished model.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::Backend;
 
-use super::loss::text_losses;
+use super::generation::{Progress, Shard, ShardWork, generate_shards};
+use super::loss::losses;
 use super::release::ModelEntry;
-use super::shards::{ShardKind, ShardStore, remove_dir, shard_seed};
+use super::shards::{ShardKind, ShardStore, concatenate, remove_dir};
+use crate::dist::{self, NodeSpec, Replica};
 use crate::error::{Error, Result};
-use crate::generate::{Engine, Sampler, SamplingParams, StopCriteria};
+use crate::generate::{Engine, Sampler};
 use crate::io::pyjson::{Json, Style};
-use crate::io::{AtomicFile, jsonl_records, remove_file};
-use crate::model::hf;
-use crate::tasks::{Completion, Evaluation, FinishedRun, Item};
+use crate::io::remove_file;
+use crate::model::{Dtype, hf};
+use crate::tasks::{Evaluation, FinishedRun, Item};
 use crate::tokenizer::Tokenizer;
 
 pub use super::compat::{metrics_path, write_model_files};
@@ -57,6 +59,8 @@ pub struct EvalSettings {
     pub keep_generations: bool,
     /// Re-evaluate finished models and drop unfinished shards.
     pub overwrite: bool,
+    /// The dtype models are loaded and sampled in.
+    pub dtype: Dtype,
 }
 
 impl Default for EvalSettings {
@@ -74,6 +78,7 @@ impl Default for EvalSettings {
             loss_batch_size: 8,
             keep_generations: false,
             overwrite: false,
+            dtype: Dtype::F32,
         }
     }
 }
@@ -81,7 +86,7 @@ impl Default for EvalSettings {
 impl EvalSettings {
     /// What the generation shards depend on; shards made with anything else are not reused.
     fn shard_settings(&self, fingerprint: String) -> Json {
-        Json::object([
+        let mut fields = vec![
             ("samples", Json::from(self.samples)),
             ("temperature", Json::Float(f64::from(self.sampler.temperature))),
             ("top_p", Json::Float(f64::from(self.sampler.top_p))),
@@ -92,7 +97,12 @@ impl EvalSettings {
             ("id_op_threshold", Json::from(self.id_op_threshold)),
             ("shard_prompts", Json::from(self.shard_prompts)),
             ("data_sha256", Json::from(fingerprint)),
-        ])
+        ];
+        // Shards sampled in f32 (written before the setting existed) stay valid.
+        if self.dtype != Dtype::F32 {
+            fields.push(("dtype", Json::from(self.dtype.name())));
+        }
+        Json::object(fields)
     }
 }
 
@@ -127,6 +137,7 @@ pub fn generations_path(out: &Path, model: &str, part: impl AsRef<str>) -> PathB
     out.join(format!("{model}_{}_generations.jsonl", part.as_ref()))
 }
 
+
 /// Evaluates `models` on a task's `evaluation` on `device`, writing under `out` (see the module
 /// docs), and returns one outcome per model, in order. For Interplay, `evaluation` is the
 /// [`EvalData`](crate::tasks::interplay::eval::EvalData) of a directory of per-op files.
@@ -138,25 +149,83 @@ pub fn evaluate<B: Backend>(
     device: &B::Device,
     mut on_event: impl FnMut(EvalEvent),
 ) -> Result<Vec<ModelOutcome>> {
+    run_replica::<B>(&Replica::single(), device, models, evaluation, out, settings, &mut on_event)
+}
+
+/// [`evaluate`] on several devices, one engine each (the replicas of [`dist::launch`]), and with
+/// `nodes` on the devices of other processes too. The shards missing on disk are dealt out
+/// round-robin over the replicas; each generates its own and sends them to the main replica
+/// (global rank 0), which writes every shard file and then the task's files. A shard's samples
+/// depend only on its prompts and its seed, so the files are byte-identical to a one-device
+/// run's, and an interrupted run resumes from the shards on disk with any number of devices.
+///
+/// Events come from the main replica only. On the other nodes the outcomes carry no summary
+/// (`Json::Null`): node 0 writes every file. Every node reads the models and the data from its
+/// own paths (the same files: the nodes' fingerprints must agree).
+pub fn evaluate_on<B: Backend>(
+    models: &[ModelEntry],
+    evaluation: &(dyn Evaluation + Sync),
+    out: &Path,
+    settings: &EvalSettings,
+    devices: &[B::Device],
+    nodes: Option<&NodeSpec>,
+    on_event: impl FnMut(EvalEvent),
+) -> Result<Vec<ModelOutcome>> {
+    let names: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
+    let settings_text = settings.shard_settings(evaluation.fingerprint()).dumps(Style::COMPACT);
+    let fingerprint = dist::fingerprint(&["eval", &names.join("\n"), &settings_text, &devices.len().to_string()]);
+    let other = |replica: Replica, device: &B::Device| run_replica::<B>(&replica, device, models, evaluation, out, settings, &mut |_| {});
+    let main = |replica: Replica, device: &B::Device| {
+        let mut on_event = on_event;
+        let mut quiet = |_: EvalEvent| {};
+        let events: &mut dyn FnMut(EvalEvent) = if replica.is_main() { &mut on_event } else { &mut quiet };
+        run_replica::<B>(&replica, device, models, evaluation, out, settings, events)
+    };
+    dist::launch(devices, nodes, &fingerprint, main, other)
+}
+
+/// One replica's part of an evaluation: every replica walks the models in order; the main one
+/// decides what is left to do, reports, and writes.
+fn run_replica<B: Backend>(
+    replica: &Replica,
+    device: &B::Device,
+    models: &[ModelEntry],
+    evaluation: &dyn Evaluation,
+    out: &Path,
+    settings: &EvalSettings,
+    on_event: &mut dyn FnMut(EvalEvent),
+) -> Result<Vec<ModelOutcome>> {
     if settings.samples == 0 || settings.shard_prompts == 0 {
         return Err(Error::InvalidInput("samples and shard size must be at least 1".into()));
     }
-    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let main = replica.is_main();
+    if main {
+        std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    }
     let mut prepared = false;
     let mut outcomes: Vec<ModelOutcome> = Vec::new();
     for (index, entry) in models.iter().enumerate() {
         let name = entry.name.as_str();
-        on_event(EvalEvent::Model { index, count: models.len(), name });
-        let finished = evaluation.finished_marker(out, name).is_file() && !settings.overwrite;
-        if finished {
-            on_event(EvalEvent::Skipped { name });
-            remove_dir(&ShardStore::dir_for(out, name))?;
-        } else {
-            if !prepared {
+        let mut finished = false;
+        if main {
+            on_event(EvalEvent::Model { index, count: models.len(), name });
+            finished = evaluation.finished_marker(out, name).is_file() && !settings.overwrite;
+            if finished {
+                on_event(EvalEvent::Skipped { name });
+                remove_dir(&ShardStore::dir_for(out, name))?;
+            }
+        }
+        let finished = replica.broadcast(finished.into())?.as_bool().unwrap_or(false);
+        if !finished {
+            if main && !prepared {
                 evaluation.prepare(out)?;
                 prepared = true;
             }
-            evaluate_model::<B>(entry, evaluation, out, settings, device, &mut on_event)?;
+            evaluate_model::<B>(replica, entry, evaluation, out, settings, device, on_event)?;
+        }
+        if !main {
+            outcomes.push(ModelOutcome { name: name.to_owned(), summary: Json::Null, skipped: finished });
+            continue;
         }
         let summary = evaluation.summary(out, name)?;
         if !finished {
@@ -183,84 +252,57 @@ fn encode_prompts(items: &[Item], tokenizer: &Tokenizer, context: usize) -> Resu
         .collect()
 }
 
+/// One model on every replica: sampling of the missing shards (see [`evaluate_on`]), then, on
+/// the main replica, the losses and the task's files.
 fn evaluate_model<B: Backend>(
+    replica: &Replica,
     entry: &ModelEntry,
     evaluation: &dyn Evaluation,
     out: &Path,
     settings: &EvalSettings,
     device: &B::Device,
-    on_event: &mut impl FnMut(EvalEvent),
+    on_event: &mut dyn FnMut(EvalEvent),
 ) -> Result<()> {
     let name = entry.name.as_str();
-    let model = hf::load::<B>(&entry.path, device)?;
+    let model = hf::load_as::<B>(&entry.path, device, settings.dtype)?;
     let tokenizer = Tokenizer::from_file(&entry.path)?;
-    let context = model.context_len();
     let parts = evaluation.parts();
-    let prompts: Vec<Vec<Vec<u32>>> = parts.iter().map(|p| encode_prompts(p.items, &tokenizer, context)).collect::<Result<_>>()?;
-    let shard_dir = ShardStore::dir_for(out, name);
-    if settings.overwrite {
-        // The finished marker goes first, so that an interrupted re-evaluation is never taken
-        // for a finished one.
-        remove_file(&evaluation.finished_marker(out, name))?;
-        remove_dir(&shard_dir)?;
-    }
-    let store = ShardStore::open(&shard_dir, &settings.shard_settings(evaluation.fingerprint()))?;
+    let prompts: Vec<Vec<Vec<u32>>> = parts.iter().map(|p| encode_prompts(p.items, &tokenizer, model.context_len())).collect::<Result<_>>()?;
+    let shards: Vec<Shard> = parts
+        .iter()
+        .enumerate()
+        .flat_map(|(part, p)| (0..p.items.len().div_ceil(settings.shard_prompts)).map(move |index| Shard { part, index }))
+        .collect();
+
+    // The main replica opens the store and says which shards are missing.
+    let store = if replica.is_main() {
+        let shard_dir = ShardStore::dir_for(out, name);
+        if settings.overwrite {
+            // The finished marker goes first, so that an interrupted re-evaluation is never
+            // taken for a finished one.
+            remove_file(&evaluation.finished_marker(out, name))?;
+            remove_dir(&shard_dir)?;
+        }
+        Some(ShardStore::open(&shard_dir, &settings.shard_settings(evaluation.fingerprint()))?)
+    } else {
+        None
+    };
+    let missing: Vec<usize> = match &store {
+        Some(store) => (0..shards.len()).filter(|&k| !store.path(ShardKind::Generations, parts[shards[k].part].name, shards[k].index).is_file()).collect(),
+        None => Vec::new(),
+    };
+    let missing: Vec<Shard> = replica
+        .broadcast(missing.into())?
+        .as_array()
+        .map(|ks| ks.iter().filter_map(|k| k.as_u64()).filter_map(|k| shards.get(k as usize).copied()).collect())
+        .unwrap_or_default();
 
     let mut engine = Engine::new(&model, Some(&tokenizer));
     engine.max_batch_size = settings.batch_size.max(1);
-    let n = settings.samples;
-    let total = parts.iter().map(|p| p.items.len()).sum::<usize>() * n;
-    let mut done = 0;
-    for part in &parts {
-        for (index, items) in part.items.chunks(settings.shard_prompts).enumerate() {
-            if store.path(ShardKind::Generations, part.name, index).is_file() {
-                done += items.len() * n;
-            }
-        }
-    }
-    let (mut new_samples, mut new_tokens) = (0, 0);
-    on_event(EvalEvent::Generating { name, done, total, new_samples, new_tokens });
-    for (p, (part, prompts)) in parts.iter().zip(&prompts).enumerate() {
-        for (index, prompts) in prompts.chunks(settings.shard_prompts).enumerate() {
-            let path = store.path(ShardKind::Generations, part.name, index);
-            if path.is_file() {
-                continue;
-            }
-            let params = SamplingParams {
-                n,
-                sampler: settings.sampler,
-                max_new_tokens: settings.max_new_tokens,
-                stop: StopCriteria { token_ids: Vec::new(), strings: settings.stop.clone() },
-                ignore_eos: false, // the model's EOS ids stop too
-                seed: shard_seed(settings.seed, p, index),
-                skip_special_tokens: false,
-            };
-            let (base_samples, base_tokens) = (new_samples, new_tokens);
-            let results = engine.generate(prompts, &params, |progress| {
-                on_event(EvalEvent::Generating {
-                    name,
-                    done: done + progress.finished,
-                    total,
-                    new_samples: base_samples + progress.finished,
-                    new_tokens: base_tokens + progress.tokens,
-                });
-            })?;
-            let completions: Vec<Vec<Completion>> = results
-                .into_iter()
-                .map(|samples| samples.into_iter().map(|s| Completion { tokens: s.token_ids.len(), text: s.text }).collect())
-                .collect();
-            let lines = evaluation.records(p, index * settings.shard_prompts, &completions)?;
-            let mut file = AtomicFile::create(&path)?;
-            for line in &lines {
-                file.write_line(line)?;
-            }
-            file.commit()?;
-            new_tokens += completions.iter().flatten().map(|c| c.tokens).sum::<usize>();
-            done += prompts.len() * n;
-            new_samples += prompts.len() * n;
-            on_event(EvalEvent::Generating { name, done, total, new_samples, new_tokens });
-        }
-    }
+    let work = ShardWork { evaluation, parts: &parts, prompts: &prompts, settings };
+    let progress = Progress::new(name, &parts, &missing, settings);
+    generate_shards(replica, &engine, &work, &missing, progress, store.as_ref(), on_event)?;
+    let Some(store) = store else { return Ok(()) };
 
     let losses = if settings.loss {
         on_event(EvalEvent::Stage { name, stage: "loss" });
@@ -274,60 +316,7 @@ fn evaluate_model<B: Backend>(
         let files: Vec<PathBuf> = (0..shards).map(|i| store.path(ShardKind::Generations, part.name, i)).collect();
         concatenate(&files, path)?;
     }
-    let run = FinishedRun { generations: &generations, samples: n, losses: losses.as_deref(), keep_generations: settings.keep_generations };
+    let run = FinishedRun { generations: &generations, samples: settings.samples, losses: losses.as_deref(), keep_generations: settings.keep_generations };
     evaluation.finish(name, out, &run, &mut |stage| on_event(EvalEvent::Stage { name, stage }))?;
     store.remove()
-}
-
-/// The teacher-forced loss of every item of every part, computed shard by shard and kept in
-/// loss shards (an item without a loss text scores an empty text: 0).
-fn losses<B: Backend>(
-    model: &crate::model::Qwen2<B>,
-    tokenizer: &Tokenizer,
-    evaluation: &dyn Evaluation,
-    store: &ShardStore,
-    settings: &EvalSettings,
-) -> Result<Vec<Vec<f64>>> {
-    let mut all = Vec::new();
-    for (p, part) in evaluation.parts().iter().enumerate() {
-        let mut part_losses = Vec::with_capacity(part.items.len());
-        for index in 0..part.items.len().div_ceil(settings.shard_prompts) {
-            let start = index * settings.shard_prompts;
-            let end = (start + settings.shard_prompts).min(part.items.len());
-            let path = store.path(ShardKind::Loss, part.name, index);
-            if !path.is_file() {
-                let texts: Vec<&str> = (start..end).map(|i| evaluation.loss_text(p, i).unwrap_or("")).collect();
-                let losses = text_losses(model, tokenizer, &texts, settings.loss_batch_size)?;
-                let mut file = AtomicFile::create(&path)?;
-                for (i, loss) in (start..end).zip(losses) {
-                    let line = Json::object([("__idx", Json::from(i)), ("loss", Json::Float(loss))]);
-                    file.write_line(&line.dumps(Style::COMPACT))?;
-                }
-                file.commit()?;
-            }
-            for record in jsonl_records(&path)? {
-                let record = record?;
-                let loss = record
-                    .fields
-                    .get("loss")
-                    .and_then(serde_json::Value::as_f64)
-                    .ok_or_else(|| Error::data(&path, Some(record.line), "missing \"loss\""))?;
-                part_losses.push(loss);
-            }
-        }
-        all.push(part_losses);
-    }
-    Ok(all)
-}
-
-/// Writes the concatenation of `parts` to `path` (atomically).
-fn concatenate(parts: &[PathBuf], path: &Path) -> Result<()> {
-    let mut file = AtomicFile::create(path)?;
-    for part in parts {
-        let reader = BufReader::new(std::fs::File::open(part).map_err(|e| Error::io(part, e))?);
-        for line in reader.lines() {
-            file.write_line(&line.map_err(|e| Error::io(part, e))?)?;
-        }
-    }
-    file.commit()
 }

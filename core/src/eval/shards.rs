@@ -4,11 +4,12 @@
 //! what the shards were made with; shards made with other settings or other data are never
 //! mixed in.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::io::pyjson::{Json, Style};
-use crate::io::write_atomic;
+use crate::io::{AtomicFile, write_atomic};
 
 pub use crate::io::remove_dir;
 
@@ -73,6 +74,18 @@ impl ShardStore {
         }
         Ok(())
     }
+}
+
+/// Writes the concatenation of `parts` to `path` (atomically).
+pub fn concatenate(parts: &[PathBuf], path: &Path) -> Result<()> {
+    let mut file = AtomicFile::create(path)?;
+    for part in parts {
+        let reader = BufReader::new(std::fs::File::open(part).map_err(|e| Error::io(part, e))?);
+        for line in reader.lines() {
+            file.write_line(&line.map_err(|e| Error::io(part, e))?)?;
+        }
+    }
+    file.commit()
 }
 
 /// The sampling seed of one shard: `seed` mixed with the part's position (Interplay: ID is part

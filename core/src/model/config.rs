@@ -231,6 +231,14 @@ mod tests {
             "tie_word_embeddings":true,"rope_theta":1000000.0}"#)
         .unwrap();
         assert_eq!(c.num_parameters(), 1_543_714_304);
+        // The committed config (spec code-sft §6.1) is this model: 338 tensors, no lm_head.
+        let committed = Qwen2Config::from_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/configs/qwen2.5-coder-1.5b/config.json")).unwrap();
+        assert_eq!(committed.num_parameters(), 1_543_714_304);
+        assert_eq!((committed.head_dim(), committed.num_kv_heads(), committed.rope_theta()), (128, 2, 1e6));
+        assert_eq!((committed.rms_norm_eps, committed.max_position_embeddings, committed.eos_token_ids()), (1e-6, 32768, vec![151645]));
+        let tensors = crate::model::weights::expected_tensors(&committed);
+        assert_eq!(tensors.len(), 338);
+        assert!(tensors.iter().all(|t| t.name != "lm_head.weight"));
     }
 
     #[test]

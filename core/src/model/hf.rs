@@ -14,12 +14,13 @@ use burn::tensor::TensorData;
 use burn::tensor::backend::Backend;
 #[cfg(not(target_arch = "wasm32"))]
 use memmap2::Mmap;
-use safetensors::{Dtype, SafeTensors, View};
+use safetensors::{Dtype as StDtype, SafeTensors, View};
 use serde_json::Value;
 
 use super::config::Qwen2Config;
+use super::dtype::Dtype;
 use super::qwen2::Qwen2;
-use super::weights::{TensorSpec, WeightSource, expected_tensors};
+use super::weights::{RandomInit, TensorSpec, WeightSource, expected_tensors};
 use crate::error::{Error, Result};
 
 /// The safetensors file of an unsharded model directory.
@@ -38,36 +39,8 @@ pub const COMPANION_FILES: &[&str] = &[
     "chat_template.jinja",
 ];
 
-/// Floating-point format of saved tensors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SaveDtype {
-    #[default]
-    F32,
-    BF16,
-    F16,
-}
-
-impl SaveDtype {
-    fn torch_name(self) -> &'static str {
-        match self {
-            SaveDtype::F32 => "float32",
-            SaveDtype::BF16 => "bfloat16",
-            SaveDtype::F16 => "float16",
-        }
-    }
-}
-
-impl std::str::FromStr for SaveDtype {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "f32" | "float32" => Ok(Self::F32),
-            "bf16" | "bfloat16" => Ok(Self::BF16),
-            "f16" | "float16" => Ok(Self::F16),
-            other => Err(Error::InvalidInput(format!("unknown dtype {other:?} (f32, bf16, f16)"))),
-        }
-    }
-}
+/// Floating-point format of saved tensors (the model's [`Dtype`]; the old name is kept).
+pub type SaveDtype = Dtype;
 
 /// The bytes of one safetensors file: memory-mapped, or owned (see [`load_bytes`]).
 enum FileBytes {
@@ -151,7 +124,7 @@ impl SafetensorsDir {
                             spec.shape
                         ));
                     }
-                    if !matches!(view.dtype(), Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+                    if !matches!(view.dtype(), StDtype::F32 | StDtype::BF16 | StDtype::F16) {
                         problems.push(format!("tensor {} has unsupported dtype {:?}", spec.name, view.dtype()));
                     }
                 }
@@ -186,24 +159,44 @@ impl SafetensorsDir {
 }
 
 impl WeightSource for SafetensorsDir {
+    /// The tensor in the file's dtype (no f32 copy of a bf16 checkpoint). Its pages of the
+    /// memory map are released once read, so loading never holds the file and the model at once.
     fn tensor(&mut self, spec: &TensorSpec) -> Result<TensorData> {
         let (path, view) = self.view(&spec.name)?;
-        let values = decode(&view)
+        let data = decode(&view, spec.shape.clone())
             .ok_or_else(|| Error::checkpoint(path, format!("tensor {} has unsupported dtype {:?}", spec.name, view.dtype())))?;
-        if values.len() != spec.shape.iter().product::<usize>() {
+        if data.num_elements() != spec.shape.iter().product::<usize>() {
             return Err(Error::checkpoint(path, format!("tensor {} has the wrong number of elements", spec.name)));
         }
-        Ok(TensorData::new(values, spec.shape.clone()))
+        let bytes = view.data();
+        release(&self.files[self.index[&spec.name]].1, bytes.as_ptr(), bytes.len());
+        Ok(data)
     }
 }
 
-/// f32 values of an F32, BF16 or F16 tensor.
-fn decode(view: &safetensors::tensor::TensorView<'_>) -> Option<Vec<f32>> {
+/// Tells the kernel that the pages of a memory-mapped `file` under `[start, start + len)` are
+/// not needed any more, so they stop counting as resident (they are read from the file again if
+/// touched). Files already in memory ([`load_bytes`]) are left as they are.
+fn release(file: &FileBytes, start: *const u8, len: usize) {
+    #[cfg(unix)]
+    if let FileBytes::Mapped(mmap) = file {
+        let offset = start as usize - mmap.as_ptr() as usize;
+        // SAFETY: a read-only, file-backed mapping: dropped pages (memmap2 widens the range to
+        // whole pages, which may hold neighbouring tensors) are re-read from the file, which is
+        // not changed while the map lives.
+        let _ = unsafe { mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
+    }
+    #[cfg(not(unix))]
+    let _ = (file, start, len);
+}
+
+/// An F32, BF16 or F16 tensor as host data of the same dtype, `shape` `[..]`.
+fn decode(view: &safetensors::tensor::TensorView<'_>, shape: Vec<usize>) -> Option<TensorData> {
     let bytes = view.data();
     Some(match view.dtype() {
-        Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-        Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-        Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        StDtype::F32 => TensorData::new(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(), shape),
+        StDtype::BF16 => TensorData::new(bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]])).collect(), shape),
+        StDtype::F16 => TensorData::new(bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]])).collect(), shape),
         _ => return None,
     })
 }
@@ -237,14 +230,21 @@ pub fn shard_names(path: &Path, index_json: &[u8]) -> Result<Vec<String>> {
     Ok(shards)
 }
 
-/// Loads a Qwen2 model from a Hugging Face directory onto `device`, with the directory's
-/// end-of-sequence ids ([`eos_token_ids`]).
+/// Loads a Qwen2 model from a Hugging Face directory onto `device`, in f32, with the
+/// directory's end-of-sequence ids ([`eos_token_ids`]).
 pub fn load<B: Backend>(dir: impl AsRef<Path>, device: &B::Device) -> Result<Qwen2<B>> {
+    load_as(dir, device, Dtype::F32)
+}
+
+/// [`load`] with weights (and so activations) in `dtype`, whatever the checkpoint stores: a bf16
+/// checkpoint loads as bf16 without an f32 copy.
+pub fn load_as<B: Backend>(dir: impl AsRef<Path>, device: &B::Device, dtype: Dtype) -> Result<Qwen2<B>> {
     let dir = dir.as_ref();
+    dtype.check::<B>(device)?;
     let config = Qwen2Config::from_file(dir.join("config.json"))?;
     let eos_token_ids = eos_token_ids(dir, &config)?;
     let weights = SafetensorsDir::open(dir)?;
-    build(&config, eos_token_ids, weights, device)
+    build(&config, eos_token_ids, weights, device, dtype)
 }
 
 /// The files of a model directory, already in memory (the browser fetches them).
@@ -271,12 +271,12 @@ pub fn load_bytes<B: Backend>(dir: &Path, files: ModelBytes, device: &B::Device)
     };
     let eos_token_ids = merge_eos_ids(&config, generation.as_ref());
     let weights = SafetensorsDir::from_bytes(dir, files.safetensors)?;
-    build(&config, eos_token_ids, weights, device)
+    build(&config, eos_token_ids, weights, device, Dtype::F32)
 }
 
-fn build<B: Backend>(config: &Qwen2Config, eos_token_ids: Vec<u32>, mut weights: SafetensorsDir, device: &B::Device) -> Result<Qwen2<B>> {
+fn build<B: Backend>(config: &Qwen2Config, eos_token_ids: Vec<u32>, mut weights: SafetensorsDir, device: &B::Device, dtype: Dtype) -> Result<Qwen2<B>> {
     weights.check(&expected_tensors(config), config.tie_word_embeddings)?;
-    Ok(Qwen2 { eos_token_ids, ..Qwen2::from_source(config, &mut weights, device)? })
+    Ok(Qwen2 { eos_token_ids, ..Qwen2::from_source_as(config, &mut weights, device, dtype)? })
 }
 
 /// The end-of-sequence ids of the model directory `dir` with config `config`: the
@@ -310,13 +310,13 @@ fn merge_eos_ids(config: &Qwen2Config, generation: Option<&Value>) -> Vec<u32> {
 
 /// A tensor ready for serialisation.
 struct OwnedView {
-    dtype: Dtype,
+    dtype: StDtype,
     shape: Vec<usize>,
     bytes: Vec<u8>,
 }
 
 impl View for &OwnedView {
-    fn dtype(&self) -> Dtype {
+    fn dtype(&self) -> StDtype {
         self.dtype
     }
     fn shape(&self) -> &[usize] {
@@ -330,11 +330,13 @@ impl View for &OwnedView {
     }
 }
 
-fn encode(values: &[f32], dtype: SaveDtype) -> (Dtype, Vec<u8>) {
+/// `data` as little-endian bytes of `dtype`.
+fn encode(data: TensorData, dtype: Dtype) -> (StDtype, Vec<u8>) {
+    let data = data.convert_dtype(dtype.burn());
     match dtype {
-        SaveDtype::F32 => (Dtype::F32, values.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        SaveDtype::BF16 => (Dtype::BF16, values.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect()),
-        SaveDtype::F16 => (Dtype::F16, values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect()),
+        Dtype::F32 => (StDtype::F32, data.as_slice::<f32>().expect("f32").iter().flat_map(|v| v.to_le_bytes()).collect()),
+        Dtype::BF16 => (StDtype::BF16, data.as_slice::<half::bf16>().expect("bf16").iter().flat_map(|v| v.to_le_bytes()).collect()),
+        Dtype::F16 => (StDtype::F16, data.as_slice::<half::f16>().expect("f16").iter().flat_map(|v| v.to_le_bytes()).collect()),
     }
 }
 
@@ -347,17 +349,45 @@ pub fn save<B: Backend>(model: &Qwen2<B>, dir: impl AsRef<Path>, dtype: SaveDtyp
 /// Writes `config.json`, `model.safetensors` and the companion files of `model` into the
 /// existing directory `dir` (no atomicity: see [`save`]).
 pub fn write_model_files<B: Backend>(model: &Qwen2<B>, dir: &Path, dtype: SaveDtype, companions: Option<&Path>) -> Result<()> {
-    let mut config = model.config().clone();
+    let tensors = model.to_hf_data().into_iter().map(|(spec, data)| (spec.name, spec.shape, data));
+    write_directory(model.config(), tensors, dir, dtype, companions)
+}
+
+/// Writes a randomly initialised model (the tensors of [`Qwen2::random`] for `config` and
+/// `seed`) as a Hugging Face directory at `dir` (atomically, as [`save`]), one tensor at a time:
+/// memory holds the saved bytes, never an f32 model.
+pub fn save_random(config: &Qwen2Config, seed: u64, dir: impl AsRef<Path>, dtype: Dtype, companions: Option<&Path>) -> Result<()> {
+    config.validate().map_err(|m| Error::InvalidInput(format!("invalid config: {m}")))?;
+    let mut source = RandomInit::new(config.initializer_range, seed);
+    let tensors = expected_tensors(config)
+        .into_iter()
+        .map(|spec| {
+            let data = source.tensor(&spec)?.convert_dtype(dtype.burn());
+            Ok((spec.name, spec.shape, data))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    write_atomically(dir.as_ref(), |tmp| write_directory(config, tensors, tmp, dtype, companions))
+}
+
+/// `config.json` (recording `dtype`), `model.safetensors` of `tensors` (name, shape, data in HF
+/// layout) and the companion files, into the existing directory `dir`.
+fn write_directory(
+    config: &Qwen2Config,
+    tensors: impl IntoIterator<Item = (String, Vec<usize>, TensorData)>,
+    dir: &Path,
+    dtype: Dtype,
+    companions: Option<&Path>,
+) -> Result<()> {
+    let mut config = config.clone();
     let key = if config.extra.contains_key("dtype") { "dtype" } else { "torch_dtype" };
     config.extra.insert(key.into(), Value::String(dtype.torch_name().into()));
     config.save(dir)?;
 
-    let tensors: BTreeMap<String, OwnedView> = model
-        .to_hf_tensors()
+    let tensors: BTreeMap<String, OwnedView> = tensors
         .into_iter()
-        .map(|(spec, values)| {
-            let (dtype, bytes) = encode(&values, dtype);
-            (spec.name, OwnedView { dtype, shape: spec.shape, bytes })
+        .map(|(name, shape, data)| {
+            let (dtype, bytes) = encode(data, dtype);
+            (name, OwnedView { dtype, shape, bytes })
         })
         .collect();
     write_safetensors(&dir.join(SINGLE_FILE), &tensors)?;
@@ -378,7 +408,7 @@ pub fn write_f32_safetensors(path: &Path, tensors: impl IntoIterator<Item = (Str
     let tensors: BTreeMap<String, OwnedView> = tensors
         .into_iter()
         .map(|(name, shape, values)| {
-            let (dtype, bytes) = encode(&values, SaveDtype::F32);
+            let (dtype, bytes) = encode(TensorData::new(values, shape.clone()), Dtype::F32);
             (name, OwnedView { dtype, shape, bytes })
         })
         .collect();
@@ -393,8 +423,9 @@ pub fn read_f32_safetensors(path: &Path) -> Result<BTreeMap<String, (Vec<usize>,
         .tensors()
         .into_iter()
         .map(|(name, view)| {
-            let values = decode(&view).ok_or_else(|| Error::checkpoint(path, format!("tensor {name} has unsupported dtype {:?}", view.dtype())))?;
-            Ok((name, (view.shape().to_vec(), values)))
+            let data = decode(&view, view.shape().to_vec())
+                .ok_or_else(|| Error::checkpoint(path, format!("tensor {name} has unsupported dtype {:?}", view.dtype())))?;
+            Ok((name, (view.shape().to_vec(), data.convert::<f32>().into_vec().expect("f32"))))
         })
         .collect()
 }

@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod cpu_decode;
+pub mod dtype;
 pub mod fused;
 pub mod hf;
 pub mod inputs;
@@ -13,6 +14,7 @@ pub mod rope;
 pub mod weights;
 
 pub use config::Qwen2Config;
+pub use dtype::Dtype;
 pub use inputs::{HostBatch, Inputs};
 pub use kv_cache::KvCache;
 pub use proj::Proj;

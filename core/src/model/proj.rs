@@ -8,11 +8,15 @@
 //! [`cpu_decode::MAX_ROWS`] rows, so also a model under `Autodiff<Flex>` after `.valid()`), else
 //! one burn matrix product.
 //!
-//! Precision: weights are f32 today; a half-precision weight would be converted and cast here.
+//! Precision: a weight keeps the dtype it is built from ([`Proj::from_hf`]: a bf16 checkpoint
+//! gives bf16 weights, no f32 copy), and [`project`] casts weight and bias to the dtype of the
+//! activations (a no-op when they agree). So an f32 model run on bf16 activations (mixed
+//! precision: f32 master weights) multiplies bf16 copies, and under autodiff the gradient flows
+//! back through the cast to the f32 weight.
 
 use burn::module::{Module, Param};
 use burn::tensor::module::linear;
-use burn::tensor::{Tensor, TensorData, backend::Backend};
+use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 
 use super::cpu_decode;
 use super::weights::Weights;
@@ -38,13 +42,16 @@ impl<B: Backend> Proj<B> {
         Ok(Self::from_hf(weight, bias, vb.device()))
     }
 
-    /// A projection from an f32 weight in HF layout `[out, in]` and an optional bias `[out]`.
+    /// A projection from a weight in HF layout `[out, in]` and an optional bias `[out]`, each
+    /// kept in its dtype if that is bf16 or f16, else in the device's default float (f32).
     pub fn from_hf(weight: TensorData, bias: Option<TensorData>, device: &B::Device) -> Self {
         let [out_dim, in_dim] = [weight.shape[0], weight.shape[1]];
-        let hf = weight.into_vec::<f32>().expect("f32 weight");
-        let weight = TensorData::new(transpose(&hf, out_dim, in_dim), [in_dim, out_dim]);
-        let bias = bias.map(|b| Param::from_tensor(Tensor::from_data(b, device)));
-        Self { weight: Param::from_tensor(Tensor::from_data(weight, device)), bias }
+        let weight = match weight.dtype {
+            DType::BF16 => transposed::<half::bf16>(&weight, out_dim, in_dim),
+            DType::F16 => transposed::<half::f16>(&weight, out_dim, in_dim),
+            _ => transposed::<f32>(&weight.convert_dtype(DType::F32), out_dim, in_dim),
+        };
+        Self { bias: bias.map(|b| param(b, device)), weight: param(weight, device) }
     }
 
     /// `x · W + b` over the last axis of `[B, T, in]`.
@@ -53,10 +60,26 @@ impl<B: Backend> Proj<B> {
     }
 }
 
+/// A parameter of `data` in its dtype if that is a half one, else in the device's default float.
+fn param<B: Backend, const D: usize>(data: TensorData, device: &B::Device) -> Param<Tensor<B, D>> {
+    Param::from_tensor(match data.dtype {
+        DType::BF16 | DType::F16 => {
+            let dtype = data.dtype;
+            Tensor::from_data(data, (device, dtype))
+        }
+        _ => Tensor::from_data(data, device),
+    })
+}
+
+/// `data` `[rows, cols]` (elements `T`) as `[cols, rows]`.
+fn transposed<T: burn::tensor::Element + Copy + Default>(data: &TensorData, rows: usize, cols: usize) -> TensorData {
+    TensorData::new(transpose(data.as_slice::<T>().expect("dtype checked by the caller"), rows, cols), [cols, rows])
+}
+
 /// `values` `[rows, cols]` as `[cols, rows]`, both row-major, in cache-sized tiles.
-fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+fn transpose<T: Copy + Default>(values: &[T], rows: usize, cols: usize) -> Vec<T> {
     const TILE: usize = 32;
-    let mut out = vec![0.0f32; values.len()];
+    let mut out = vec![T::default(); values.len()];
     for r0 in (0..rows).step_by(TILE) {
         for c0 in (0..cols).step_by(TILE) {
             for r in r0..(r0 + TILE).min(rows) {
@@ -69,17 +92,23 @@ fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
+/// `t` in `dtype` (itself when it already is).
+pub fn to_dtype<B: Backend, const D: usize>(t: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
+    if t.dtype() == dtype { t } else { t.cast(dtype) }
+}
+
 /// A `[in, out]` weight in Hugging Face's layout `[out, in]`.
 pub fn to_hf<B: Backend, const D: usize>(weight: Tensor<B, D>) -> Tensor<B, D> {
     weight.transpose()
 }
 
-/// `x · weight + bias` over the last axis of `x` `[B, T, in]`, `weight` `[in, out]`: the CPU
-/// decoding kernel where it applies, else one `[B·T, in] × [in, out]` product (backends multiply
-/// batched operands one batch at a time, which for decoding would repack the whole weight for
-/// every sequence).
+/// `x · weight + bias` over the last axis of `x` `[B, T, in]`, `weight` `[in, out]`, in the dtype
+/// of `x` (weight and bias are cast to it): the CPU decoding kernel where it applies, else one
+/// `[B·T, in] × [in, out]` product (backends multiply batched operands one batch at a time,
+/// which for decoding would repack the whole weight for every sequence).
 pub fn project<B: Backend>(x: Tensor<B, 3>, weight: Tensor<B, 2>, bias: Option<Tensor<B, 1>>) -> Tensor<B, 3> {
     let [batch, seq, _] = x.dims();
+    let (weight, bias) = (to_dtype(weight, x.dtype()), bias.map(|b| to_dtype(b, x.dtype())));
     let x = x.flatten::<2>(0, 1);
     let y = match cpu_decode::matmul(&x, &weight) {
         Some(y) => match bias {

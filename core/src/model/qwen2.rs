@@ -5,7 +5,7 @@
 //! Shapes: `B` batch, `T` new tokens, `S` all key positions (cache + new), `D` hidden size,
 //! `H` query heads, `K` key/value heads, `G = H / K` query heads per KV head, `d` head size.
 
-use burn::module::{Module, Param};
+use burn::module::{Module, ModuleMapper, Param};
 use burn::nn::Embedding;
 use burn::tensor::activation::silu;
 use burn::tensor::module::attention;
@@ -13,6 +13,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Int, Tensor, backend::Backend};
 
 use super::config::Qwen2Config;
+use super::dtype::Dtype;
 use super::fused::{self, KeyMask};
 use super::inputs::Inputs;
 use super::kv_cache::{KvCache, LayerCache};
@@ -43,7 +44,7 @@ impl<B: Backend> RmsNorm<B> {
         let dtype = x.dtype();
         let x = x.cast(DType::F32);
         let inv_rms = (x.clone().square().mean_dim(N - 1) + self.eps).sqrt().recip();
-        (x * inv_rms).cast(dtype) * self.weight.val().unsqueeze()
+        (x * inv_rms).cast(dtype) * proj::to_dtype(self.weight.val(), dtype).unsqueeze()
     }
 }
 
@@ -127,7 +128,11 @@ impl<B: Backend> Attention<B> {
         // K and V G times: query head h = k·G + g reads KV head k, as `repeat_kv` does.
         let q = q.reshape([batch, kv_heads, (heads / kv_heads) * seq, d]);
         let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: false };
-        let out = attention(q, k, v, Some(mask), None, options); // [B, K, G·T, d]
+        // Half precision: scores, softmax and the weighted sum in f32 (as flash attention and
+        // torch's CPU kernels accumulate), the result rounded once. No-ops in f32.
+        let (dtype, f32) = (q.dtype(), |t: Tensor<B, 4>| proj::to_dtype(t, DType::F32));
+        let out = attention(f32(q), f32(k), f32(v), Some(mask), None, options); // [B, K, G·T, d]
+        let out = proj::to_dtype(out, dtype);
         let out = out.reshape([batch, heads, seq, d]).swap_dims(1, 2).reshape([batch, seq, heads * d]);
         self.o_proj.forward(out)
     }
@@ -243,6 +248,10 @@ pub struct Qwen2<B: Backend> {
     /// Token ids that end generation by default (see [`Qwen2::eos_token_ids`]).
     #[module(skip)]
     pub eos_token_ids: Vec<u32>,
+    /// The activations' dtype when it differs from the weights' (mixed precision: f32 weights,
+    /// bf16 activations); see [`Qwen2::compute_dtype`].
+    #[module(skip)]
+    pub compute: Option<Dtype>,
 }
 
 impl<B: Backend> Qwen2<B> {
@@ -265,6 +274,7 @@ impl<B: Backend> Qwen2<B> {
             rope: RotaryEmbedding::new(config.head_dim(), config.rope_theta(), config.max_position_embeddings, vb.device()),
             config: config.clone(),
             eos_token_ids: config.eos_token_ids(),
+            compute: None,
         })
     }
 
@@ -288,9 +298,11 @@ impl<B: Backend> Qwen2<B> {
         let group = self.config.num_attention_heads / kv_heads;
         let rope = self.rope.tables(inputs.positions.clone());
 
-        let x = self.embed_tokens.forward(inputs.ids.clone());
+        let mut x = self.embed_tokens.forward(inputs.ids.clone());
+        if let Some(dtype) = self.compute {
+            x = proj::to_dtype(x, dtype.burn());
+        }
         let mask = AttnMask::new(key_valid, queries, kv_heads, group, x.dtype());
-        let mut x = x;
         for (i, layer) in self.layers.iter().enumerate() {
             let layer_cache = cache.as_deref_mut().map(|c| &mut c.layers[i]);
             x = layer.forward(x, &rope, &mask, layer_cache);
@@ -332,9 +344,60 @@ impl<B: Backend> Qwen2<B> {
         self.rope.max_positions()
     }
 
+    /// The dtype of the weights (f32 also for a backend whose default float is wider).
+    pub fn dtype(&self) -> Dtype {
+        Dtype::from_burn(self.embed_tokens.weight.val().dtype()).unwrap_or_default()
+    }
+
+    /// The dtype activations are computed in: the weights' unless set by
+    /// [`Qwen2::with_compute_dtype`]. Projections and norms cast their weights to it where
+    /// they are used, and attention and the loss compute in f32 whatever it is.
+    pub fn compute_dtype(&self) -> Dtype {
+        self.compute.unwrap_or_else(|| self.dtype())
+    }
+
+    /// The model computing in `dtype` with its weights as they are (mixed precision: f32
+    /// weights with bf16 or f16 activations; under autodiff, gradients reach the f32 weights).
+    pub fn with_compute_dtype(mut self, dtype: Dtype) -> Self {
+        self.compute = Some(dtype);
+        self
+    }
+
+    /// The model with every weight in `dtype` (and activations in it).
+    pub fn cast(self, dtype: Dtype) -> Self {
+        let mut model = self.map(&mut CastParams(dtype.burn()));
+        model.compute = None;
+        model
+    }
+
+    /// The model with weights and activations in `dtype`: itself when they already are, else a
+    /// cast copy (for sampling from a mixed-precision model without casting every weight at
+    /// every step).
+    pub fn in_dtype(self, dtype: Dtype) -> Self {
+        if self.dtype() == dtype && self.compute_dtype() == dtype { self } else { self.cast(dtype) }
+    }
+
     /// The end-of-sequence ids generation stops at by default: `eos_token_id` of `config.json`
     /// and, for a model loaded from a directory, of `generation_config.json`.
     pub fn eos_token_ids(&self) -> &[u32] {
         &self.eos_token_ids
+    }
+}
+
+/// Casts every float parameter to one dtype, keeping parameter ids; under autodiff the cast
+/// parameters are new leaves (they receive the gradients), not views of the old ones.
+struct CastParams(DType);
+
+impl<B: Backend> ModuleMapper<B> for CastParams {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let dtype = self.0;
+        param.map(|t| {
+            if t.dtype() == dtype {
+                return t;
+            }
+            let leaf = t.is_require_grad();
+            let t = t.cast(dtype).detach();
+            if leaf { t.require_grad() } else { t }
+        })
     }
 }

@@ -11,12 +11,13 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
-use burn::tensor::{Tensor, TensorData, backend::Backend};
+use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 
 use super::config::Qwen2Config;
+use super::dtype::Dtype;
 use super::proj;
 use super::qwen2::Qwen2;
 use crate::error::{Error, Result};
@@ -85,7 +86,8 @@ pub fn hf_name(path: &[String]) -> String {
 /// Supplies host tensors (HF layout, row-major) by name. Tensors are asked for in
 /// [`expected_tensors`] order, each once.
 pub trait WeightSource {
-    /// The tensor `spec.name`, which must have `spec.shape` (f32 today).
+    /// The tensor `spec.name`, which must have `spec.shape`, in any float dtype (a checkpoint's
+    /// own: the model converts it to its dtype, tensor by tensor).
     fn tensor(&mut self, spec: &TensorSpec) -> Result<TensorData>;
 }
 
@@ -119,6 +121,8 @@ impl WeightSource for RandomInit {
 /// ask in, the source is read in description order (tensors asked for later wait here).
 struct Store<'s> {
     specs: Vec<TensorSpec>,
+    /// The dtype of the model's parameters (`None`: the device's default float, f32 in kiln).
+    dtype: Option<DType>,
     index: HashMap<String, usize>,
     source: RefCell<&'s mut dyn WeightSource>,
     /// Tensors `..next` have been read from the source; `waiting` holds those not taken yet.
@@ -128,10 +132,10 @@ struct Store<'s> {
 }
 
 impl<'s> Store<'s> {
-    fn new(specs: Vec<TensorSpec>, source: &'s mut dyn WeightSource) -> Self {
+    fn new(specs: Vec<TensorSpec>, source: &'s mut dyn WeightSource, dtype: Option<DType>) -> Self {
         let index = specs.iter().enumerate().map(|(i, s)| (s.name.clone(), i)).collect();
         let taken = RefCell::new(vec![false; specs.len()]);
-        Self { specs, index, source: RefCell::new(source), next: RefCell::new(0), waiting: RefCell::default(), taken }
+        Self { specs, dtype, index, source: RefCell::new(source), next: RefCell::new(0), waiting: RefCell::default(), taken }
     }
 
     fn take(&self, name: &str) -> Result<TensorData> {
@@ -178,14 +182,18 @@ impl<'a, B: Backend> Weights<'a, B> {
         self.store.index.contains_key(&self.path(name))
     }
 
-    /// Tensor `name` as the checkpoint stores it (HF layout, host memory).
+    /// Tensor `name` in HF layout, host memory, in the model's dtype (f32 for the default).
     pub fn host(&self, name: &str) -> Result<TensorData> {
-        self.store.take(&self.path(name))
+        Ok(self.store.take(&self.path(name))?.convert_dtype(self.store.dtype.unwrap_or(DType::F32)))
     }
 
-    /// Tensor `name` as a parameter on the device, in HF layout.
+    /// Tensor `name` as a parameter on the device, in HF layout and the model's dtype.
     pub fn get<const N: usize>(&self, name: &str) -> Result<Param<Tensor<B, N>>> {
-        Ok(Param::from_tensor(Tensor::from_data(self.host(name)?, self.device)))
+        let data = self.host(name)?;
+        Ok(Param::from_tensor(match self.store.dtype {
+            Some(dtype) => Tensor::from_data(data, (self.device, dtype)),
+            None => Tensor::from_data(data, self.device),
+        }))
     }
 
     /// The device the model is built on.
@@ -202,10 +210,17 @@ impl<'a, B: Backend> Weights<'a, B> {
 }
 
 impl<B: Backend> Qwen2<B> {
-    /// Builds the model from `source` (a checkpoint or [`RandomInit`]).
+    /// Builds the model from `source` (a checkpoint or [`RandomInit`]), in f32.
     pub fn from_source(config: &Qwen2Config, source: &mut dyn WeightSource, device: &B::Device) -> Result<Self> {
+        Self::from_source_as(config, source, device, Dtype::F32)
+    }
+
+    /// [`Qwen2::from_source`] with parameters in `dtype` (converted tensor by tensor, so a bf16
+    /// model never exists in f32).
+    pub fn from_source_as(config: &Qwen2Config, source: &mut dyn WeightSource, device: &B::Device, dtype: Dtype) -> Result<Self> {
         config.validate().map_err(|m| Error::InvalidInput(format!("invalid config: {m}")))?;
-        let store = Store::new(expected_tensors(config), source);
+        // f32 is the device's default float (so a test backend's f64 stays f64).
+        let store = Store::new(expected_tensors(config), source, dtype.is_half().then(|| dtype.burn()));
         let model = Qwen2::load(config, &Weights { store: &store, prefix: String::new(), device })?;
         store.finish()?;
         Ok(model)
@@ -216,8 +231,20 @@ impl<B: Backend> Qwen2<B> {
         Self::from_source(config, &mut RandomInit::new(config.initializer_range, seed), device)
     }
 
+    /// [`Qwen2::random`] in `dtype` (the f32 draws rounded tensor by tensor).
+    pub fn random_as(config: &Qwen2Config, seed: u64, device: &B::Device, dtype: Dtype) -> Result<Self> {
+        Self::from_source_as(config, &mut RandomInit::new(config.initializer_range, seed), device, dtype)
+    }
+
     /// Every parameter as `(spec, f32 data in HF layout)`, in [`expected_tensors`] order.
     pub fn to_hf_tensors(&self) -> Vec<(TensorSpec, Vec<f32>)> {
+        let f32 = |(spec, data): (TensorSpec, TensorData)| (spec, data.convert::<f32>().into_vec().expect("f32 data"));
+        self.to_hf_data().into_iter().map(f32).collect()
+    }
+
+    /// Every parameter as `(spec, host data in HF layout)`, in the parameter's dtype and
+    /// [`expected_tensors`] order.
+    pub fn to_hf_data(&self) -> Vec<(TensorSpec, TensorData)> {
         let specs = expected_tensors(&self.config);
         let roles = specs.iter().map(|s| (s.name.clone(), s.role)).collect();
         let mut export = Export { path: Vec::new(), roles, tensors: HashMap::new() };
@@ -262,7 +289,7 @@ impl<B: Backend> ModuleVisitor<B> for Names {
 struct Export {
     path: Vec<String>,
     roles: HashMap<String, TensorRole>,
-    tensors: HashMap<String, Vec<f32>>,
+    tensors: HashMap<String, TensorData>,
 }
 
 impl<B: Backend> ModuleVisitor<B> for Export {
@@ -279,7 +306,7 @@ impl<B: Backend> ModuleVisitor<B> for Export {
             TensorRole::LinearWeight => proj::to_hf(param.val()),
             _ => param.val(),
         };
-        self.tensors.insert(name, value.into_data().convert::<f32>().into_vec().expect("f32 data"));
+        self.tensors.insert(name, value.into_data());
     }
 }
 
@@ -351,7 +378,7 @@ mod tests {
         let specs = expected_tensors(&config(true));
         let mut recorder = Recorder(Vec::new());
         {
-            let store = Store::new(specs.clone(), &mut recorder);
+            let store = Store::new(specs.clone(), &mut recorder, None);
             let vb = Weights::<Flex> { store: &store, prefix: String::new(), device: &Default::default() };
             let norm = vb.pp("model").pp("norm");
             assert_eq!(norm.host("weight").unwrap().shape.to_vec(), vec![8]);
@@ -366,7 +393,7 @@ mod tests {
         assert_eq!(recorder.0, specs.iter().map(|s| s.name.clone()).collect::<Vec<_>>());
 
         let mut recorder = Recorder(Vec::new());
-        let store = Store::new(specs, &mut recorder);
+        let store = Store::new(specs, &mut recorder, None);
         let vb = Weights::<Flex> { store: &store, prefix: String::new(), device: &Default::default() };
         vb.host("model.embed_tokens.weight").unwrap();
         assert!(store.finish().unwrap_err().to_string().contains("does not read model.layers.0.input_layernorm.weight"));

@@ -214,6 +214,7 @@ impl PgConfig {
                 sampler: Sampler { temperature: r.temperature, top_k: r.top_k, top_p: r.top_p },
                 max_response_length: r.max_response_length,
                 batch_size: r.batch_size,
+                dtype: self.model.dtype,
             },
             prompts_per_step: t.prompts_per_step.unwrap_or(PROMPTS_PER_STEP),
             mini_batch: t.mini_batch.unwrap_or(MINI_BATCH),

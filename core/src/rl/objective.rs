@@ -223,7 +223,9 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         let step_prompts = self.prompts.batch(step, s.prompts_per_step, s.seed)?;
         let prompts: Vec<_> = step_prompts.chunks(s.mini_batch).flat_map(|update| update[self.rank * share..(self.rank + 1) * share].iter().copied()).collect();
         let seed = step_seed(s.seed, step) ^ (self.rank as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let responses = rollout(&policy, &self.tokenizer, &self.eos_ids, &prompts, &s.rollout, seed)?;
+        let sampler = policy.clone().in_dtype(s.rollout.dtype.unwrap_or(policy.compute_dtype()));
+        let responses = rollout(&sampler, &self.tokenizer, &self.eos_ids, &prompts, &s.rollout, seed)?;
+        drop(sampler);
         let rollout_s = began.elapsed().as_secs_f64();
 
         let groups: Vec<usize> = responses.iter().map(|r| r.group).collect();
@@ -445,7 +447,7 @@ mod tests {
         let tokenizer = Tokenizer::from_file(fixtures.join("qwen2_100M")).unwrap();
         let prompts = PromptSet::load(&[fixtures.join("rows/op2.jsonl")], &tokenizer, 512, Some(4)).unwrap();
         let settings = PgSettings {
-            rollout: RolloutSettings { n: 4, sampler: Sampler::default(), max_response_length: 6, batch_size: 64 },
+            rollout: RolloutSettings { n: 4, sampler: Sampler::default(), max_response_length: 6, batch_size: 64, dtype: None },
             prompts_per_step: 4,
             mini_batch: 2,
             micro_batch: 4,

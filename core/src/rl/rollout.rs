@@ -7,7 +7,7 @@ use burn::tensor::backend::Backend;
 use super::prompts::Prompt;
 use crate::error::Result;
 use crate::generate::{Engine, FinishReason, Sampler, SamplingParams, StopCriteria};
-use crate::model::Qwen2;
+use crate::model::{Dtype, Qwen2};
 use crate::tokenizer::Tokenizer;
 
 /// How responses are sampled.
@@ -19,6 +19,8 @@ pub struct RolloutSettings {
     pub max_response_length: usize,
     /// Most sequences decoded together.
     pub batch_size: usize,
+    /// The policy samples in this dtype (`[model] dtype`; default: the dtype it computes in).
+    pub dtype: Option<Dtype>,
 }
 
 /// One sampled response.

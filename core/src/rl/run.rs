@@ -16,11 +16,11 @@ use crate::dist::{self, NodeSpec, Replica};
 use crate::error::{Error, Result};
 use crate::generate::model_eos_ids;
 use crate::io::jsonl_files;
-use crate::model::{Qwen2, Qwen2Config, hf};
+use crate::model::{Dtype, Qwen2, Qwen2Config, hf};
 use crate::tokenizer::Tokenizer;
 use crate::train::run::{Sections, loop_config};
 use crate::train::trainer::{Record, RunSummary, Start, train_replica};
-use crate::train::{AdamW, Defaults};
+use crate::train::Defaults;
 
 /// Which method a config is run as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,10 +103,12 @@ fn replica_run<B: AutodiffBackend>(
     let total_steps = config.train.total_steps(|epochs| (per_epoch as f64 * epochs).floor() as u64).map_err(Error::InvalidInput)?;
     on_data(&json!({ "prompts": prompts.report, "steps_per_epoch": per_epoch, "total_steps": total_steps }));
 
+    let frozen_dtype = config.model.dtype.unwrap_or_default();
     let signal = match (&config.reward, &config.teacher) {
         (_, Some(teacher)) => {
             check_same_tokenizer(&tokenizer_dir, &teacher.path)?;
-            Signal::Teacher { model: Box::new(frozen::<B>(&teacher.path, device)?), coef: teacher.coef, full_vocab: teacher.full_vocab }
+            let model = Box::new(frozen::<B>(&teacher.path, device, frozen_dtype)?);
+            Signal::Teacher { model, coef: teacher.coef, full_vocab: teacher.full_vocab }
         }
         (reward, None) => Signal::Rewards {
             reward: task.reward(&reward.clone().unwrap_or_default())?,
@@ -115,11 +117,11 @@ fn replica_run<B: AutodiffBackend>(
         },
     };
     let reference = match settings.kl {
-        Some(_) => Some(frozen::<B>(from, device)?),
+        Some(_) => Some(frozen::<B>(from, device, frozen_dtype)?),
         None => None,
     };
     let eval_every = config.eval.as_ref().map(|e| e.every.or(d.eval_every).unwrap_or_default());
-    let loop_config = loop_config(
+    let mut loop_config = loop_config(
         &d,
         Sections { optimizer: &config.optimizer, schedule: &config.schedule, output: &config.output },
         total_steps,
@@ -128,6 +130,7 @@ fn replica_run<B: AutodiffBackend>(
         json!({ "config": config, "prompts": prompts.report }),
     )
     .map_err(Error::InvalidInput)?;
+    loop_config.precision = config.train.precision;
     let validator = match &config.eval {
         Some(eval) if replica.is_main() => {
             let dir = eval.rows.as_deref().ok_or_else(|| Error::InvalidInput("[eval] needs `rows`".into()))?;
@@ -147,7 +150,7 @@ fn replica_run<B: AutodiffBackend>(
     // Rank 0 resumes (or refuses to overwrite); the others start from its state (dist::sync_start).
     let start = match replica.is_main() {
         true => Start::<B>::new(&loop_config, resume, &mut objective, device, || hf::load::<B>(from, device))?,
-        false => Start { model: hf::load::<B>(from, device)?, optimizer: AdamW::new(loop_config.optimizer), step: 0 },
+        false => Start::<B>::fresh(&loop_config, device, || hf::load::<B>(from, device))?,
     };
     let evaluate = |model: &Qwen2<B::InnerBackend>| match &validator {
         Some(v) => v.evaluate(model),
@@ -167,8 +170,8 @@ fn per_op_files(dir: Option<&Path>, ops: &[u32], files: &[PathBuf]) -> Result<Ve
 }
 
 /// A frozen model (reference or teacher) in the learner's weight layout, without gradients.
-fn frozen<B: AutodiffBackend>(dir: &Path, device: &B::Device) -> Result<Qwen2<B::InnerBackend>> {
-    Ok(hf::load::<B>(dir, device)?.valid())
+fn frozen<B: AutodiffBackend>(dir: &Path, device: &B::Device, dtype: Dtype) -> Result<Qwen2<B::InnerBackend>> {
+    Ok(hf::load_as::<B>(dir, device, dtype)?.valid())
 }
 
 /// Refuses a teacher whose tokenizer differs from the student's: OPD feeds the student's token

@@ -58,7 +58,8 @@ impl Validator {
     pub fn from_files(task: Arc<dyn Task>, files: &[PathBuf], tokenizer: &Tokenizer, eos_ids: Vec<u32>, settings: &ValidationSettings) -> Result<Self> {
         let prompts = PromptSet::from_task(task.as_ref(), files, tokenizer, settings.max_prompt_length, settings.rows_per_op)?;
         let reward = task.reward(&RewardConfig::Outcome)?;
-        let rollout = RolloutSettings { n: 1, sampler: Sampler::greedy(), max_response_length: settings.max_new_tokens, batch_size: settings.batch_size };
+        let rollout =
+            RolloutSettings { n: 1, sampler: Sampler::greedy(), max_response_length: settings.max_new_tokens, batch_size: settings.batch_size, dtype: None };
         Ok(Self { prompts, reward, tokenizer: tokenizer.clone(), eos_ids, id_max_op: settings.id_max_op, rollout })
     }
 

@@ -8,9 +8,11 @@ use std::collections::HashMap;
 
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::{Tensor, backend::AutodiffBackend, backend::Backend};
+use burn::tensor::{DType, Int, Tensor, backend::AutodiffBackend, backend::Backend};
 use burn::tensor::ElementConversion;
 use serde::{Deserialize, Serialize};
+
+use crate::model::proj::to_dtype;
 
 #[cfg(doc)]
 use crate::model::Qwen2;
@@ -53,11 +55,14 @@ pub struct AdamW<B: Backend> {
     /// Updates taken so far (torch's `step`, used for bias correction).
     pub step: u64,
     pub moments: HashMap<String, Moments<B>>,
+    /// Of the last update, over the half-precision parameters (bf16-pure training): how many
+    /// weights it changed, of how many (a weight stays when its step rounds away).
+    pub changed: Option<(u64, u64)>,
 }
 
 impl<B: Backend> AdamW<B> {
     pub fn new(config: AdamWConfig) -> Self {
-        Self { config, step: 0, moments: HashMap::new() }
+        Self { config, step: 0, moments: HashMap::new(), changed: None }
     }
 
     /// Clips `grads` by global norm, applies one update at learning rate `lr` to every
@@ -75,18 +80,41 @@ impl<B: Backend> AdamW<B> {
         AB: AutodiffBackend<InnerBackend = B>,
         M: AutodiffModule<AB>,
     {
-        let grad_norm = squared_grad_norm(&model, &grads).map_or(0.0, |t| t.into_scalar().elem::<f64>()).sqrt();
-        (self.apply(model, names, grads, lr, grad_norm), grad_norm)
+        let grad_norm = read_norm(&model, &grads);
+        (self.step_with(model, names, grads, lr, grad_norm, 1.0), grad_norm)
+    }
+
+    /// [`AdamW::update`] with gradients of a loss multiplied by `loss_scale` (f16 loss scaling):
+    /// they are divided by it (the norm returned is the unscaled one), and when their norm is
+    /// not finite nothing is updated (the model comes back unchanged, the step count stays).
+    pub fn update_scaled<AB, M>(&mut self, model: M, names: &HashMap<ParamId, String>, grads: GradientsParams, lr: f64, loss_scale: f64) -> (M, f64)
+    where
+        AB: AutodiffBackend<InnerBackend = B>,
+        M: AutodiffModule<AB>,
+    {
+        let unscale = 1.0 / loss_scale;
+        let grad_norm = read_norm(&model, &grads) * unscale;
+        (self.step_with(model, names, grads, lr, grad_norm, unscale), grad_norm)
     }
 
     /// [`AdamW::update`] given the global gradient norm (the square root of
     /// [`squared_grad_norm`]), read back by the caller: clips, steps, or skips the update when
     /// `grad_norm` is not finite.
-    pub fn apply<AB, M>(&mut self, model: M, names: &HashMap<ParamId, String>, mut grads: GradientsParams, lr: f64, grad_norm: f64) -> M
+    pub fn apply<AB, M>(&mut self, model: M, names: &HashMap<ParamId, String>, grads: GradientsParams, lr: f64, grad_norm: f64) -> M
     where
         AB: AutodiffBackend<InnerBackend = B>,
         M: AutodiffModule<AB>,
     {
+        self.step_with(model, names, grads, lr, grad_norm, 1.0)
+    }
+
+    /// One update given the (unscaled) gradient norm, every gradient multiplied by `unscale`.
+    fn step_with<AB, M>(&mut self, model: M, names: &HashMap<ParamId, String>, mut grads: GradientsParams, lr: f64, grad_norm: f64, unscale: f64) -> M
+    where
+        AB: AutodiffBackend<InnerBackend = B>,
+        M: AutodiffModule<AB>,
+    {
+        self.changed = None;
         if !grad_norm.is_finite() {
             return model;
         }
@@ -95,10 +123,20 @@ impl<B: Backend> AdamW<B> {
             Some(max) if max > 0.0 => Some((max / (grad_norm + 1e-6)).min(1.0)),
             _ => None,
         };
+        let scale = if unscale == 1.0 { clip } else { Some(clip.unwrap_or(1.0) * unscale) };
         self.step += 1;
-        let mut mapper = Updater { optimizer: self, grads: &mut grads, names, lr, clip };
-        model.map(&mut mapper)
+        let mut mapper = Updater { optimizer: self, grads: &mut grads, names, lr, clip: scale, changed: None };
+        let model = model.map(&mut mapper);
+        // Only half-precision parameters count (bf16-pure training); never in f32 or the browser.
+        let changed = mapper.changed.map(|(n, total)| (n.into_scalar().elem::<f64>() as u64, total));
+        self.changed = changed;
+        model
     }
+}
+
+/// The global gradient norm, read back synchronously.
+fn read_norm<AB: AutodiffBackend, M: AutodiffModule<AB>>(model: &M, grads: &GradientsParams) -> f64 {
+    squared_grad_norm(model, grads).map_or(0.0, |t| t.into_scalar().elem::<f64>()).sqrt()
 }
 
 /// Σ ‖g‖² over the gradients `grads` of `model`'s parameters, on the device (`None` when no
@@ -122,7 +160,8 @@ struct SquaredNorm<'a, B: Backend> {
 impl<AB: AutodiffBackend> ModuleVisitor<AB> for SquaredNorm<'_, AB::InnerBackend> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
         if let Some(grad) = self.grads.get::<AB::InnerBackend, D>(param.id) {
-            let sq = grad.square().sum();
+            // In f32 whatever the gradient's dtype (torch's norms accumulate in f32 too).
+            let sq = to_dtype(grad, DType::F32).square().sum();
             self.total = Some(match self.total.take() {
                 Some(total) => total + sq,
                 None => sq,
@@ -136,7 +175,10 @@ struct Updater<'a, B: Backend> {
     grads: &'a mut GradientsParams,
     names: &'a HashMap<ParamId, String>,
     lr: f64,
+    /// Factor applied to every gradient (clipping and loss unscaling).
     clip: Option<f64>,
+    /// Weights changed and considered, over half-precision parameters.
+    changed: Option<(Tensor<B, 1, Int>, u64)>,
 }
 
 impl<AB: AutodiffBackend> ModuleMapper<AB> for Updater<'_, AB::InnerBackend> {
@@ -148,7 +190,15 @@ impl<AB: AutodiffBackend> ModuleMapper<AB> for Updater<'_, AB::InnerBackend> {
         let name = self.names.get(&id).cloned().unwrap_or_else(|| format!("param-{id}"));
         let dims = tensor.dims();
         let numel = dims.iter().product::<usize>();
-        let updated = self.optimizer.update_one(&name, tensor.inner().reshape([numel]), grad.reshape([numel]), self.lr, self.clip);
+        let old = tensor.inner().reshape([numel]);
+        let updated = self.optimizer.update_one(&name, old.clone(), grad.reshape([numel]), self.lr, self.clip);
+        if updated.dtype() != DType::F32 {
+            let n = updated.clone().not_equal(old).int().sum();
+            self.changed = Some(match self.changed.take() {
+                Some((total, count)) => (total + n, count + numel as u64),
+                None => (n, numel as u64),
+            });
+        }
         let tensor = Tensor::from_inner(updated.reshape(dims)).require_grad();
         Param::from_mapped_value(id, tensor, mapper)
     }
@@ -186,10 +236,11 @@ impl<B: Backend> AdamW<B> {
             None => grad,
         };
         let param = if decays(name) && c.weight_decay != 0.0 { param.mul_scalar(1.0 - lr * c.weight_decay) } else { param };
-        let moments = self.moments.remove(name).unwrap_or_else(|| Moments {
-            exp_avg: grad.zeros_like(),
-            exp_avg_sq: grad.zeros_like(),
-        });
+        let moments = match self.moments.remove(name) {
+            // The state's dtype is the parameter's (f32 checkpoints of bf16 state load as f32).
+            Some(m) => Moments { exp_avg: to_dtype(m.exp_avg, grad.dtype()), exp_avg_sq: to_dtype(m.exp_avg_sq, grad.dtype()) },
+            None => Moments { exp_avg: grad.zeros_like(), exp_avg_sq: grad.zeros_like() },
+        };
         // exp_avg.lerp_(grad, 1 - β1): m + w·(g − m) for w < 0.5.
         let w = 1.0 - c.beta1;
         let exp_avg = moments.exp_avg.clone() + (grad.clone() - moments.exp_avg).mul_scalar(w);

@@ -14,9 +14,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::adamw::{AdamW, AdamWConfig, Moments};
+use super::precision::LossScale;
 use crate::error::{Error, Result};
 use crate::model::Qwen2;
-use crate::model::hf::{self, SaveDtype};
+use crate::model::hf;
 
 const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 const STATE_FILE: &str = "trainer_state.json";
@@ -35,6 +36,9 @@ pub struct TrainerState {
     pub data: Value,
     /// The run's configuration, for the record.
     pub config: Value,
+    /// f16 loss scaling's state (f16-mixed runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<LossScale>,
 }
 
 /// A checkpoint's directory name: `checkpoint-<step>` without a run name, `<run>_step<step>`
@@ -68,7 +72,8 @@ pub fn save<B: Backend, OB: Backend>(
     companions: Option<&Path>,
 ) -> Result<()> {
     hf::write_atomically(path, |tmp| {
-        hf::write_model_files(model, tmp, SaveDtype::F32, companions)?;
+        // In the weights' own dtype (f32 masters, or bf16-pure's bf16): exact either way.
+        hf::write_model_files(model, tmp, model.dtype(), companions)?;
         let mut moments: Vec<(&String, &Moments<OB>)> = optimizer.moments.iter().collect();
         moments.sort_by_key(|(name, _)| name.as_str());
         let tensors = moments.into_iter().flat_map(|(name, m)| {

@@ -51,8 +51,17 @@ impl MetricsLog {
 
 /// Resident set size of this process in MiB (Linux; `None` elsewhere).
 pub fn rss_mib() -> Option<f64> {
+    status_mib("VmRSS:")
+}
+
+/// The largest resident set size this process has had, in MiB (Linux; `None` elsewhere).
+pub fn peak_rss_mib() -> Option<f64> {
+    status_mib("VmHWM:")
+}
+
+fn status_mib(key: &str) -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let line = status.lines().find(|l| l.starts_with(key))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib / 1024.0)
 }

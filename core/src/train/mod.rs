@@ -10,6 +10,7 @@ pub mod config;
 pub mod heldout;
 pub mod metrics;
 pub mod objective;
+pub mod precision;
 #[cfg(feature = "tasks")]
 pub mod run;
 pub mod schedule;
@@ -25,6 +26,7 @@ pub mod recipes {
 pub use adamw::{AdamW, AdamWConfig};
 pub use config::Defaults;
 pub use objective::{NextTokenLoss, Objective};
+pub use precision::Precision;
 #[cfg(feature = "tasks")]
 pub use run::{RunConfig, run};
 pub use schedule::{Decay, Schedule};

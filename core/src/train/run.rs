@@ -13,7 +13,6 @@ use super::config::{
     DEFAULT_CUTOFF, DataSection, Defaults, EvalSection, Family, MixtureData, ModelSection, OptimizerSection, OutputSection,
     ScheduleSection, TrainSection, TokenCount, Typo, base_dir, read_config, resolve_shared,
 };
-use super::adamw::AdamW;
 use super::heldout::HeldOut;
 use super::objective::NextTokenLoss;
 use super::trainer::{LoopConfig, Record, RunSummary, Start, train_replica};
@@ -69,6 +68,9 @@ impl RunConfig {
         let (d, t) = (Defaults::NEXT_TOKEN, &self.train);
         if let DataSection::Prompts(_) = self.data {
             return Err("[data] kind = \"prompts\" is for `kiln rl` and `kiln opd`; pretrain takes \"mixture\", sft \"sft\"".into());
+        }
+        if self.model.dtype.is_some() {
+            return Err("[model] dtype is for rl and opd (rollouts, reference, teacher); training precision is [train] precision".into());
         }
         if self.model.init.is_some() == self.model.from.is_some() {
             return Err("[model] needs exactly one of `init` (a config.json) or `from` (a model directory)".into());
@@ -179,7 +181,7 @@ fn replica_run<B: AutodiffBackend>(
         .total_steps(|epochs| ((samples.len() as f64 * epochs) / samples_per_step as f64).ceil() as u64)
         .map_err(Error::InvalidInput)?;
     let data_summary = json!({ "data": data_report, "samples": samples.len(), "total_steps": total_steps });
-    let loop_config = loop_config(
+    let mut loop_config = loop_config(
         &d,
         Sections { optimizer: &config.optimizer, schedule: &config.schedule, output: &config.output },
         total_steps,
@@ -188,11 +190,12 @@ fn replica_run<B: AutodiffBackend>(
         json!({ "config": config, "data": data_report, "samples": samples.len() }),
     )
     .map_err(Error::InvalidInput)?;
+    loop_config.precision = t.precision;
     let mut objective = NextTokenLoss::new(samples, micro_batch, grad_accum, pad_id, seed)?.shard(replica.rank(), replica.world());
     // Rank 0 resumes (or refuses to overwrite); the others start from its state (dist::sync_start).
     let start = match replica.is_main() {
         true => Start::<B>::new(&loop_config, resume, &mut objective, device, || fresh_model(&config.model, device))?,
-        false => Start { model: fresh_model(&config.model, device)?, optimizer: AdamW::new(loop_config.optimizer), step: 0 },
+        false => Start::<B>::fresh(&loop_config, device, || fresh_model(&config.model, device))?,
     };
     on_data(&data_summary);
     let mut held_out = match replica.is_main() {
@@ -239,6 +242,7 @@ pub fn loop_config(
         time_budget: output.time_budget()?,
         companions,
         run_config,
+        precision: Default::default(),
     })
 }
 

@@ -16,6 +16,7 @@ use super::adamw::{AdamW, AdamWConfig};
 use super::checkpoint::{self, TrainerState};
 use super::metrics::{MetricsLog, rss_mib};
 use super::objective::Objective;
+use super::precision::{LossScale, Precision};
 use super::schedule::Schedule;
 use crate::dist::{self, Replica};
 use crate::error::{Error, Result};
@@ -79,6 +80,8 @@ pub struct LoopConfig {
     pub companions: Option<PathBuf>,
     /// The run's configuration, recorded in every checkpoint.
     pub run_config: Value,
+    /// Weights, optimizer state and compute dtypes ([`Precision`]).
+    pub precision: Precision,
 }
 
 /// One line of the metrics log.
@@ -108,12 +111,14 @@ pub struct Start<B: AutodiffBackend> {
     pub model: Qwen2<B>,
     pub optimizer: AdamW<B::InnerBackend>,
     pub step: u64,
+    /// f16 loss scaling, when the precision has it.
+    pub loss_scale: Option<LossScale>,
 }
 
 impl<B: AutodiffBackend> Start<B> {
     /// The latest checkpoint of `out_dir` if `resume` and there is one (restoring `objective`'s
-    /// data cursor), else `fresh()`. A fresh start refuses an `out_dir` that already holds
-    /// checkpoints, so nothing is overwritten by accident.
+    /// data cursor), else `fresh()`; either way in the run's [`Precision`]. A fresh start refuses
+    /// an `out_dir` that already holds checkpoints, so nothing is overwritten by accident.
     pub fn new<O: Objective<B>>(
         config: &LoopConfig,
         resume: bool,
@@ -123,24 +128,35 @@ impl<B: AutodiffBackend> Start<B> {
     ) -> Result<Self> {
         // Checkpoints a killed run was writing never became checkpoints: their directories go.
         crate::io::sweep_partials(&config.out_dir)?;
+        let precision = config.precision;
+        precision.check::<B>(device)?;
         match checkpoint::latest_named(&config.out_dir, config.save.run_name.as_deref())? {
             Some((step, path)) if resume => {
-                let model = hf::load::<B>(&path, device)?;
+                let model = precision.prepare(hf::load_as::<B>(&path, device, precision.weights())?);
                 let (state, optimizer) = checkpoint::load_state(&path, device)?;
                 checkpoint::check_moments(&path, &model, &optimizer)?;
                 if state.step != step {
                     return Err(Error::checkpoint(&path, format!("trainer_state.json says step {}, the directory's name step {step}", state.step)));
                 }
                 objective.restore(&state.data)?;
-                Ok(Self { model, optimizer, step: state.step })
+                let loss_scale = precision.loss_scale().map(|s| state.loss_scale.unwrap_or(s));
+                Ok(Self { model, optimizer, step: state.step, loss_scale })
             }
             Some((_, path)) => Err(Error::InvalidInput(format!(
                 "{} already holds checkpoints (latest {}); pass --resume to continue it or choose another output directory",
                 config.out_dir.display(),
                 path.display()
             ))),
-            None => Ok(Self { model: fresh()?, optimizer: AdamW::new(config.optimizer), step: 0 }),
+            None => Self::fresh(config, device, fresh),
         }
+    }
+
+    /// A start from `fresh()` in the run's [`Precision`], without looking at `out_dir` (the
+    /// data-parallel replicas other than rank 0, which then take rank 0's state).
+    pub fn fresh(config: &LoopConfig, device: &B::Device, fresh: impl FnOnce() -> Result<Qwen2<B>>) -> Result<Self> {
+        let precision = config.precision;
+        precision.check::<B>(device)?;
+        Ok(Self { model: precision.prepare(fresh()?), optimizer: AdamW::new(config.optimizer), step: 0, loss_scale: precision.loss_scale() })
     }
 }
 
@@ -176,7 +192,7 @@ where
     B: AutodiffBackend,
     O: Objective<B>,
 {
-    let Start { mut model, mut optimizer, mut step } = dist::sync_start(replica, start, objective)?;
+    let Start { mut model, mut optimizer, mut step, mut loss_scale } = dist::sync_start(replica, start, objective)?;
     let main = replica.is_main();
     let began = Instant::now();
     let resumed = step > 0;
@@ -193,8 +209,11 @@ where
     let eval_due = |s: u64| config.eval_every.is_some_and(|e| e > 0 && s.is_multiple_of(e));
     // Updates skipped for a non-finite gradient norm (AdamW leaves the weights alone), warned once.
     let mut skipped_total = 0u64;
+    // Evaluation samples from a copy in the compute dtype (mixed precision: not casting every
+    // weight at every decoding step).
+    let inference = |model: &Qwen2<B>| model.valid().in_dtype(model.compute_dtype());
     if !resumed && config.eval_every.is_some() && main {
-        let mut record = evaluate(&model.valid())?;
+        let mut record = evaluate(&inference(&model))?;
         record.insert("step".into(), json!(0));
         emit(&mut log, record)?;
     }
@@ -210,21 +229,39 @@ where
         let lr = config.schedule.lr(step);
         // Several updates per step (RL mini-batches) log their mean loss and gradient norm.
         let (mut loss_sum, mut norm_sum, mut skipped) = (0.0, 0.0, 0u64);
+        let mut changed: Option<(u64, u64)> = None;
         let mut extras = Record::new();
         for micros in &updates {
             let mut accumulator = GradientsAccumulator::new();
             for micro in micros {
                 let (loss, metrics) = objective.loss(&model, micro)?;
                 loss_sum += loss.clone().into_scalar().elem::<f64>();
+                let loss = match &loss_scale {
+                    Some(s) => loss.mul_scalar(s.scale),
+                    None => loss,
+                };
                 let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
                 accumulator.accumulate(&model, grads);
                 add_metrics(&mut extras, metrics);
             }
             let grads = dist::reduce_gradients(replica, &model, &names, accumulator.grads(), objective.gradient_reduction())?;
-            let (next, grad_norm) = optimizer.update(model, &names, grads, lr);
+            let (next, grad_norm) = match &mut loss_scale {
+                // f16 loss scaling: an overflow halves the scale and skips the update (expected,
+                // not warned; the scale is in the metrics).
+                Some(s) => {
+                    let out = optimizer.update_scaled(model, &names, grads, lr, s.scale);
+                    s.update(out.1.is_finite());
+                    out
+                }
+                None => optimizer.update(model, &names, grads, lr),
+            };
             model = next;
             norm_sum += grad_norm;
-            if !grad_norm.is_finite() {
+            if let Some((n, total)) = optimizer.changed {
+                let (n0, total0) = changed.unwrap_or_default();
+                changed = Some((n0 + n, total0 + total));
+            }
+            if !grad_norm.is_finite() && loss_scale.is_none() {
                 if skipped_total == 0 {
                     eprintln!("warning: step {}: gradient norm {grad_norm}; the update is skipped (counted as skipped_updates in the metrics; warned once)", step + 1);
                 }
@@ -253,6 +290,12 @@ where
         if skipped_total > 0 {
             record.insert("skipped_updates".into(), json!(skipped));
         }
+        if let Some((n, total)) = changed {
+            record.insert("weights_changed".into(), json!(n as f64 / total.max(1) as f64));
+        }
+        if let Some(s) = &loss_scale {
+            record.insert("loss_scale".into(), json!(s.scale));
+        }
         if let Some(tokens) = extras.get("tokens").and_then(Value::as_f64) {
             record.insert("tokens_per_s".into(), json!(tokens / seconds));
             record.insert("update_tokens_per_s".into(), json!(tokens / update_seconds));
@@ -266,7 +309,7 @@ where
         record.extend(extras);
         if (eval_due(step) || step == config.total_steps)
             && config.eval_every.is_some() && main {
-                record.extend(evaluate(&model.valid())?);
+                record.extend(evaluate(&inference(&model))?);
             }
         emit(&mut log, record)?;
 
@@ -281,6 +324,7 @@ where
                 optimizer_step: optimizer.step,
                 data: objective.state(),
                 config: config.run_config.clone(),
+                loss_scale,
             };
             let path = config.out_dir.join(checkpoint::checkpoint_name(config.save.run_name.as_deref(), step));
             checkpoint::save(&path, &model, &optimizer, &state, config.companions.as_deref())?;

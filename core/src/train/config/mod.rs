@@ -2,11 +2,13 @@
 //! the same sections; policy-gradient runs add theirs ([`crate::rl::PgConfig`]):
 //!
 //! ```toml
-//! [model]      # init = "config.json" (from scratch, seeded) | from = "hf-dir"; tokenizer; seed
+//! [model]      # init = "config.json" (from scratch, seeded) | from = "hf-dir"; tokenizer; seed;
+//!              # dtype (rl, opd: rollouts, reference, teacher)
 //! [task]       # kind = "interplay" (the default)
 //! [data]       # kind = "mixture" (pre-training) | "sft" | "prompts" (rl, opd)
 //! [train]      # steps | epochs; micro_batch, grad_accum (pretrain, sft); prompts_per_step,
-//!              # mini_batch (rl, opd); seed; devices (data parallel)
+//!              # mini_batch (rl, opd); seed; devices (data parallel); precision = "f32"
+//!              # | "bf16-mixed" | "f16-mixed" | "bf16-pure"; recompute
 //! [optimizer]  # AdamW: lr, weight_decay, max_grad_norm, beta1, beta2, eps
 //! [schedule]   # kind = "constant" | "constant_with_warmup" | "linear" | "cosine"
 //!              #      | "cosine_with_min_lr" (min_lr | min_lr_rate) | "cosine_then_floor"
@@ -32,6 +34,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::adamw::AdamWConfig;
+use super::precision::Precision;
+use crate::model::Dtype;
 use super::schedule::{Decay, Schedule};
 use super::trainer::SavePolicy;
 use crate::data::chat::SftColumns;
@@ -94,6 +98,10 @@ pub struct ModelSection {
     /// Seed of the initialisation.
     #[serde(default)]
     pub seed: u64,
+    /// rl, opd: the dtype of rollouts, the reference and the teacher (f32, bf16, f16; default:
+    /// the policy's compute dtype for rollouts, f32 for the frozen models). Training precision
+    /// is `[train] precision`.
+    pub dtype: Option<Dtype>,
 }
 
 impl ModelSection {
@@ -131,6 +139,15 @@ pub struct TrainSection {
     /// `micro_batch × grad_accum` samples (rl, opd: `prompts_per_step / replicas` prompts) on
     /// every replica. `--devices` or `--backend` on the command line override it.
     pub devices: Option<Vec<String>>,
+    /// `"f32"` (default), `"bf16-mixed"`, `"f16-mixed"` or `"bf16-pure"`
+    /// ([`crate::train::precision`]).
+    #[serde(default)]
+    pub precision: Precision,
+    /// Recompute activations in the backward pass instead of keeping them (less memory, more
+    /// compute): burn's `BalancedCheckpointing`, chosen when the run's backend is set up
+    /// (`kiln_backends::run_training_with`).
+    #[serde(default)]
+    pub recompute: bool,
 }
 
 impl TrainSection {

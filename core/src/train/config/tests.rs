@@ -265,3 +265,23 @@ fn errors_name_the_file_and_the_line() {
     let e = PgConfig::from_toml(path, good).unwrap_err().to_string();
     assert!(e.contains("[model] needs `from`"), "{e}");
 }
+
+#[test]
+fn precision_recompute_and_rollout_dtype_are_read() {
+    let sft = |train: &str, model: &str| {
+        format!("[model]\nfrom = \"m\"\n{model}\n[data]\nkind = \"sft\"\npath = \"rows.jsonl\"\n[train]\nsteps = 1\nmicro_batch = 1\n{train}\n[optimizer]\nlr = 1e-5\n[output]\ndir = \"out\"\n")
+    };
+    let default = run_config(&sft("", ""));
+    assert_eq!((default.train.precision, default.train.recompute), (crate::train::Precision::F32, false));
+    let config = run_config(&sft("precision = \"bf16-mixed\"\nrecompute = true", ""));
+    assert_eq!((config.train.precision, config.train.recompute), (crate::train::Precision::Bf16Mixed, true));
+    let err = RunConfig::from_toml(Path::new("/work/run.toml"), &sft("precision = \"bf16\"", "")).unwrap_err().to_string();
+    assert!(err.contains("run.toml line 10") && err.contains("bf16-mixed"), "{err}");
+    let err = RunConfig::from_toml(Path::new("/work/run.toml"), &sft("", "dtype = \"bf16\"")).unwrap_err().to_string();
+    assert!(err.contains("[train] precision"), "{err}");
+
+    let rl = pg_config(
+        "[model]\nfrom = \"m\"\ndtype = \"bf16\"\n[data]\nkind = \"prompts\"\ndir = \"p\"\n[train]\nsteps = 1\nprecision = \"bf16-pure\"\n[output]\ndir = \"out\"\n",
+    );
+    assert_eq!((rl.settings().rollout.dtype, rl.train.precision), (Some(crate::model::Dtype::BF16), crate::train::Precision::Bf16Pure));
+}

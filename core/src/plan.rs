@@ -1,0 +1,254 @@
+//! Memory and compute of a training step or of generation, from a model config alone
+//! (`kiln plan`): what each part of the job holds at its peak, per device, and the FLOPs.
+//!
+//! Training (per device, the global batch split over data-parallel devices, each holding the
+//! whole model): the peak is at the start of the backward pass, when every activation the
+//! backward pass needs is alive next to the weights, the half-precision weight copies (mixed
+//! precision), the optimizer state and the logits' gradient (f32 from the loss, and in the
+//! compute dtype); or in the optimizer update, when gradients have replaced the activations.
+//!
+//! Activations are the tensors kiln's autodiff keeps per token and layer (`s` the compute
+//! dtype's bytes; f32 where the model computes in f32 whatever the dtype):
+//!
+//! | where | kept | bytes per token |
+//! |---|---|---|
+//! | 2 RMSNorms | input in f32, normalised output | 2 · (4h + s·h) |
+//! | q, k after RoPE | each input and its rotated half | 2s · (q + kv) |
+//! | attention | q, k, v in f32; exp(scores) and the softmax, f32, per key | 4 · (q + 2kv) + 8 · H · T |
+//! | o_proj | its input | s · q |
+//! | SwiGLU MLP | gate, sigmoid(gate), silu, up, their product | 5s · i |
+//!
+//! plus ≈ 4 · H · T bytes per token and layer that the score computation holds beyond the kept
+//! tensors (its intermediates and the allocator's slack; measured), and the head: the final norm,
+//! the logits (s · V) and their f32 log-softmax (2 · 4V). With `recompute` (burn's
+//! `BalancedCheckpointing`) only the outputs of matrix products and casts are kept (the rest is
+//! recomputed in the backward pass): s · (q + 2kv + 2h + 2i) + 4 · (2h + q) (+ 4 · (q + 2kv) in
+//! half precision) + 9 · H · T, the last term measured likewise. Both forms were checked against
+//! the peak resident memory of training steps on the CPU (`tests/plan.rs` for the tiny model,
+//! `benches/plan_vs_rss.sh` for the 100M one).
+//!
+//! FLOPs count multiply-adds as 2: a forward pass is 2 · (weights in matrix products) per token
+//! plus 4 · T · q per token and layer for the scores and their weighted sum (kiln computes the
+//! full T × T, masked), the backward pass twice that.
+
+use serde::Serialize;
+
+use crate::model::{Dtype, Qwen2Config};
+use crate::train::Precision;
+
+/// What to plan for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlanRequest {
+    /// Sequences per optimizer micro-batch (training) or decoded together (generation), over all
+    /// devices.
+    pub batch: usize,
+    /// Tokens per sequence (training), or prompt plus generated tokens (generation).
+    pub seq: usize,
+    pub precision: Precision,
+    /// Data-parallel devices (each holds the whole model and `batch / devices` sequences).
+    pub devices: usize,
+    pub recompute: bool,
+    /// Training on the CPU backend, whose fused kernels (`model::fused`: attention, RoPE,
+    /// RMSNorm, SwiGLU, token log-probs) keep fewer activations when the model computes in f32.
+    pub cpu_kernels: bool,
+}
+
+/// One part of the memory, in bytes per device.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Part {
+    pub name: &'static str,
+    pub bytes: f64,
+    pub note: String,
+}
+
+/// The plan of a training step and of generation at the same shape.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    pub parameters: usize,
+    /// Sequences per device.
+    pub batch_per_device: usize,
+    pub seq: usize,
+    pub precision: &'static str,
+    pub recompute: bool,
+    /// Training memory by part, per device.
+    pub training: Vec<Part>,
+    /// Activations of one decoder layer, per device.
+    pub activations_per_layer: f64,
+    /// Peak of a training step, per device: the larger of the backward-start and update phases.
+    pub training_peak: f64,
+    /// FLOPs of one training step over all devices (forward + backward).
+    pub training_flops: f64,
+    /// Generation in the compute dtype, per device: weights, KV cache, logits.
+    pub generation: Vec<Part>,
+    pub generation_peak: f64,
+    /// FLOPs per generated token with a full cache of `seq` positions.
+    pub decode_flops_per_token: f64,
+}
+
+/// Resident memory of a kiln training process beyond the plan's parts (binary, libraries,
+/// thread stacks, allocator), measured on the CPU backend; device memory has no such part.
+pub const CPU_RUNTIME_BYTES: f64 = 16.0 * 1024.0 * 1024.0;
+
+/// Plans `request` for `config`.
+pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
+    let (h, i, v, layers) = (config.hidden_size as f64, config.intermediate_size as f64, config.vocab_size as f64, config.num_hidden_layers as f64);
+    let d = config.head_dim() as f64;
+    let (heads, q, kv) = (config.num_attention_heads as f64, config.num_attention_heads as f64 * d, config.num_kv_heads() as f64 * d);
+    let p = request.precision;
+    let s = p.compute().size() as f64;
+    let params = config.num_parameters() as f64;
+    let devices = request.devices.max(1);
+    let batch = request.batch.div_ceil(devices);
+    let t = request.seq as f64;
+    let tokens = batch as f64 * t;
+
+    // The CPU's fused f32 kernels keep no T × T scores: q, k, v after RoPE, the attention output
+    // and one log-sum-exp per head; the MLP's gate, up and product (≈ 14 · i measured); and
+    // ≈ 17 hidden-sized f32 tensors (the norms' inputs and outputs, residual sums, projection
+    // outputs; 68 · h). The i and h terms were fitted on training steps of the tiny model with
+    // 4 and 8 layers and 512 and 1024 intermediate sizes (peak RSS, one thread).
+    let fused = request.cpu_kernels && p.compute() == Dtype::F32;
+    let per_token_layer = if fused {
+        68.0 * h + 14.0 * i + 4.0 * (q + 2.0 * kv) + 4.0 * q + 4.0 * heads
+    } else if request.recompute {
+        let half = if p.compute().is_half() { 4.0 * (q + 2.0 * kv) } else { 0.0 };
+        s * (q + 2.0 * kv + 2.0 * h + 2.0 * i) + 4.0 * (2.0 * h + q) + half + 9.0 * heads * t
+    } else {
+        2.0 * (4.0 * h + s * h) + 2.0 * s * (q + kv) + 4.0 * (q + 2.0 * kv) + 8.0 * heads * t + s * q + 5.0 * s * i + 4.0 * heads * t
+    };
+    let activations_per_layer = per_token_layer * tokens;
+    // The final norm's input and output, the logits and their log-softmax (fused: the logits
+    // and one log-sum-exp per token).
+    let head = if fused { tokens * (8.0 * h + 4.0 * v + 4.0) } else { tokens * (4.0 * h + s * h + s * v + 8.0 * v) };
+    let weights = params * p.weights().size() as f64;
+    let copy = if p.compute() != p.weights() { params * p.compute().size() as f64 } else { 0.0 };
+    let state = 2.0 * params * p.weights().size() as f64;
+    let grads = params * p.weights().size() as f64;
+    // The update's temporaries for the largest tensor: the clipped gradient, the new moments,
+    // the denominator, the step and the new weight.
+    let largest = (v * h).max(h * i) * p.weights().size() as f64;
+    let activations = activations_per_layer * layers + head;
+    let logits_grad = if fused { tokens * v * 4.0 } else { tokens * v * (4.0 + s) };
+    let backward_start = weights + copy + state + activations + logits_grad;
+    let update = weights + state + grads + 6.0 * largest;
+    let training = vec![
+        part("weights", weights, format!("{} parameters in {}", config.num_parameters(), p.weights())),
+        part("compute copy", copy, format!("the {} weight copies the backward pass keeps", p.compute())),
+        part("gradients", grads, format!("in {}, during the update (the activations are gone by then)", p.weights())),
+        part("optimizer state", state, format!("AdamW's two moments in {}", p.weights())),
+        part("activations", activations, format!("{} layers × {:.1} MiB + head {:.1} MiB", layers, mib(activations_per_layer), mib(head))),
+        part("logits gradient", logits_grad, "f32 and compute dtype, at the start of the backward pass".into()),
+        part("update temporaries", 6.0 * largest, "six tensors the size of the largest weight".into()),
+    ];
+    let per_token_flops = 2.0 * matmul_weights(config) + 4.0 * t * q * layers;
+    let training_flops = 3.0 * per_token_flops * request.batch as f64 * t;
+
+    let g = p.compute();
+    let gs = g.size() as f64;
+    let kv_cache = 2.0 * layers * kv * gs * tokens;
+    let gen_weights = params * gs;
+    let logits = batch as f64 * v * (gs + 4.0);
+    let prefill_scores = batch as f64 * heads * t * t * 4.0;
+    let generation = vec![
+        part("weights", gen_weights, format!("in {g}")),
+        part("KV cache", kv_cache, format!("{batch} sequences × {} positions × {} layers, {g}", request.seq, config.num_hidden_layers)),
+        part("logits", logits, "one step's, and their f32 copy".into()),
+        part("prefill scores", prefill_scores, "one layer's f32 attention scores over the whole prompt".into()),
+    ];
+    let generation_peak = gen_weights + kv_cache + logits.max(prefill_scores);
+    Plan {
+        parameters: config.num_parameters(),
+        batch_per_device: batch,
+        seq: request.seq,
+        precision: p.name(),
+        recompute: request.recompute,
+        training,
+        activations_per_layer,
+        training_peak: backward_start.max(update),
+        training_flops,
+        generation,
+        generation_peak,
+        decode_flops_per_token: 2.0 * matmul_weights(config) + 4.0 * t * q * layers,
+    }
+}
+
+/// Weights that enter matrix products per token: every projection and the LM head (the
+/// embedding lookup is not a product).
+fn matmul_weights(config: &Qwen2Config) -> f64 {
+    let (h, v) = (config.hidden_size, config.vocab_size);
+    (config.num_parameters() - v * h * usize::from(!config.tie_word_embeddings)) as f64
+}
+
+fn part(name: &'static str, bytes: f64, note: String) -> Part {
+    Part { name, bytes, note }
+}
+
+fn mib(bytes: f64) -> f64 {
+    bytes / (1024.0 * 1024.0)
+}
+
+impl Plan {
+    /// The plan as text: one line per part, GiB.
+    pub fn render(&self) -> String {
+        let gib = |b: f64| b / (1024.0 * 1024.0 * 1024.0);
+        let mut out = format!(
+            "{} parameters; {} sequences × {} tokens per device; precision {}{}\n\ntraining step (per device):\n",
+            self.parameters,
+            self.batch_per_device,
+            self.seq,
+            self.precision,
+            if self.recompute { ", recompute" } else { "" }
+        );
+        for p in self.training.iter().filter(|p| p.bytes > 0.0) {
+            out += &format!("  {:<20} {:>9.2} GiB  {}\n", p.name, gib(p.bytes), p.note);
+        }
+        out += &format!("  {:<20} {:>9.2} GiB  per layer\n", "activations/layer", gib(self.activations_per_layer));
+        out += &format!("  {:<20} {:>9.2} GiB  (start of backward or update, the larger)\n", "peak", gib(self.training_peak));
+        out += &format!("  {:<20} {:>9.3e} FLOP (all devices)\n\ngeneration (per device):\n", "step", self.training_flops);
+        for p in &self.generation {
+            out += &format!("  {:<20} {:>9.2} GiB  {}\n", p.name, gib(p.bytes), p.note);
+        }
+        out += &format!("  {:<20} {:>9.2} GiB\n", "peak", gib(self.generation_peak));
+        out += &format!("  {:<20} {:>9.3e} FLOP per token (full cache)\n", "decode", self.decode_flops_per_token);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn qwen_1_5b() -> Qwen2Config {
+        serde_json::from_str(
+            r#"{"vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+                "num_attention_heads": 12, "num_key_value_heads": 2, "max_position_embeddings": 32768,
+                "tie_word_embeddings": true}"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn static_parts_follow_the_precision() {
+        let c = qwen_1_5b();
+        let request = PlanRequest { batch: 1, seq: 1024, precision: Precision::Bf16Mixed, devices: 1, recompute: false, cpu_kernels: false };
+        let p = plan(&c, request);
+        let get = |name: &str| p.training.iter().find(|x| x.name == name).unwrap().bytes;
+        assert_eq!(p.parameters, 1_543_714_304);
+        assert_eq!(get("weights"), 4.0 * 1_543_714_304.0);
+        assert_eq!(get("compute copy"), 2.0 * 1_543_714_304.0);
+        assert_eq!(get("optimizer state"), 8.0 * 1_543_714_304.0);
+        let pure = plan(&c, PlanRequest { precision: Precision::Bf16Pure, ..request });
+        assert_eq!(pure.training.iter().find(|x| x.name == "optimizer state").unwrap().bytes, 4.0 * 1_543_714_304.0);
+        // Recomputation keeps less; two devices halve the activations of a batch of 2.
+        let recompute = plan(&c, PlanRequest { recompute: true, ..request });
+        assert!(recompute.activations_per_layer < 0.8 * p.activations_per_layer);
+        let two = plan(&c, PlanRequest { batch: 2, devices: 2, ..request });
+        assert_eq!(two.activations_per_layer, p.activations_per_layer);
+        // 6 · N · tokens, plus attention.
+        let flops = p.training_flops / 1024.0;
+        assert!(flops > 6.0 * 1.54e9 && flops < 6.0 * 1.54e9 * 1.2, "{flops:e}");
+        // bf16 KV cache: 2 · 28 layers · 256 · 2 bytes per position.
+        let kv = p.generation.iter().find(|x| x.name == "KV cache").unwrap().bytes;
+        assert_eq!(kv, 2.0 * 28.0 * 256.0 * 2.0 * 1024.0);
+    }
+}
