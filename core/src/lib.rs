@@ -90,7 +90,7 @@
 //! tokenizer, generation and the training loop takes
 //! `kiln-core = { version = "0.1", default-features = false }` (add `flex` for the fast CPU
 //! decoding path) and does not build the Interplay task, its scorer, the TOML runs, evaluation,
-//! SVG charts, nor `regex`, `sha2` and `plotters`.
+//! SVG charts, nor `regex` and `plotters`.
 //!
 //! # Log-probs of given sequences
 //!

@@ -50,12 +50,40 @@ impl Tokenizer {
         Ok(tokenizer)
     }
 
+    /// Loads a tokenizer as [`Tokenizer::from_file`] does, from the bytes of `tokenizer.json` and
+    /// of the directory's `special_tokens_map.json` and `tokenizer_config.json` where it has them
+    /// (the browser fetches them); `path` names `tokenizer.json` in error messages.
+    pub fn from_bytes(
+        path: impl AsRef<Path>,
+        tokenizer_json: &[u8],
+        special_tokens_map: Option<&[u8]>,
+        tokenizer_config: Option<&[u8]>,
+    ) -> Result<Self> {
+        let file = path.as_ref().to_path_buf();
+        let inner = tokenizers::Tokenizer::from_bytes(tokenizer_json)
+            .map_err(|e| Error::Tokenizer { path: file.clone(), message: e.to_string() })?;
+        let mut tokenizer = Self { inner, path: file.clone(), eos_token: None, pad_token: None };
+        let dir = file.parent().map(Path::to_path_buf).unwrap_or_default();
+        for (name, bytes) in [("special_tokens_map.json", special_tokens_map), ("tokenizer_config.json", tokenizer_config)] {
+            if let Some(bytes) = bytes {
+                tokenizer.special_tokens_from(&dir.join(name), bytes)?;
+            }
+        }
+        Ok(tokenizer)
+    }
+
     fn read_special_tokens(&mut self, path: &Path) -> Result<()> {
         if !path.is_file() {
             return Ok(());
         }
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let json: Value = serde_json::from_str(&text).map_err(|e| Error::json(path, None, e))?;
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        self.special_tokens_from(path, &bytes)
+    }
+
+    /// Takes the EOS and padding tokens of a `special_tokens_map.json` or `tokenizer_config.json`
+    /// (`bytes`, read from `path`) where none is named yet.
+    fn special_tokens_from(&mut self, path: &Path, bytes: &[u8]) -> Result<()> {
+        let json: Value = serde_json::from_slice(bytes).map_err(|e| Error::json(path, None, e))?;
         let token = |key: &str| match json.get(key) {
             Some(Value::String(s)) => Some(s.clone()),
             Some(Value::Object(o)) => o.get("content").and_then(Value::as_str).map(String::from),
@@ -209,6 +237,22 @@ mod tests {
             rows += 1;
         }
         assert_eq!(rows, 456);
+    }
+
+    #[test]
+    fn from_bytes_is_from_file() {
+        let dir = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/interplay/qwen2_100M"));
+        let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+        let (map, config) = (read("special_tokens_map.json"), read("tokenizer_config.json"));
+        let t = Tokenizer::from_bytes("http://host/m/tokenizer.json", &read("tokenizer.json"), Some(&map), Some(&config)).unwrap();
+        let file = paper();
+        let text = "so x = 12 + 345. [EOS]";
+        assert_eq!(t.encode(text).unwrap(), file.encode(text).unwrap());
+        assert_eq!((t.eos_id(), t.pad_id()), (file.eos_id(), file.pad_id()));
+        let err = Tokenizer::from_bytes("http://host/m/tokenizer.json", b"{", None, None).unwrap_err().to_string();
+        assert!(err.contains("http://host/m/tokenizer.json"), "{err}");
+        let err = Tokenizer::from_bytes("http://host/m/tokenizer.json", &read("tokenizer.json"), Some(b"[1"), None).unwrap_err().to_string();
+        assert!(err.contains("http://host/m/special_tokens_map.json"), "{err}");
     }
 
     #[test]

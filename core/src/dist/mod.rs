@@ -32,11 +32,31 @@
 //! assert_eq!(dist::launch(&[(), ()], None, "eval", score, score).unwrap(), 55);
 //! ```
 
+#[cfg(not(target_arch = "wasm32"))]
 mod engine;
 mod group;
 mod local;
 mod params;
 mod ring;
+
+/// On wasm32 (the browser: one device, no threads) there is no collective engine; burn-collective
+/// needs tokio and sockets. Several devices per process are refused at registration.
+#[cfg(target_arch = "wasm32")]
+mod engine {
+    use burn::tensor::{Tensor, backend::Backend};
+
+    use super::local::Abort;
+    use crate::error::{Error, Result};
+
+    pub(crate) fn reset<B: Backend>() {}
+    pub(crate) fn register<B: Backend>(_local: usize, _size: usize, _device: B::Device, _abort: &Abort) -> Result<()> {
+        Err(Error::Distributed("several devices per process are not available on wasm32".into()))
+    }
+    pub(crate) fn all_reduce_sum<B: Backend>(_local: usize, _tensor: Tensor<B, 1>, _abort: &Abort) -> Result<Tensor<B, 1>> {
+        Err(Error::Distributed("several devices per process are not available on wasm32".into()))
+    }
+    pub(crate) fn finish<B: Backend>(_local: usize) {}
+}
 
 use std::cell::RefCell;
 use std::ops::Range;

@@ -1,9 +1,12 @@
-//! Batched generation: the engine, the sampler and stop conditions.
+//! Batched generation: the engine, the sampler and stop conditions; [`stream`] generates one
+//! sample token by token for hosts that read logits back asynchronously (the browser).
 
 pub mod engine;
 pub mod sampler;
 pub mod stop;
+pub mod stream;
 
 pub use engine::{Completion, Engine, Progress, SamplingParams};
 pub use sampler::{Sampled, Sampler};
 pub use stop::{FinishReason, StopCriteria, StopReason, model_eos_ids};
+pub use stream::Stream;

@@ -2,15 +2,17 @@
 //! `model.safetensors.index.json`) + tokenizer files.
 //!
 //! Loading checks every tensor name, shape and dtype against the config before building
-//! anything, and reports all mismatches by tensor name. Saving writes into a temporary sibling
+//! anything, and reports all mismatches by tensor name. Natively the safetensors files are
+//! memory-mapped; [`load_bytes`] builds the model from files already in memory (the browser
+//! fetches them; on `wasm32` there are no memory maps). Saving writes into a temporary sibling
 //! directory and renames it into place, so a crash never leaves a half-written model behind.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::TensorData;
 use burn::tensor::backend::Backend;
+#[cfg(not(target_arch = "wasm32"))]
 use memmap2::Mmap;
 use safetensors::{Dtype as StDtype, SafeTensors, View};
 use serde_json::Value;
@@ -21,8 +23,10 @@ use super::qwen2::Qwen2;
 use super::weights::{RandomInit, TensorSpec, WeightSource, expected_tensors};
 use crate::error::{Error, Result};
 
-const SINGLE_FILE: &str = "model.safetensors";
-const INDEX_FILE: &str = "model.safetensors.index.json";
+/// The safetensors file of an unsharded model directory.
+pub const SINGLE_FILE: &str = "model.safetensors";
+/// The index of a sharded model directory (its `weight_map` names the shards).
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
 /// Tokenizer and generation files copied next to a saved model when present in the source.
 pub const COMPANION_FILES: &[&str] = &[
     "tokenizer.json",
@@ -38,10 +42,28 @@ pub const COMPANION_FILES: &[&str] = &[
 /// Floating-point format of saved tensors (the model's [`Dtype`]; the old name is kept).
 pub type SaveDtype = Dtype;
 
-/// The safetensors files of one model directory, memory-mapped.
+/// The bytes of one safetensors file: memory-mapped, or owned (see [`load_bytes`]).
+enum FileBytes {
+    #[cfg(not(target_arch = "wasm32"))]
+    Mapped(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for FileBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            #[cfg(not(target_arch = "wasm32"))]
+            FileBytes::Mapped(map) => map,
+            FileBytes::Owned(bytes) => bytes,
+        }
+    }
+}
+
+/// The safetensors files of one model directory, memory-mapped (or in memory: [`Self::from_bytes`]).
 pub struct SafetensorsDir {
     dir: PathBuf,
-    files: Vec<(PathBuf, Mmap)>,
+    files: Vec<(PathBuf, FileBytes)>,
     /// Tensor name → index into `files`.
     index: HashMap<String, usize>,
 }
@@ -53,37 +75,36 @@ impl SafetensorsDir {
         let file_names: Vec<String> = if dir.join(SINGLE_FILE).is_file() {
             vec![SINGLE_FILE.to_string()]
         } else if index_path.is_file() {
-            let text = std::fs::read_to_string(&index_path).map_err(|e| Error::io(&index_path, e))?;
-            let index: Value = serde_json::from_str(&text).map_err(|e| Error::json(&index_path, None, e))?;
-            let map = index
-                .get("weight_map")
-                .and_then(Value::as_object)
-                .ok_or_else(|| Error::checkpoint(&index_path, "no `weight_map` object"))?;
-            let mut shards: Vec<String> = map.values().filter_map(|v| v.as_str().map(String::from)).collect();
-            shards.sort();
-            shards.dedup();
-            shards
+            let text = std::fs::read(&index_path).map_err(|e| Error::io(&index_path, e))?;
+            shard_names(&index_path, &text)?
         } else {
             return Err(Error::checkpoint(dir, format!("neither {SINGLE_FILE} nor {INDEX_FILE} found")));
         };
-
         let mut files = Vec::new();
-        let mut index = HashMap::new();
         for name in file_names {
             let path = dir.join(&name);
-            let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
-            // SAFETY: the map is read-only and we do not modify checkpoint files while loading.
-            let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
-            let tensors = SafeTensors::deserialize(&mmap)
-                .map_err(|e| Error::checkpoint(&path, format!("not a valid safetensors file: {e}")))?;
+            files.push((path.clone(), read_file(&path)?));
+        }
+        Self::from_files(dir, files)
+    }
+
+    /// The safetensors files `(name, bytes)` of the model directory `dir` (a path or a URL,
+    /// used in error messages), already in memory.
+    pub fn from_bytes(dir: &Path, files: Vec<(String, Vec<u8>)>) -> Result<Self> {
+        Self::from_files(dir, files.into_iter().map(|(name, bytes)| (dir.join(name), FileBytes::Owned(bytes))).collect())
+    }
+
+    fn from_files(dir: &Path, files: Vec<(PathBuf, FileBytes)>) -> Result<Self> {
+        let mut index = HashMap::new();
+        for (i, (path, bytes)) in files.iter().enumerate() {
+            let tensors = SafeTensors::deserialize(bytes)
+                .map_err(|e| Error::checkpoint(path, format!("not a valid safetensors file: {e}")))?;
             for tensor_name in tensors.names() {
-                if let Some(previous) = index.insert(tensor_name.to_string(), files.len()) {
-                    let other = files.get(previous).map_or(&path, |(p, _): &(PathBuf, Mmap)| p);
-                    let message = format!("tensor {tensor_name} is also stored in {}", other.display());
-                    return Err(Error::checkpoint(&path, message));
+                if let Some(previous) = index.insert(tensor_name.to_string(), i) {
+                    let message = format!("tensor {tensor_name} is also stored in {}", files[previous].0.display());
+                    return Err(Error::checkpoint(path, message));
                 }
             }
-            files.push((path, mmap));
         }
         Ok(Self { dir: dir.to_path_buf(), files, index })
     }
@@ -130,9 +151,9 @@ impl SafetensorsDir {
 
     fn view(&self, name: &str) -> Result<(&Path, safetensors::tensor::TensorView<'_>)> {
         let &file = self.index.get(name).ok_or_else(|| Error::checkpoint(&self.dir, format!("missing tensor {name}")))?;
-        let (path, mmap) = &self.files[file];
+        let (path, bytes) = &self.files[file];
         let corrupt = |e: safetensors::SafeTensorError| Error::checkpoint(path, format!("tensor {name}: {e}"));
-        let view = SafeTensors::deserialize(mmap).and_then(|t| t.tensor(name)).map_err(corrupt)?;
+        let view = SafeTensors::deserialize(bytes).and_then(|t| t.tensor(name)).map_err(corrupt)?;
         Ok((path.as_path(), view))
     }
 }
@@ -153,11 +174,12 @@ impl WeightSource for SafetensorsDir {
     }
 }
 
-/// Tells the kernel that the pages of `mmap` under `[start, start + len)` are not needed any
-/// more, so they stop counting as resident (they are read from the file again if touched).
-fn release(mmap: &Mmap, start: *const u8, len: usize) {
+/// Tells the kernel that the pages of a memory-mapped `file` under `[start, start + len)` are
+/// not needed any more, so they stop counting as resident (they are read from the file again if
+/// touched). Files already in memory ([`load_bytes`]) are left as they are.
+fn release(file: &FileBytes, start: *const u8, len: usize) {
     #[cfg(unix)]
-    {
+    if let FileBytes::Mapped(mmap) = file {
         let offset = start as usize - mmap.as_ptr() as usize;
         // SAFETY: a read-only, file-backed mapping: dropped pages (memmap2 widens the range to
         // whole pages, which may hold neighbouring tensors) are re-read from the file, which is
@@ -165,7 +187,7 @@ fn release(mmap: &Mmap, start: *const u8, len: usize) {
         let _ = unsafe { mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
     }
     #[cfg(not(unix))]
-    let _ = (mmap, start, len);
+    let _ = (file, start, len);
 }
 
 /// An F32, BF16 or F16 tensor as host data of the same dtype, `shape` `[..]`.
@@ -177,6 +199,35 @@ fn decode(view: &safetensors::tensor::TensorView<'_>, shape: Vec<usize>) -> Opti
         StDtype::F16 => TensorData::new(bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]])).collect(), shape),
         _ => return None,
     })
+}
+
+/// A safetensors file's bytes: memory-mapped natively, read into memory on `wasm32`.
+fn read_file(path: &Path) -> Result<FileBytes> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        // SAFETY: the map is read-only and we do not modify checkpoint files while loading.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        Ok(FileBytes::Mapped(map))
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        std::fs::read(path).map(FileBytes::Owned).map_err(|e| Error::io(path, e))
+    }
+}
+
+/// The shard file names of a sharded checkpoint's index (`model.safetensors.index.json`, read
+/// from `path`), sorted, each once.
+pub fn shard_names(path: &Path, index_json: &[u8]) -> Result<Vec<String>> {
+    let index: Value = serde_json::from_slice(index_json).map_err(|e| Error::json(path, None, e))?;
+    let map = index
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .ok_or_else(|| Error::checkpoint(path, "no `weight_map` object"))?;
+    let mut shards: Vec<String> = map.values().filter_map(|v| v.as_str().map(String::from)).collect();
+    shards.sort();
+    shards.dedup();
+    Ok(shards)
 }
 
 /// Loads a Qwen2 model from a Hugging Face directory onto `device`, in f32, with the
@@ -192,9 +243,40 @@ pub fn load_as<B: Backend>(dir: impl AsRef<Path>, device: &B::Device, dtype: Dty
     dtype.check::<B>(device)?;
     let config = Qwen2Config::from_file(dir.join("config.json"))?;
     let eos_token_ids = eos_token_ids(dir, &config)?;
-    let mut weights = SafetensorsDir::open(dir)?;
-    weights.check(&expected_tensors(&config), config.tie_word_embeddings)?;
-    Ok(Qwen2 { eos_token_ids, ..Qwen2::from_source_as(&config, &mut weights, device, dtype)? })
+    let weights = SafetensorsDir::open(dir)?;
+    build(&config, eos_token_ids, weights, device, dtype)
+}
+
+/// The files of a model directory, already in memory (the browser fetches them).
+#[derive(Debug, Clone, Default)]
+pub struct ModelBytes {
+    /// `config.json`.
+    pub config: Vec<u8>,
+    /// `generation_config.json`, if the directory has one.
+    pub generation_config: Option<Vec<u8>>,
+    /// `model.safetensors`, or every shard named by [`shard_names`], as `(file name, bytes)`.
+    pub safetensors: Vec<(String, Vec<u8>)>,
+}
+
+/// Loads a Qwen2 model as [`load`] does, from the files of the model directory `dir` already in
+/// memory; `dir` (a path or a URL) only names the files in error messages.
+pub fn load_bytes<B: Backend>(dir: &Path, files: ModelBytes, device: &B::Device) -> Result<Qwen2<B>> {
+    let config_path = dir.join("config.json");
+    let config: Qwen2Config = serde_json::from_slice(&files.config).map_err(|e| Error::json(&config_path, None, e))?;
+    config.validate().map_err(|message| Error::config(&config_path, message))?;
+    let generation_path = dir.join("generation_config.json");
+    let generation = match &files.generation_config {
+        Some(bytes) => Some(serde_json::from_slice(bytes).map_err(|e| Error::json(&generation_path, None, e))?),
+        None => None,
+    };
+    let eos_token_ids = merge_eos_ids(&config, generation.as_ref());
+    let weights = SafetensorsDir::from_bytes(dir, files.safetensors)?;
+    build(&config, eos_token_ids, weights, device, Dtype::F32)
+}
+
+fn build<B: Backend>(config: &Qwen2Config, eos_token_ids: Vec<u32>, mut weights: SafetensorsDir, device: &B::Device, dtype: Dtype) -> Result<Qwen2<B>> {
+    weights.check(&expected_tensors(config), config.tie_word_embeddings)?;
+    Ok(Qwen2 { eos_token_ids, ..Qwen2::from_source_as(config, &mut weights, device, dtype)? })
 }
 
 /// The end-of-sequence ids of the model directory `dir` with config `config`: the
@@ -202,20 +284,28 @@ pub fn load_as<B: Backend>(dir: impl AsRef<Path>, device: &B::Device, dtype: Dty
 /// file exists, sorted, without repeats. (`transformers` takes `generation_config.json`'s where it
 /// has one; the union differs only for a directory whose two files disagree.)
 pub fn eos_token_ids(dir: &Path, config: &Qwen2Config) -> Result<Vec<u32>> {
-    let mut ids = config.eos_token_ids();
     let path = dir.join("generation_config.json");
-    if path.is_file() {
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-        let json: Value = serde_json::from_str(&text).map_err(|e| Error::json(&path, None, e))?;
-        match json.get("eos_token_id") {
-            Some(Value::Number(n)) => ids.extend(n.as_u64().map(|v| v as u32)),
-            Some(Value::Array(a)) => ids.extend(a.iter().filter_map(Value::as_u64).map(|v| v as u32)),
-            _ => {}
+    let generation: Option<Value> = match path.is_file() {
+        true => {
+            let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+            Some(serde_json::from_str(&text).map_err(|e| Error::json(&path, None, e))?)
         }
+        false => None,
+    };
+    Ok(merge_eos_ids(config, generation.as_ref()))
+}
+
+/// The union of `config`'s EOS ids and those of a parsed `generation_config.json`, sorted.
+fn merge_eos_ids(config: &Qwen2Config, generation: Option<&Value>) -> Vec<u32> {
+    let mut ids = config.eos_token_ids();
+    match generation.and_then(|json| json.get("eos_token_id")) {
+        Some(Value::Number(n)) => ids.extend(n.as_u64().map(|v| v as u32)),
+        Some(Value::Array(a)) => ids.extend(a.iter().filter_map(Value::as_u64).map(|v| v as u32)),
+        _ => {}
     }
     ids.sort_unstable();
     ids.dedup();
-    Ok(ids)
+    ids
 }
 
 /// A tensor ready for serialisation.
@@ -350,4 +440,46 @@ fn write_safetensors(path: &Path, tensors: &BTreeMap<String, OwnedView>) -> Resu
 /// [`crate::io::write_dir_atomically`]: files and directories are flushed to disk first).
 pub fn write_atomically(dir: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     crate::io::write_dir_atomically(dir, write)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+
+    /// A model built from the files in memory is the model loaded from the directory.
+    #[test]
+    fn load_bytes_is_load() {
+        let config: Qwen2Config = serde_json::from_str(
+            r#"{"vocab_size": 11, "hidden_size": 8, "intermediate_size": 12, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 16,
+                "eos_token_id": 3, "tie_word_embeddings": false}"#,
+        )
+        .unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("model");
+        let device = Default::default();
+        save(&Qwen2::<Flex>::random(&config, 1, &device).unwrap(), &dir, SaveDtype::BF16, None).unwrap();
+        std::fs::write(dir.join("generation_config.json"), r#"{"eos_token_id": [3, 5]}"#).unwrap();
+        let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+        let files = ModelBytes {
+            config: read("config.json"),
+            generation_config: Some(read("generation_config.json")),
+            safetensors: vec![(SINGLE_FILE.into(), read(SINGLE_FILE))],
+        };
+        let url = Path::new("http://127.0.0.1:1/model");
+        let from_bytes = load_bytes::<Flex>(url, files.clone(), &device).unwrap();
+        let from_dir = load::<Flex>(&dir, &device).unwrap();
+        assert_eq!(from_bytes.to_hf_tensors(), from_dir.to_hf_tensors());
+        assert_eq!(from_bytes.eos_token_ids(), &[3, 5]);
+        assert_eq!(from_bytes.eos_token_ids(), from_dir.eos_token_ids());
+
+        // Errors name the file by its URL.
+        let broken = ModelBytes { config: b"{".to_vec(), ..files.clone() };
+        let err = load_bytes::<Flex>(url, broken, &device).err().unwrap().to_string();
+        assert!(err.contains("http://127.0.0.1:1/model/config.json"), "{err}");
+        let truncated = ModelBytes { safetensors: vec![(SINGLE_FILE.into(), read(SINGLE_FILE)[..40].to_vec())], ..files };
+        let err = load_bytes::<Flex>(url, truncated, &device).err().unwrap().to_string();
+        assert!(err.contains("http://127.0.0.1:1/model/model.safetensors"), "{err}");
+    }
 }

@@ -72,12 +72,16 @@ impl<B: Backend> AdamW<B> {
     /// A non-finite gradient norm (a NaN or infinite loss or gradient) skips the update, as verl
     /// does: the model and the optimizer's moments and step count are left as they were, and the
     /// returned norm tells the caller.
+    ///
+    /// This reads the norm back synchronously; where that cannot be done (WebGPU in the
+    /// browser), read [`squared_grad_norm`] asynchronously and call [`AdamW::apply`].
     pub fn update<AB, M>(&mut self, model: M, names: &HashMap<ParamId, String>, grads: GradientsParams, lr: f64) -> (M, f64)
     where
         AB: AutodiffBackend<InnerBackend = B>,
         M: AutodiffModule<AB>,
     {
-        self.apply(model, names, grads, lr, 1.0)
+        let grad_norm = read_norm(&model, &grads);
+        (self.step_with(model, names, grads, lr, grad_norm, 1.0), grad_norm)
     }
 
     /// [`AdamW::update`] with gradients of a loss multiplied by `loss_scale` (f16 loss scaling):
@@ -88,20 +92,31 @@ impl<B: Backend> AdamW<B> {
         AB: AutodiffBackend<InnerBackend = B>,
         M: AutodiffModule<AB>,
     {
-        self.apply(model, names, grads, lr, 1.0 / loss_scale)
+        let unscale = 1.0 / loss_scale;
+        let grad_norm = read_norm(&model, &grads) * unscale;
+        (self.step_with(model, names, grads, lr, grad_norm, unscale), grad_norm)
     }
 
-    fn apply<AB, M>(&mut self, model: M, names: &HashMap<ParamId, String>, mut grads: GradientsParams, lr: f64, unscale: f64) -> (M, f64)
+    /// [`AdamW::update`] given the global gradient norm (the square root of
+    /// [`squared_grad_norm`]), read back by the caller: clips, steps, or skips the update when
+    /// `grad_norm` is not finite.
+    pub fn apply<AB, M>(&mut self, model: M, names: &HashMap<ParamId, String>, grads: GradientsParams, lr: f64, grad_norm: f64) -> M
     where
         AB: AutodiffBackend<InnerBackend = B>,
         M: AutodiffModule<AB>,
     {
-        let mut norm = SquaredNorm::<B> { grads: &grads, total: None };
-        model.visit(&mut norm);
-        let grad_norm = norm.total.map_or(0.0, |t| t.into_scalar().elem::<f64>()).sqrt() * unscale;
+        self.step_with(model, names, grads, lr, grad_norm, 1.0)
+    }
+
+    /// One update given the (unscaled) gradient norm, every gradient multiplied by `unscale`.
+    fn step_with<AB, M>(&mut self, model: M, names: &HashMap<ParamId, String>, mut grads: GradientsParams, lr: f64, grad_norm: f64, unscale: f64) -> M
+    where
+        AB: AutodiffBackend<InnerBackend = B>,
+        M: AutodiffModule<AB>,
+    {
         self.changed = None;
         if !grad_norm.is_finite() {
-            return (model, grad_norm);
+            return model;
         }
         let clip = match self.config.max_grad_norm {
             // torch.nn.utils.clip_grad_norm_: coefficient clamped at 1, always applied.
@@ -112,12 +127,29 @@ impl<B: Backend> AdamW<B> {
         self.step += 1;
         let mut mapper = Updater { optimizer: self, grads: &mut grads, names, lr, clip: scale, changed: None };
         let model = model.map(&mut mapper);
+        // Only half-precision parameters count (bf16-pure training); never in f32 or the browser.
         let changed = mapper.changed.map(|(n, total)| (n.into_scalar().elem::<f64>() as u64, total));
         self.changed = changed;
-        (model, grad_norm)
+        model
     }
 }
 
+/// The global gradient norm, read back synchronously.
+fn read_norm<AB: AutodiffBackend, M: AutodiffModule<AB>>(model: &M, grads: &GradientsParams) -> f64 {
+    squared_grad_norm(model, grads).map_or(0.0, |t| t.into_scalar().elem::<f64>()).sqrt()
+}
+
+/// Σ ‖g‖² over the gradients `grads` of `model`'s parameters, on the device (`None` when no
+/// parameter has a gradient): the square of the norm [`AdamW::update`] clips by.
+pub fn squared_grad_norm<AB, M>(model: &M, grads: &GradientsParams) -> Option<Tensor<AB::InnerBackend, 1>>
+where
+    AB: AutodiffBackend,
+    M: AutodiffModule<AB>,
+{
+    let mut norm = SquaredNorm::<AB::InnerBackend> { grads, total: None };
+    model.visit(&mut norm);
+    norm.total
+}
 
 /// Σ ‖g‖² over all gradients of a model.
 struct SquaredNorm<'a, B: Backend> {
