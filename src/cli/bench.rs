@@ -155,17 +155,22 @@ impl Job for BenchJob {
 
     fn run<B: Backend>(self, device: B::Device) -> Result<()> {
         let args = self.0;
-        let model: Qwen2<B> = match (&args.config, &args.model) {
-            (Some(config), None) => {
-                args.dtype.check::<B>(&device)?;
-                Qwen2::random_as(&Qwen2Config::from_file(config)?, 0, &device, args.dtype)?
-            }
-            (None, Some(dir)) => hf::load_as(dir, &device, args.dtype)?,
-            _ => bail!("give one of --config or --model"),
-        };
+        let model: Qwen2<B> = bench_model(&args, &device)?;
         println!("{}", generation_figures(&model, &args, Sampler::greedy(), 1, "generate")?);
         Ok(())
     }
+}
+
+/// The benchmarked model: random weights from `--config` or a checkpoint `--model`, in `--dtype`.
+fn bench_model<B: Backend>(args: &BenchArgs, device: &B::Device) -> Result<Qwen2<B>> {
+    Ok(match (&args.config, &args.model) {
+        (Some(config), None) => {
+            args.dtype.check::<B>(device)?;
+            Qwen2::random_as(&Qwen2Config::from_file(config)?, 0, device, args.dtype)?
+        }
+        (None, Some(dir)) => hf::load_as(dir, device, args.dtype)?,
+        _ => bail!("give one of --config or --model"),
+    })
 }
 
 /// Rollout throughput: the model lives under autodiff, as in `kiln rl`, and samples through
@@ -177,14 +182,7 @@ impl TrainJob for RolloutBenchJob {
 
     fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<()> {
         let args = self.0;
-        let model: Qwen2<B> = match (&args.config, &args.model) {
-            (Some(config), None) => {
-                args.dtype.check::<B>(&device)?;
-                Qwen2::random_as(&Qwen2Config::from_file(config)?, 0, &device, args.dtype)?
-            }
-            (None, Some(dir)) => hf::load_as(dir, &device, args.dtype)?,
-            _ => bail!("give one of --config or --model"),
-        };
+        let model: Qwen2<B> = bench_model(&args, &device)?;
         let sampler = Sampler { temperature: 1.0, top_k: 0, top_p: 1.0 };
         let samples = args.samples.max(1);
         println!("{}", generation_figures(&model.valid(), &args, sampler, samples, "rollout")?);
