@@ -354,6 +354,23 @@ impl Reward for Constant {
     }
 }
 
+/// A loop of `steps` steps at a constant LR of 1e-2 that saves nothing, into `out`.
+fn loop_config(out: &Path, steps: u64, precision: kiln::train::Precision) -> LoopConfig {
+    LoopConfig {
+        total_steps: steps,
+        schedule: Schedule { base_lr: 1e-2, warmup_steps: 0, total_steps: steps, decay: Decay::Constant },
+        optimizer: AdamWConfig::default(),
+        out_dir: out.to_path_buf(),
+        save: SavePolicy { last: false, ..Default::default() },
+        eval_every: None,
+        eval_steps: Vec::new(),
+        time_budget: None,
+        companions: None,
+        run_config: Value::Null,
+        precision,
+    }
+}
+
 #[test]
 fn a_custom_reward_plugs_in_and_flat_groups_carry_no_signal() {
     let tmp = tempfile::tempdir().unwrap();
@@ -372,19 +389,7 @@ fn a_custom_reward_plugs_in_and_flat_groups_carry_no_signal() {
     };
     let signal = Signal::Rewards { reward: Box::new(Constant(0.25)), scaling: RewardScaling::Group, epsilon: 1e-6 };
     let mut objective = PolicyGradient::<B>::new(settings, prompts, signal, None, tokenizer, vec![3]).unwrap();
-    let loop_config = LoopConfig {
-        total_steps: 2,
-        schedule: Schedule { base_lr: 1e-2, warmup_steps: 0, total_steps: 2, decay: Decay::Constant },
-        optimizer: AdamWConfig::default(),
-        out_dir: tmp.path().to_path_buf(),
-        save: SavePolicy { last: false, ..Default::default() },
-        eval_every: None,
-        eval_steps: Vec::new(),
-        time_budget: None,
-        companions: None,
-        run_config: Value::Null,
-        precision: Default::default(),
-    };
+    let loop_config = loop_config(tmp.path(), 2, Default::default());
     let config: Qwen2Config = serde_json::from_str(
         r#"{"vocab_size": 2200, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
             "num_attention_heads": 2, "num_key_value_heads": 1, "tie_word_embeddings": true,
@@ -470,19 +475,7 @@ fn rollouts_sample_in_the_configured_dtype() {
         };
         let signal = Signal::Rewards { reward: Box::new(Constant(0.25)), scaling: RewardScaling::Group, epsilon: 1e-6 };
         let mut objective = PolicyGradient::<B>::new(settings, prompts, signal, None, tokenizer, vec![3]).unwrap();
-        let loop_config = LoopConfig {
-            total_steps: 1,
-            schedule: Schedule { base_lr: 1e-2, warmup_steps: 0, total_steps: 1, decay: Decay::Constant },
-            optimizer: AdamWConfig::default(),
-            out_dir: tmp.path().to_path_buf(),
-            save: SavePolicy { last: false, ..Default::default() },
-            eval_every: None,
-            eval_steps: Vec::new(),
-            time_budget: None,
-            companions: None,
-            run_config: Value::Null,
-            precision,
-        };
+        let loop_config = loop_config(tmp.path(), 1, precision);
         let config: Qwen2Config = serde_json::from_str(
             r#"{"vocab_size": 2200, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                 "num_attention_heads": 2, "num_key_value_heads": 1, "tie_word_embeddings": true,
