@@ -27,6 +27,8 @@ use clap::error::ErrorKind;
 
 fn main() {
     keep_freed_memory();
+    // A failing device thread is reported once, as the command's error (kiln::backends::device).
+    kiln::backends::device::watch();
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) if matches!(err.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => err.exit(),

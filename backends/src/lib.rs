@@ -3,9 +3,13 @@
 //! trains.
 //!
 //! Backends are cargo features: `cpu` (default), `wgpu`, `cuda`. A name whose feature was not
-//! compiled in is a clear error, not a silent fallback.
+//! compiled in is a clear error, not a silent fallback. A device that fails while a job runs
+//! ends the job with [`BackendError::Device`] (see [`device`]), never with a result computed
+//! after the failure.
 
 use std::str::FromStr;
+
+pub mod device;
 
 use burn::tensor::backend::{AutodiffBackend, Backend};
 
@@ -36,6 +40,21 @@ pub enum BackendError {
     NotCompiled(String, &'static str),
     #[error("the devices of a run must all be of one backend (got {0} and {1})")]
     Mixed(String, String),
+    /// The device failed, or a tensor was larger than it allows, while the job ran.
+    #[error(transparent)]
+    Device(#[from] device::DeviceError),
+}
+
+/// Runs `job` on `device` under [`device::guard`].
+fn on<B: Backend, T>(device: B::Device, job: impl FnOnce(B::Device) -> T) -> Result<T, BackendError> {
+    let first = device.clone();
+    Ok(device::guard::<B, _>(&first, || job(device))?)
+}
+
+/// [`on`] for replicas (the first device is synchronised; failures are recorded process-wide).
+fn on_all<B: Backend, T>(devices: Vec<B::Device>, job: impl FnOnce(Vec<B::Device>) -> T) -> Result<T, BackendError> {
+    let first = devices.first().cloned().unwrap_or_default();
+    Ok(device::guard::<B, _>(&first, || job(devices))?)
 }
 
 impl FromStr for DeviceSpec {
@@ -81,11 +100,11 @@ pub trait TrainJob {
 pub fn run<J: Job>(spec: DeviceSpec, job: J) -> Result<J::Output, BackendError> {
     match spec {
         #[cfg(feature = "cpu")]
-        DeviceSpec::Cpu => Ok(job.run::<Cpu>(Default::default())),
+        DeviceSpec::Cpu => on::<Cpu, _>(Default::default(), |d| job.run::<Cpu>(d)),
         #[cfg(feature = "wgpu")]
-        DeviceSpec::Wgpu(i) => Ok(job.run::<Wgpu>(wgpu_device(i))),
+        DeviceSpec::Wgpu(i) => on::<Wgpu, _>(wgpu_device(i), |d| job.run::<Wgpu>(d)),
         #[cfg(feature = "cuda")]
-        DeviceSpec::Cuda(i) => Ok(job.run::<Cuda>(burn::backend::cuda::CudaDevice::new(i))),
+        DeviceSpec::Cuda(i) => on::<Cuda, _>(burn::backend::cuda::CudaDevice::new(i), |d| job.run::<Cuda>(d)),
         #[allow(unreachable_patterns)]
         other => Err(not_compiled(other)),
     }
@@ -105,11 +124,11 @@ pub fn run_training_with<J: TrainJob>(spec: DeviceSpec, recompute: bool, job: J)
     use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing as Recompute;
     match (spec, recompute) {
         #[cfg(feature = "cpu")]
-        (DeviceSpec::Cpu, true) => Ok(job.run::<Autodiff<Cpu, Recompute>>(Default::default())),
+        (DeviceSpec::Cpu, true) => on::<Cpu, _>(Default::default(), |d| job.run::<Autodiff<Cpu, Recompute>>(d)),
         #[cfg(feature = "wgpu")]
-        (DeviceSpec::Wgpu(i), true) => Ok(job.run::<Autodiff<Wgpu, Recompute>>(wgpu_device(i))),
+        (DeviceSpec::Wgpu(i), true) => on::<Wgpu, _>(wgpu_device(i), |d| job.run::<Autodiff<Wgpu, Recompute>>(d)),
         #[cfg(feature = "cuda")]
-        (DeviceSpec::Cuda(i), true) => Ok(job.run::<Autodiff<Cuda, Recompute>>(burn::backend::cuda::CudaDevice::new(i))),
+        (DeviceSpec::Cuda(i), true) => on::<Cuda, _>(burn::backend::cuda::CudaDevice::new(i), |d| job.run::<Autodiff<Cuda, Recompute>>(d)),
         (spec, false) => run_plain(spec, job),
         #[allow(unreachable_patterns)]
         (other, _) => Err(not_compiled(other)),
@@ -120,11 +139,11 @@ fn run_plain<J: TrainJob>(spec: DeviceSpec, job: J) -> Result<J::Output, Backend
     use burn::backend::Autodiff;
     match spec {
         #[cfg(feature = "cpu")]
-        DeviceSpec::Cpu => Ok(job.run::<Autodiff<Cpu>>(Default::default())),
+        DeviceSpec::Cpu => on::<Cpu, _>(Default::default(), |d| job.run::<Autodiff<Cpu>>(d)),
         #[cfg(feature = "wgpu")]
-        DeviceSpec::Wgpu(i) => Ok(job.run::<Autodiff<Wgpu>>(wgpu_device(i))),
+        DeviceSpec::Wgpu(i) => on::<Wgpu, _>(wgpu_device(i), |d| job.run::<Autodiff<Wgpu>>(d)),
         #[cfg(feature = "cuda")]
-        DeviceSpec::Cuda(i) => Ok(job.run::<Autodiff<Cuda>>(burn::backend::cuda::CudaDevice::new(i))),
+        DeviceSpec::Cuda(i) => on::<Cuda, _>(burn::backend::cuda::CudaDevice::new(i), |d| job.run::<Autodiff<Cuda>>(d)),
         #[allow(unreachable_patterns)]
         other => Err(not_compiled(other)),
     }
@@ -158,18 +177,18 @@ pub fn run_replicas_with<J: ReplicaJob>(specs: &[DeviceSpec], recompute: bool, j
     }).collect();
     match (first, recompute) {
         #[cfg(feature = "cpu")]
-        (DeviceSpec::Cpu, false) => Ok(job.run::<Autodiff<Cpu>>(vec![Default::default(); specs.len()])),
+        (DeviceSpec::Cpu, false) => on_all::<Cpu, _>(vec![Default::default(); specs.len()], |d| job.run::<Autodiff<Cpu>>(d)),
         #[cfg(feature = "cpu")]
-        (DeviceSpec::Cpu, true) => Ok(job.run::<Autodiff<Cpu, Recompute>>(vec![Default::default(); specs.len()])),
+        (DeviceSpec::Cpu, true) => on_all::<Cpu, _>(vec![Default::default(); specs.len()], |d| job.run::<Autodiff<Cpu, Recompute>>(d)),
         #[cfg(feature = "wgpu")]
-        (DeviceSpec::Wgpu(_), false) => Ok(job.run::<Autodiff<Wgpu>>(indices.into_iter().map(wgpu_device).collect())),
+        (DeviceSpec::Wgpu(_), false) => on_all::<Wgpu, _>(indices.into_iter().map(wgpu_device).collect(), |d| job.run::<Autodiff<Wgpu>>(d)),
         #[cfg(feature = "wgpu")]
-        (DeviceSpec::Wgpu(_), true) => Ok(job.run::<Autodiff<Wgpu, Recompute>>(indices.into_iter().map(wgpu_device).collect())),
+        (DeviceSpec::Wgpu(_), true) => on_all::<Wgpu, _>(indices.into_iter().map(wgpu_device).collect(), |d| job.run::<Autodiff<Wgpu, Recompute>>(d)),
         #[cfg(feature = "cuda")]
-        (DeviceSpec::Cuda(_), false) => Ok(job.run::<Autodiff<Cuda>>(indices.into_iter().map(burn::backend::cuda::CudaDevice::new).collect())),
+        (DeviceSpec::Cuda(_), false) => on_all::<Cuda, _>(indices.into_iter().map(burn::backend::cuda::CudaDevice::new).collect(), |d| job.run::<Autodiff<Cuda>>(d)),
         #[cfg(feature = "cuda")]
         (DeviceSpec::Cuda(_), true) => {
-            Ok(job.run::<Autodiff<Cuda, Recompute>>(indices.into_iter().map(burn::backend::cuda::CudaDevice::new).collect()))
+            on_all::<Cuda, _>(indices.into_iter().map(burn::backend::cuda::CudaDevice::new).collect(), |d| job.run::<Autodiff<Cuda, Recompute>>(d))
         }
         #[allow(unreachable_patterns)]
         (other, _) => Err(not_compiled(other)),

@@ -51,6 +51,9 @@ pub enum Error {
     #[cfg(feature = "code")]
     #[error(transparent)]
     Sandbox(#[from] kiln_sandbox::SandboxError),
+    /// The device failed, or a tensor would be larger than it allows (the message has the sizes).
+    #[error(transparent)]
+    Device(#[from] kiln_backends::device::DeviceError),
     /// A data-parallel run stopped: a peer failed, was lost or disagrees (the message names it).
     #[error("{0}")]
     Distributed(String),

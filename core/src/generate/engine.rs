@@ -235,6 +235,10 @@ impl<'a, B: Backend> Engine<'a, B> {
             let Some(running) = batch.as_mut() else { break };
 
             let host: Vec<f32> = running.logits.clone().into_data().convert::<f32>().into_vec().expect("f32 logits");
+            // Logits read back after a device failure are not sampled from.
+            if let Some(err) = kiln_backends::device::fault() {
+                return Err(err.into());
+            }
             let mut newly_finished = 0;
             for (row, &s) in running.slots.iter().enumerate() {
                 let seq = &mut sequences[s];

@@ -165,10 +165,15 @@ pub enum AttnMask<B: Backend> {
 }
 
 impl<B: Backend> AttnMask<B> {
+    /// Whether activations of `dtype` take the fused CPU kernel (no dense mask or scores).
+    pub fn is_fused(dtype: DType) -> bool {
+        fused::available::<B>() && dtype == DType::F32
+    }
+
     /// The mask for `queries` new tokens over keys `key_valid` `[B, S]` (1 = real token), in the
     /// form the attention of backend `B` and activations of `dtype` take.
     pub fn new(key_valid: Tensor<B, 2, Int>, queries: usize, kv_heads: usize, group: usize, dtype: DType) -> Self {
-        if fused::available::<B>() && dtype == DType::F32 {
+        if Self::is_fused(dtype) {
             let [batch, keys] = key_valid.dims();
             let valid: Vec<u8> = key_valid.into_data().convert::<i64>().iter::<i64>().map(|v| (v != 0) as u8).collect();
             return Self::Keys(KeyMask { batch, keys, valid: valid.into() });
@@ -302,6 +307,18 @@ impl<B: Backend> Qwen2<B> {
         if let Some(dtype) = self.compute {
             x = proj::to_dtype(x, dtype.burn());
         }
+        if !AttnMask::<B>::is_fused(x.dtype()) {
+            // The dense mask and burn's attention scores are `[B, H, T, S]` (bool and f32):
+            // refuse what the device cannot hold rather than fail on its thread.
+            let [batch, keys] = key_valid.dims();
+            let heads = self.config.num_attention_heads;
+            kiln_backends::device::ensure_fits::<B>(
+                &key_valid.device(),
+                (batch * heads * queries * keys * 4) as u64,
+                || format!("attention scores [{batch}, {heads}, {queries}, {keys}] f32"),
+                "use a shorter sequence or a smaller batch",
+            );
+        }
         let mask = AttnMask::new(key_valid, queries, kv_heads, group, x.dtype());
         for (i, layer) in self.layers.iter().enumerate() {
             let layer_cache = cache.as_deref_mut().map(|c| &mut c.layers[i]);
@@ -312,6 +329,14 @@ impl<B: Backend> Qwen2<B> {
 
     /// Logits `[B, T, V]` from hidden states `[B, T, D]`.
     pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        let [batch, seq, _] = hidden.dims();
+        let vocab = self.config.vocab_size;
+        kiln_backends::device::ensure_fits::<B>(
+            &hidden.device(),
+            (batch * seq * vocab * 4) as u64,
+            || format!("logits [{batch}, {seq}, {vocab}] f32"),
+            "score fewer tokens at once (a smaller batch or sequence)",
+        );
         match &self.lm_head {
             Some(head) => head.forward(hidden),
             // Tied: the embedding `[V, D]` is the head's HF `[out, in]`.
