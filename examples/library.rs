@@ -141,6 +141,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         time_budget: None,
         companions: Some(tokenizer_dir.clone()),
         run_config: json!({ "example": "library" }),
+        allow_config_change: false,
         precision: Default::default(),
     };
     let pad_id = tokenizer.pad_id().unwrap_or(0);

@@ -238,6 +238,14 @@ fn resuming_with_optimizer_state_of_another_model() {
     // Two steps, a checkpoint after each; then the run is resumed for a third.
     std::fs::write(&run, sft_toml("max_length = 32", "steps = 2", "dir = \"out\"\nsave_steps = 1")).unwrap();
     ok(&["sft", "--config", r]);
+    let listing = || {
+        let mut names: Vec<String> =
+            std::fs::read_dir(tmp.path().join("out")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    };
+    let written = listing();
+    assert_eq!(written, [".kiln.lock", "checkpoint-1", "checkpoint-2", "metrics.jsonl"]);
     std::fs::write(&run, sft_toml("max_length = 32", "steps = 3", "dir = \"out\"\nsave_steps = 1")).unwrap();
     let checkpoint = tmp.path().join("out/checkpoint-2");
     let optimizer = checkpoint.join("optimizer.safetensors");
@@ -274,7 +282,7 @@ fn resuming_with_optimizer_state_of_another_model() {
     fails_with(&["sft", "--config", r, "--resume"], &["trainer_state.json", "invalid type"]);
 
     // Nothing already written was touched by the failed resumes.
-    assert_eq!(std::fs::read_dir(tmp.path().join("out")).unwrap().count(), 3, "checkpoint-1, checkpoint-2, metrics.jsonl");
+    assert_eq!(listing(), written);
 }
 
 fn losses(metrics: &Path) -> Vec<(u64, f64)> {
@@ -341,4 +349,78 @@ fn resume_after_sigkill_is_bit_identical_across_an_epoch_boundary() {
     let (a, b) = (losses(&tmp.path().join("whole/metrics.jsonl")), losses(&out.join("metrics.jsonl")));
     assert_eq!(a.len(), 6);
     assert_eq!(a, b, "per-step losses (killed after step {latest})");
+}
+
+/// `--resume` under a config whose settings differ from the checkpoint's run is refused with one
+/// line listing each changed setting (the learning rate, the model it starts from), and nothing
+/// is written; `--allow-config-change` resumes with a warning; more steps only warn.
+#[test]
+fn resuming_under_a_changed_config_is_refused_unless_allowed() {
+    let tmp = tempfile::tempdir().unwrap();
+    sft_setup(tmp.path(), None, 64, 32);
+    let run = tmp.path().join("run.toml");
+    let r = s(&run);
+    std::fs::write(&run, sft_toml("max_length = 32", "steps = 2", "dir = \"out\"\nsave_steps = 1")).unwrap();
+    ok(&["sft", "--config", r]);
+    let out = tmp.path().join("out");
+    let listing = || {
+        let mut names: Vec<String> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    };
+    let before = listing();
+    let metrics = std::fs::read(out.join("metrics.jsonl")).unwrap();
+
+    // The learning rate and the model to start from changed: refused, naming both.
+    let changed = sft_toml("max_length = 32", "steps = 3", "dir = \"out\"\nsave_steps = 1").replace("lr = 1e-3", "lr = 1.67e-2");
+    std::fs::write(&run, changed.replace("from = \"model\"", "from = \"model2\"")).unwrap();
+    std::fs::rename(tmp.path().join("model"), tmp.path().join("model2")).unwrap();
+    let line = fails_with(&["sft", "--config", r, "--resume"], &["checkpoint-2", "optimizer.lr 0.001 → 0.0167", "model.from", "--allow-config-change"]);
+    assert!(!line.contains("train.steps"), "more steps are allowed: {line}");
+    assert_eq!(listing(), before, "a refused resume writes nothing");
+    assert_eq!(std::fs::read(out.join("metrics.jsonl")).unwrap(), metrics);
+
+    // Allowed: it resumes, warning once about the settings and once about the new total.
+    let resumed = ok(&["sft", "--config", r, "--resume", "--allow-config-change"]);
+    let stderr = String::from_utf8_lossy(&resumed.stderr);
+    assert!(stderr.contains("warning: resuming") && stderr.contains("with changed settings: model.from"), "{stderr}");
+    assert!(stderr.contains("for 3 steps in all (its run planned 2)"), "{stderr}");
+    assert!(out.join("checkpoint-3").is_dir());
+}
+
+/// A second run writing the output directory of a running one stops before touching it.
+#[test]
+fn a_second_writer_of_an_output_directory_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    sft_setup(tmp.path(), None, 64, 32);
+    let run = tmp.path().join("run.toml");
+    std::fs::write(&run, sft_toml("max_length = 32", "steps = 1", "dir = \"out\"\nsave_steps = 1")).unwrap();
+    // The first writer holds the directory's lock (as a running `kiln sft` does).
+    let held = kiln::io::lock_dir(&tmp.path().join("out")).unwrap();
+    fails_with(&["sft", "--config", s(&run)], &["out is being written by another kiln run", &format!("(pid {})", std::process::id())]);
+    assert!(!tmp.path().join("out/metrics.jsonl").exists());
+    drop(held);
+    ok(&["sft", "--config", s(&run)]);
+}
+
+/// A model config whose weights cannot fit in memory is refused before anything is allocated,
+/// and a benchmark longer than the model's positions is a one-line error.
+#[test]
+fn models_too_large_for_memory_and_benchmarks_past_the_context_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = |name: &str, hidden: u64, positions: u64| {
+        let path = tmp.path().join(name);
+        let json = serde_json::json!({
+            "vocab_size": 97, "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": positions, "tie_word_embeddings": true,
+        });
+        std::fs::write(&path, json.to_string()).unwrap();
+        path
+    };
+    let huge = config("huge.json", 1 << 40, 64);
+    fails_with(&["bench", "--config", s(&huge)], &["the model's weights need", "PiB in f32", "of memory available"]);
+    fails_with(&["init", "--config", s(&huge), "--out", s(&tmp.path().join("m"))], &["the model's weights need"]);
+    assert!(!tmp.path().join("m").exists());
+    let short = config("short.json", 32, 64);
+    fails_with(&["bench", "--config", s(&short), "--prompt-len", "60", "--new-tokens", "32"], &["--prompt-len 60 + --new-tokens 32", "64 positions"]);
 }

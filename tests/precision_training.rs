@@ -53,6 +53,7 @@ fn loop_config(out: &Path, precision: Precision, steps: u64) -> LoopConfig {
         time_budget: None,
         companions: None,
         run_config: Value::Null,
+        allow_config_change: false,
         precision,
     }
 }

@@ -367,6 +367,7 @@ fn loop_config(out: &Path, steps: u64, precision: kiln::train::Precision) -> Loo
         time_budget: None,
         companions: None,
         run_config: Value::Null,
+        allow_config_change: false,
         precision,
     }
 }

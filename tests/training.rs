@@ -50,6 +50,7 @@ fn loop_config(out: &Path, steps: u64, budget: Option<Duration>) -> LoopConfig {
         time_budget: budget,
         companions: Some(fixture("interplay/qwen2_100M")),
         run_config: serde_json::json!({"test": true}),
+        allow_config_change: false,
         precision: Default::default(),
     }
 }

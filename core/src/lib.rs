@@ -176,6 +176,7 @@
 //!     time_budget: None,
 //!     companions: None,
 //!     run_config: Value::Null,
+//!     allow_config_change: false,
 //!     precision: Default::default(), // f32
 //! };
 //! type B = Autodiff<Flex>;

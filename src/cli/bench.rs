@@ -112,6 +112,7 @@ impl TrainJob for TrainBenchJob {
             time_budget: None,
             companions: None,
             run_config: serde_json::Value::Null,
+            allow_config_change: false,
             precision: args.precision.unwrap_or(Precision::mixed(args.dtype)),
         };
         let mut objective = NextTokenLoss::new(samples, args.batch, 1, 0, 0)?;
@@ -142,7 +143,10 @@ impl TrainJob for TrainBenchJob {
             "rss_mib_first_last": [rss.first(), rss.last()],
             "recompute": args.recompute,
             "peak_rss_mib": kiln::train::metrics::peak_rss_mib(),
+            "autotune": autotune(args.backend),
         });
+        // No figure from a run the device failed in.
+        kiln::backends::device::check::<B>(&device)?;
         println!("{figures}");
         Ok(())
     }
@@ -156,7 +160,9 @@ impl Job for BenchJob {
     fn run<B: Backend>(self, device: B::Device) -> Result<()> {
         let args = self.0;
         let model: Qwen2<B> = bench_model(&args, &device)?;
-        println!("{}", generation_figures(&model, &args, Sampler::greedy(), 1, "generate")?);
+        let figures = generation_figures(&model, &args, Sampler::greedy(), 1, "generate")?;
+        kiln::backends::device::check::<B>(&device)?;
+        println!("{figures}");
         Ok(())
     }
 }
@@ -185,7 +191,9 @@ impl TrainJob for RolloutBenchJob {
         let model: Qwen2<B> = bench_model(&args, &device)?;
         let sampler = Sampler { temperature: 1.0, top_k: 0, top_p: 1.0 };
         let samples = args.samples.max(1);
-        println!("{}", generation_figures(&model.valid(), &args, sampler, samples, "rollout")?);
+        let figures = generation_figures(&model.valid(), &args, sampler, samples, "rollout")?;
+        kiln::backends::device::check::<B>(&device)?;
+        println!("{figures}");
         Ok(())
     }
 }
@@ -194,6 +202,14 @@ impl TrainJob for RolloutBenchJob {
 /// `--prompt-len` tokens, `samples` each, `--new-tokens` each, EOS ignored) and returns the
 /// figures as JSON.
 fn generation_figures<B: Backend>(model: &Qwen2<B>, args: &BenchArgs, sampler: Sampler, samples: usize, mode: &str) -> Result<serde_json::Value> {
+    let positions = model.context_len();
+    if args.prompt_len + args.new_tokens > positions {
+        bail!(
+            "--prompt-len {} + --new-tokens {} is longer than the model's {positions} positions (max_position_embeddings)",
+            args.prompt_len,
+            args.new_tokens
+        );
+    }
     let vocab = model.config().vocab_size as u32;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let prompts: Vec<Vec<u32>> = (0..(args.batch / samples).max(1))
@@ -232,7 +248,18 @@ fn generation_figures<B: Backend>(model: &Qwen2<B>, args: &BenchArgs, sampler: S
         "prefill_tokens_per_s": (prompts.len() * args.prompt_len) as f64 / prefill,
         "decode_tokens_per_s": decoded / (total - prefill),
         "end_to_end_tokens_per_s": (sequences * args.new_tokens) as f64 / total,
+        "autotune": autotune(args.backend),
     }))
+}
+
+/// On a GPU backend, the kernels burn's autotune chose for each tuned operation (matmul,
+/// attention, reductions…) and how many shapes each won, from cubecl's autotune cache; null on
+/// the CPU, which has no autotune.
+fn autotune(backend: DeviceSpec) -> serde_json::Value {
+    match backend {
+        DeviceSpec::Cpu => serde_json::Value::Null,
+        _ => serde_json::json!(kiln::backends::device::autotune_choices()),
+    }
 }
 
 /// The CPU's model name (`/proc/cpuinfo`), for tables that compare machines.

@@ -22,6 +22,10 @@ pub struct RlArgs {
     /// Continue from the latest checkpoint of the run.
     #[arg(long)]
     resume: bool,
+    /// With --resume: continue even where the config differs from the checkpoint's run (the
+    /// changed settings are listed in a warning); without it such a resume is refused.
+    #[arg(long, requires = "resume")]
+    allow_config_change: bool,
     /// The device (default cpu; see --devices for several).
     #[arg(long, value_parser = super::parse_backend)]
     backend: Option<DeviceSpec>,
@@ -31,7 +35,8 @@ pub struct RlArgs {
 
 pub fn run(method: Method, args: RlArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.config).with_context(|| format!("{}", args.config.display()))?;
-    let config = PgConfig::from_toml(&args.config, &text)?;
+    let mut config = PgConfig::from_toml(&args.config, &text)?;
+    config.output.allow_config_change |= args.allow_config_change;
     let devices = args.dist.devices(args.backend, config.train.devices.as_deref())?;
     let nodes = args.dist.nodes()?;
     let recompute = config.train.recompute;

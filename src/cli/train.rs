@@ -22,6 +22,10 @@ pub struct TrainArgs {
     /// Continue from the latest checkpoint of the output directory.
     #[arg(long)]
     resume: bool,
+    /// With --resume: continue even where the config differs from the checkpoint's run (the
+    /// changed settings are listed in a warning); without it such a resume is refused.
+    #[arg(long, requires = "resume")]
+    allow_config_change: bool,
     /// The device (default cpu; see --devices for several).
     #[arg(long, value_parser = super::parse_backend)]
     backend: Option<DeviceSpec>,
@@ -38,7 +42,8 @@ pub enum Kind {
 
 pub fn run(kind: Kind, args: TrainArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.config).with_context(|| format!("{}", args.config.display()))?;
-    let config = RunConfig::from_toml(&args.config, &text)?;
+    let mut config = RunConfig::from_toml(&args.config, &text)?;
+    config.output.allow_config_change |= args.allow_config_change;
     match (kind, &config.data) {
         (Kind::Pretrain, DataSection::Mixture(_)) | (Kind::Sft, DataSection::Sft(_)) => {}
         (Kind::Pretrain, _) => bail!("{}: `kiln pretrain` needs [data] kind = \"mixture\" (or the old `interplay = …`)", args.config.display()),

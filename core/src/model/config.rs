@@ -184,13 +184,14 @@ impl Qwen2Config {
 
     /// Number of parameters of the model this config describes.
     pub fn num_parameters(&self) -> usize {
-        let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
-        let q = self.num_attention_heads * self.head_dim();
-        let kv = self.num_kv_heads() * self.head_dim();
+        // In u128, saturating at usize::MAX: a config too large for memory counts, not overflows.
+        let (h, i, v) = (self.hidden_size as u128, self.intermediate_size as u128, self.vocab_size as u128);
+        let q = self.num_attention_heads as u128 * self.head_dim() as u128;
+        let kv = self.num_kv_heads() as u128 * self.head_dim() as u128;
         let attention = h * q + q + 2 * (h * kv + kv) + q * h;
         let layer = attention + 3 * h * i + 2 * h;
         let head = if self.tie_word_embeddings { 0 } else { v * h };
-        v * h + self.num_hidden_layers * layer + h + head
+        usize::try_from(v * h + self.num_hidden_layers as u128 * layer + h + head).unwrap_or(usize::MAX)
     }
 }
 

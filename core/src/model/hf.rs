@@ -358,8 +358,10 @@ pub fn write_model_files<B: Backend>(model: &Qwen2<B>, dir: &Path, dtype: SaveDt
 /// memory holds the saved bytes, never an f32 model.
 pub fn save_random(config: &Qwen2Config, seed: u64, dir: impl AsRef<Path>, dtype: Dtype, companions: Option<&Path>) -> Result<()> {
     config.validate().map_err(|m| Error::InvalidInput(format!("invalid config: {m}")))?;
+    let specs = expected_tensors(config);
+    super::weights::fits_in_memory(&specs, dtype)?;
     let mut source = RandomInit::new(config.initializer_range, seed);
-    let tensors = expected_tensors(config)
+    let tensors = specs
         .into_iter()
         .map(|spec| {
             let data = source.tensor(&spec)?.convert_dtype(dtype.burn());

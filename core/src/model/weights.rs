@@ -219,8 +219,19 @@ impl<B: Backend> Qwen2<B> {
     /// model never exists in f32).
     pub fn from_source_as(config: &Qwen2Config, source: &mut dyn WeightSource, device: &B::Device, dtype: Dtype) -> Result<Self> {
         config.validate().map_err(|m| Error::InvalidInput(format!("invalid config: {m}")))?;
+        let specs = expected_tensors(config);
+        if kiln_backends::device::max_buffer::<B>(device).is_none() {
+            // Host memory (the CPU backends).
+            fits_in_memory(&specs, dtype)?;
+        }
+        let bytes = |s: &TensorSpec| s.shape.iter().product::<usize>() as u64 * dtype.size() as u64;
+        if let Some(big) = specs.iter().max_by_key(|s| bytes(s))
+            && let Some(err) = kiln_backends::device::too_large::<B>(device, bytes(big), || format!("weight {} {:?} {}", big.name, big.shape, dtype.name()), "")
+        {
+            return Err(err.into());
+        }
         // f32 is the device's default float (so a test backend's f64 stays f64).
-        let store = Store::new(expected_tensors(config), source, dtype.is_half().then(|| dtype.burn()));
+        let store = Store::new(specs, source, dtype.is_half().then(|| dtype.burn()));
         let model = Qwen2::load(config, &Weights { store: &store, prefix: String::new(), device })?;
         store.finish()?;
         Ok(model)
@@ -308,6 +319,37 @@ impl<B: Backend> ModuleVisitor<B> for Export {
         };
         self.tensors.insert(name, value.into_data());
     }
+}
+
+/// Refuses weights `specs` that cannot fit in the memory available, in `dtype`, before any is
+/// built, with the size `kiln plan` counts for them (a config with `hidden_size` 2^40 is an
+/// error line, not an abort on a petabyte allocation).
+pub(crate) fn fits_in_memory(specs: &[TensorSpec], dtype: Dtype) -> Result<()> {
+    let needed: f64 = specs.iter().map(|s| s.shape.iter().map(|&d| d as f64).product::<f64>()).sum::<f64>() * dtype.size() as f64;
+    match available_memory() {
+        Some(available) if needed > available as f64 => Err(Error::InvalidInput(format!(
+            "the model's weights need {} in {} (as `kiln plan` counts them), more than the {} of memory available",
+            bytes_text(needed),
+            dtype.name(),
+            bytes_text(available as f64)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Memory available to a new allocation without swapping (`MemAvailable` of `/proc/meminfo`;
+/// `None` where there is none).
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+}
+
+/// `bytes` for a person: GiB, TiB or PiB with one decimal.
+fn bytes_text(bytes: f64) -> String {
+    let units = [("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20)];
+    let (unit, shift) = units.iter().find(|(_, s)| bytes >= (1u64 << s) as f64).copied().unwrap_or(("MiB", 20));
+    format!("{:.1} {unit}", bytes / (1u64 << shift) as f64)
 }
 
 #[cfg(test)]

@@ -149,6 +149,8 @@ fn replica_run<B: AutodiffBackend>(
     };
     let mut objective = PolicyGradient::<B>::new(settings, prompts, signal, reference, tokenizer, eos_ids)?.shard(replica.rank(), replica.world())?;
     // Rank 0 resumes (or refuses to overwrite); the others start from its state (dist::sync_start).
+    // One writer per output directory: rank 0, which writes it, holds its lock for the run.
+    let _lock = replica.is_main().then(|| crate::io::lock_dir(&loop_config.out_dir)).transpose()?;
     let start = match replica.is_main() {
         true => Start::<B>::new(&loop_config, resume, &mut objective, device, || hf::load::<B>(from, device))?,
         false => Start::<B>::fresh(&loop_config, device, || hf::load::<B>(from, device))?,

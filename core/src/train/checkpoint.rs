@@ -71,6 +71,8 @@ pub fn save<B: Backend, OB: Backend>(
     state: &TrainerState,
     companions: Option<&Path>,
 ) -> Result<()> {
+    // Weights computed after a device failure are not written.
+    kiln_backends::device::check::<B>(&model.device())?;
     hf::write_atomically(path, |tmp| {
         // In the weights' own dtype (f32 masters, or bf16-pure's bf16): exact either way.
         hf::write_model_files(model, tmp, model.dtype(), companions)?;
@@ -224,6 +226,56 @@ impl<B: Backend> ModuleVisitor<B> for Sizes {
     }
 }
 
+/// Settings a resumed run may change without `--allow-config-change`: where and how often it
+/// saves and evaluates, how long it runs (`steps`/`epochs`: the new total is warned about), and
+/// recomputation (memory only).
+const RESUMABLE: &[&str] = &["output", "eval", "train.steps", "train.epochs", "train.recompute"];
+
+/// The settings of the run config `current` that differ from `saved` (both a run's
+/// `{"config": …}` record, as stored in `trainer_state.json`), as `name old → new`, in name
+/// order; the ones in [`RESUMABLE`] are not compared. Paths that name the same file on disk are
+/// equal. Empty when either has no `config` (a checkpoint written without one).
+pub fn config_changes(saved: &Value, current: &Value) -> Vec<String> {
+    let (Some(old), Some(new)) = (saved.get("config"), current.get("config")) else { return Vec::new() };
+    let (mut a, mut b) = (BTreeMap::new(), BTreeMap::new());
+    flatten(String::new(), old, &mut a);
+    flatten(String::new(), new, &mut b);
+    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    let shown = |v: Option<&Value>| v.map_or_else(|| "(unset)".to_string(), Value::to_string);
+    keys.into_iter()
+        .filter(|k| !RESUMABLE.iter().any(|p| k.as_str() == *p || k.starts_with(&format!("{p}."))))
+        .filter(|k| !same_setting(a.get(*k), b.get(*k)))
+        .map(|k| format!("{k} {} → {}", shown(a.get(k)), shown(b.get(k))))
+        .collect()
+}
+
+/// Leaves of `value` by dotted name (`optimizer.lr`); nulls are unset settings and left out.
+fn flatten(prefix: String, value: &Value, out: &mut BTreeMap<String, Value>) {
+    match value {
+        Value::Object(map) => {
+            for (key, value) in map {
+                let name = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+                flatten(name, value, out);
+            }
+        }
+        Value::Null => {}
+        leaf => {
+            out.insert(prefix, leaf.clone());
+        }
+    }
+}
+
+fn same_setting(a: Option<&Value>, b: Option<&Value>) -> bool {
+    match (a, b) {
+        (Some(Value::String(x)), Some(Value::String(y))) if x != y => {
+            let canonical = |p: &str| std::fs::canonicalize(p).ok();
+            canonical(x).is_some_and(|c| Some(c) == canonical(y))
+        }
+        (Some(Value::Number(x)), Some(Value::Number(y))) => x.as_f64() == y.as_f64(),
+        (a, b) => a == b,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,5 +293,53 @@ mod tests {
         assert!(err.contains("no checkpoint of step 9") && err.contains(&tmp.path().display().to_string()), "{err}");
         std::fs::create_dir(tmp.path().join("step60")).unwrap();
         assert!(at_step(tmp.path(), 60).unwrap_err().to_string().contains("several checkpoints of step 60"));
+    }
+}
+
+#[cfg(test)]
+mod config_change_tests {
+    use super::config_changes;
+    use serde_json::json;
+
+    #[test]
+    fn changed_settings_are_listed_and_resumable_ones_are_not() {
+        let saved = json!({"config": {
+            "model": {"init": "a.json", "seed": 1},
+            "optimizer": {"lr": 5e-4, "betas": [0.9, 0.95]},
+            "schedule": {"kind": "cosine", "warmup_steps": 10},
+            "train": {"steps": 100, "precision": "f32", "seed": 3},
+            "output": {"dir": "out", "save_steps": 10.0},
+        }, "samples": 10});
+        let mut current = saved.clone();
+        assert!(config_changes(&saved, &current).is_empty());
+        current["config"]["train"]["steps"] = json!(200);
+        current["config"]["output"]["save_steps"] = json!(20.0);
+        current["samples"] = json!(11);
+        assert!(config_changes(&saved, &current).is_empty(), "steps, output and reports are not settings to refuse");
+        current["config"]["optimizer"]["lr"] = json!(1.67e-2);
+        current["config"]["model"]["init"] = json!("b.json");
+        current["config"]["train"]["precision"] = json!("bf16-mixed");
+        current["config"]["schedule"]["warmup_steps"] = serde_json::Value::Null;
+        assert_eq!(
+            config_changes(&saved, &current),
+            [
+                "model.init \"a.json\" → \"b.json\"",
+                "optimizer.lr 0.0005 → 0.0167",
+                "schedule.warmup_steps 10 → (unset)",
+                "train.precision \"f32\" → \"bf16-mixed\"",
+            ]
+        );
+        assert!(config_changes(&json!(null), &current).is_empty(), "a checkpoint without a recorded config");
+    }
+
+    #[test]
+    fn two_spellings_of_one_path_are_the_same_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.json");
+        std::fs::write(&file, "{}").unwrap();
+        let spelled = format!("{}/./config.json", dir.path().display());
+        let saved = json!({"config": {"model": {"init": file.to_str().unwrap()}}});
+        let current = json!({"config": {"model": {"init": spelled}}});
+        assert!(config_changes(&saved, &current).is_empty());
     }
 }

@@ -42,6 +42,11 @@ impl MetricsLog {
         Ok(Self { path: path.to_path_buf(), file })
     }
 
+    /// Flushes the records written so far to the disk (with each checkpoint).
+    pub fn sync(&self) -> Result<()> {
+        self.file.sync_data().map_err(|e| Error::io(&self.path, e))
+    }
+
     /// Writes one record.
     pub fn write(&mut self, record: &Map<String, Value>) -> Result<()> {
         let line = serde_json::to_string(record).map_err(|e| Error::json(&self.path, None, e))?;

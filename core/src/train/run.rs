@@ -194,6 +194,8 @@ fn replica_run<B: AutodiffBackend>(
     loop_config.precision = t.precision;
     let mut objective = NextTokenLoss::new(samples, micro_batch, grad_accum, pad_id, seed)?.shard(replica.rank(), replica.world());
     // Rank 0 resumes (or refuses to overwrite); the others start from its state (dist::sync_start).
+    // One writer per output directory: rank 0, which writes it, holds its lock for the run.
+    let _lock = replica.is_main().then(|| crate::io::lock_dir(&loop_config.out_dir)).transpose()?;
     let start = match replica.is_main() {
         true => Start::<B>::new(&loop_config, resume, &mut objective, device, || fresh_model(&config.model, device))?,
         false => Start::<B>::fresh(&loop_config, device, || fresh_model(&config.model, device))?,
@@ -244,6 +246,7 @@ pub fn loop_config(
         time_budget: output.time_budget()?,
         companions,
         run_config,
+        allow_config_change: output.allow_config_change,
         precision: Default::default(),
     })
 }

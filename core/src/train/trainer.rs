@@ -84,6 +84,9 @@ pub struct LoopConfig {
     pub companions: Option<PathBuf>,
     /// The run's configuration, recorded in every checkpoint.
     pub run_config: Value,
+    /// Whether `--resume` may continue under settings that differ from the checkpoint's run
+    /// config (`--allow-config-change`); otherwise it refuses, listing them.
+    pub allow_config_change: bool,
     /// Weights, optimizer state and compute dtypes ([`Precision`]).
     pub precision: Precision,
 }
@@ -137,10 +140,13 @@ impl<B: AutodiffBackend> Start<B> {
         match checkpoint::latest_named(&config.out_dir, config.save.run_name.as_deref())? {
             Some((step, path)) if resume => {
                 let model = precision.prepare(hf::load_as::<B>(&path, device, precision.weights())?);
-                let (state, optimizer) = checkpoint::load_state(&path, device)?;
+                let (state, mut optimizer) = checkpoint::load_state(&path, device)?;
                 checkpoint::check_moments(&path, &model, &optimizer)?;
                 if state.step != step {
                     return Err(Error::checkpoint(&path, format!("trainer_state.json says step {}, the directory's name step {step}", state.step)));
+                }
+                if settings_changed(&path, &state, config)? {
+                    optimizer.config = config.optimizer;
                 }
                 objective.restore(&state.data)?;
                 let loss_scale = precision.loss_scale().map(|s| state.loss_scale.unwrap_or(s));
@@ -162,6 +168,33 @@ impl<B: AutodiffBackend> Start<B> {
         precision.check::<B>(device)?;
         Ok(Self { model: precision.prepare(fresh()?), optimizer: AdamW::new(config.optimizer), step: 0, loss_scale: precision.loss_scale() })
     }
+}
+
+/// Whether the run resuming from checkpoint `path` (its `state`) changes settings the
+/// checkpoint was trained with: refused with one line listing them, unless the run allows it
+/// (then they are warned about and the new ones apply). A new number of steps is warned about.
+fn settings_changed(path: &Path, state: &TrainerState, config: &LoopConfig) -> Result<bool> {
+    if state.total_steps != config.total_steps {
+        eprintln!(
+            "warning: resuming {} for {} steps in all (its run planned {}); the schedule follows the new total",
+            path.display(),
+            config.total_steps,
+            state.total_steps
+        );
+    }
+    let changes = checkpoint::config_changes(&state.config, &config.run_config);
+    if changes.is_empty() {
+        return Ok(false);
+    }
+    let list = changes.join(", ");
+    if !config.allow_config_change {
+        return Err(Error::checkpoint(
+            path,
+            format!("the run's config differs from the one this checkpoint was trained with: {list}; pass --allow-config-change to resume with the new settings"),
+        ));
+    }
+    eprintln!("warning: resuming {} with changed settings: {list}", path.display());
+    Ok(true)
 }
 
 /// Runs the loop from `start` to `config.total_steps` (or the time budget). `evaluate` is given
@@ -204,6 +237,10 @@ where
     let mut log = if main { Some(MetricsLog::open(&metrics_path, resumed.then_some(step))?) } else { None };
     let mut summary = RunSummary { steps: step, stopped_early: false, checkpoints: Vec::new(), elapsed: Duration::ZERO };
     let mut emit = |log: &mut Option<MetricsLog>, record: Record| -> Result<()> {
+        // No metrics (nor checkpoints) from a step the device failed in.
+        if let Some(err) = kiln_backends::device::fault() {
+            return Err(err.into());
+        }
         if let Some(log) = log {
             log.write(&record)?;
             on_record(&record);
@@ -335,6 +372,10 @@ where
             };
             let path = config.out_dir.join(checkpoint::checkpoint_name(config.save.run_name.as_deref(), step));
             checkpoint::save(&path, &model, &optimizer, &state, config.companions.as_deref())?;
+            // The metrics up to a checkpoint are on the disk with it.
+            if let Some(log) = &log {
+                log.sync()?;
+            }
             summary.checkpoints.push(path);
         }
         if out_of_time {

@@ -291,6 +291,10 @@ pub struct OutputSection {
     pub milestones: Vec<u64>,
     /// Stop cleanly (and save) after this many seconds.
     pub time_budget_s: Option<f64>,
+    /// `--resume` continues under settings that differ from the checkpoint's run config (with
+    /// a warning listing them) instead of refusing; `--allow-config-change` sets it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_config_change: bool,
 }
 
 impl OutputSection {
