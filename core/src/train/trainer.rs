@@ -174,6 +174,17 @@ impl<B: AutodiffBackend> Start<B> {
 /// checkpoint was trained with: refused with one line listing them, unless the run allows it
 /// (then they are warned about and the new ones apply). A new number of steps is warned about.
 fn settings_changed(path: &Path, state: &TrainerState, config: &LoopConfig) -> Result<bool> {
+    let changes = checkpoint::config_changes(&state.config, &config.run_config);
+    let list = changes.join(", ");
+    if !changes.is_empty() && !config.allow_config_change {
+        return Err(Error::checkpoint(
+            path,
+            format!("the run's config differs from the one this checkpoint was trained with: {list}; pass --allow-config-change to resume with the new settings"),
+        ));
+    }
+    if !changes.is_empty() {
+        eprintln!("warning: resuming {} with changed settings: {list}", path.display());
+    }
     if state.total_steps != config.total_steps {
         eprintln!(
             "warning: resuming {} for {} steps in all (its run planned {}); the schedule follows the new total",
@@ -182,19 +193,7 @@ fn settings_changed(path: &Path, state: &TrainerState, config: &LoopConfig) -> R
             state.total_steps
         );
     }
-    let changes = checkpoint::config_changes(&state.config, &config.run_config);
-    if changes.is_empty() {
-        return Ok(false);
-    }
-    let list = changes.join(", ");
-    if !config.allow_config_change {
-        return Err(Error::checkpoint(
-            path,
-            format!("the run's config differs from the one this checkpoint was trained with: {list}; pass --allow-config-change to resume with the new settings"),
-        ));
-    }
-    eprintln!("warning: resuming {} with changed settings: {list}", path.display());
-    Ok(true)
+    Ok(!changes.is_empty())
 }
 
 /// Runs the loop from `start` to `config.total_steps` (or the time budget). `evaluate` is given
