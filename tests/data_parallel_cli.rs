@@ -277,3 +277,65 @@ fn rendezvous_errors_are_one_line() {
     let out = kiln().args(["pretrain", "--config", a.to_str().unwrap(), "--nnodes", "2"]).output().unwrap();
     assert!(last_line(&out).contains("--nnodes 2 needs --master-addr"), "{}", stderr(&out));
 }
+
+/// Two processes started the way torchrun, Slurm's srun and Open MPI's mpirun start them — no
+/// kiln launch flag, only each launcher's environment — equal one process with the whole batch,
+/// as the `--nnodes` form does.
+#[test]
+fn processes_placed_by_each_launchers_environment_match_one_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let steps = 3;
+    let single = write_config(dir, "single", 4, steps, "");
+    let out = kiln().args(["pretrain", "--config", single.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let launchers: [(&str, fn(usize, u16) -> Vec<(String, String)>); 3] = [
+        ("torchrun", |rank, port| {
+            [("RANK", rank.to_string()), ("LOCAL_RANK", rank.to_string()), ("WORLD_SIZE", "2".into()), ("LOCAL_WORLD_SIZE", "2".into())]
+                .into_iter()
+                .chain([("MASTER_ADDR", "127.0.0.1".into()), ("MASTER_PORT", port.to_string()), ("GROUP_RANK", "0".into())])
+                .map(|(k, v)| (k.to_string(), v))
+                .collect()
+        }),
+        ("slurm", |rank, port| {
+            [("SLURM_PROCID", rank.to_string()), ("SLURM_LOCALID", rank.to_string()), ("SLURM_NTASKS", "2".into())]
+                .into_iter()
+                .chain([("SLURM_NODEID", "0".into()), ("SLURM_JOB_NODELIST", "127.0.0.1".into()), ("MASTER_PORT", port.to_string())])
+                .map(|(k, v)| (k.to_string(), v))
+                .collect()
+        }),
+        ("mpirun", |rank, port| {
+            [("OMPI_COMM_WORLD_RANK", rank.to_string()), ("OMPI_COMM_WORLD_LOCAL_RANK", rank.to_string()), ("OMPI_COMM_WORLD_SIZE", "2".into())]
+                .into_iter()
+                .chain([("MASTER_PORT", port.to_string())])
+                .map(|(k, v)| (k.to_string(), v))
+                .collect()
+        }),
+    ];
+    let expected = weights(&dir.join(format!("single/checkpoint-{steps}")));
+    for (launcher, environment) in launchers {
+        let config = write_config(dir, launcher, 2, steps, "");
+        let port = free_port();
+        let children: Vec<Child> = (0..2)
+            .map(|rank| {
+                kiln()
+                    .args(["pretrain", "--config", config.to_str().unwrap(), "--dist-timeout", "60"])
+                    .envs(environment(rank, port))
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let outputs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+        succeed(&outputs);
+        assert!(stderr(&outputs[1]).contains(&format!("process 1 of 2 ({launcher})")), "{}", stderr(&outputs[1]));
+        let difference = max_relative_difference(&weights(&dir.join(format!("{launcher}/checkpoint-{steps}"))), &expected);
+        assert!(difference <= 1e-6, "{launcher}: 2 processes × micro-batch 2 vs 1 × 4: weights differ by {difference:e} relative");
+        let (multi, one) = (losses(&dir.join(launcher)), losses(&dir.join("single")));
+        assert_eq!(multi.len(), steps as usize);
+        for (x, y) in multi.iter().zip(&one) {
+            assert!((x - y).abs() <= 1e-5 * y.abs(), "{launcher}: losses {multi:?} vs {one:?}");
+        }
+    }
+}
