@@ -278,6 +278,37 @@ fn rendezvous_errors_are_one_line() {
     assert!(last_line(&out).contains("--nnodes 2 needs --master-addr"), "{}", stderr(&out));
 }
 
+/// What `launcher` sets for process `rank` of 2 on this machine, rank 0 listening on `port`.
+fn launcher_environment(launcher: &str, rank: usize, port: u16) -> Vec<(&'static str, String)> {
+    let (rank, port) = (rank.to_string(), port.to_string());
+    match launcher {
+        "torchrun" => vec![
+            ("RANK", rank.clone()),
+            ("LOCAL_RANK", rank),
+            ("WORLD_SIZE", "2".into()),
+            ("LOCAL_WORLD_SIZE", "2".into()),
+            ("GROUP_RANK", "0".into()),
+            ("MASTER_ADDR", "127.0.0.1".into()),
+            ("MASTER_PORT", port),
+        ],
+        "slurm" => vec![
+            ("SLURM_PROCID", rank.clone()),
+            ("SLURM_LOCALID", rank),
+            ("SLURM_NTASKS", "2".into()),
+            ("SLURM_NODEID", "0".into()),
+            ("SLURM_JOB_NODELIST", "127.0.0.1".into()),
+            ("MASTER_PORT", port),
+        ],
+        "mpirun" => vec![
+            ("OMPI_COMM_WORLD_RANK", rank.clone()),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", rank),
+            ("OMPI_COMM_WORLD_SIZE", "2".into()),
+            ("MASTER_PORT", port),
+        ],
+        other => panic!("no launcher {other}"),
+    }
+}
+
 /// Two processes started the way torchrun, Slurm's srun and Open MPI's mpirun start them — no
 /// kiln launch flag, only each launcher's environment — equal one process with the whole batch,
 /// as the `--nnodes` form does.
@@ -289,38 +320,15 @@ fn processes_placed_by_each_launchers_environment_match_one_process() {
     let single = write_config(dir, "single", 4, steps, "");
     let out = kiln().args(["pretrain", "--config", single.to_str().unwrap()]).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    let launchers: [(&str, fn(usize, u16) -> Vec<(String, String)>); 3] = [
-        ("torchrun", |rank, port| {
-            [("RANK", rank.to_string()), ("LOCAL_RANK", rank.to_string()), ("WORLD_SIZE", "2".into()), ("LOCAL_WORLD_SIZE", "2".into())]
-                .into_iter()
-                .chain([("MASTER_ADDR", "127.0.0.1".into()), ("MASTER_PORT", port.to_string()), ("GROUP_RANK", "0".into())])
-                .map(|(k, v)| (k.to_string(), v))
-                .collect()
-        }),
-        ("slurm", |rank, port| {
-            [("SLURM_PROCID", rank.to_string()), ("SLURM_LOCALID", rank.to_string()), ("SLURM_NTASKS", "2".into())]
-                .into_iter()
-                .chain([("SLURM_NODEID", "0".into()), ("SLURM_JOB_NODELIST", "127.0.0.1".into()), ("MASTER_PORT", port.to_string())])
-                .map(|(k, v)| (k.to_string(), v))
-                .collect()
-        }),
-        ("mpirun", |rank, port| {
-            [("OMPI_COMM_WORLD_RANK", rank.to_string()), ("OMPI_COMM_WORLD_LOCAL_RANK", rank.to_string()), ("OMPI_COMM_WORLD_SIZE", "2".into())]
-                .into_iter()
-                .chain([("MASTER_PORT", port.to_string())])
-                .map(|(k, v)| (k.to_string(), v))
-                .collect()
-        }),
-    ];
     let expected = weights(&dir.join(format!("single/checkpoint-{steps}")));
-    for (launcher, environment) in launchers {
+    for launcher in ["torchrun", "slurm", "mpirun"] {
         let config = write_config(dir, launcher, 2, steps, "");
         let port = free_port();
         let children: Vec<Child> = (0..2)
             .map(|rank| {
                 kiln()
                     .args(["pretrain", "--config", config.to_str().unwrap(), "--dist-timeout", "60"])
-                    .envs(environment(rank, port))
+                    .envs(launcher_environment(launcher, rank, port))
                     .stdout(Stdio::null())
                     .stderr(Stdio::piped())
                     .spawn()
