@@ -100,3 +100,20 @@ fn a_failing_device_thread_ends_the_command_with_one_error_line() {
     assert!(line.starts_with("error: the device failed on thread DS"), "{line}");
     assert!(line.contains("can't allocate buffer"), "{line}");
 }
+
+/// `kiln bench` on wgpu reports the kernels burn's autotune chose (from cubecl's autotune cache):
+/// at least one matmul kernel for the model's projections.
+#[test]
+fn bench_reports_the_kernels_autotune_chose() {
+    limit();
+    let tmp = tempfile::tempdir().unwrap();
+    let config = config(tmp.path(), "config.json", 64, 4, 128, 97, 64);
+    let out = kiln(&["bench", "--backend", "wgpu", "--config", &config, "--batch", "2", "--prompt-len", "16", "--new-tokens", "4", "--repeats", "1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let figures: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let autotune = figures["autotune"].as_object().unwrap_or_else(|| panic!("no autotune object in {figures}"));
+    let matmul = autotune.iter().find(|(op, _)| op.contains("matmul")).unwrap_or_else(|| panic!("no matmul in {autotune:?}"));
+    let kernels = matmul.1.as_object().unwrap();
+    assert!(kernels.values().all(|n| n.as_u64().unwrap() >= 1) && !kernels.is_empty(), "{kernels:?}");
+    assert!(figures["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+}
