@@ -229,21 +229,30 @@ fn edit_safetensors(path: &Path, edit: impl FnOnce(&mut HashMap<String, (Vec<usi
     safetensors::serialize_to_file(views, None, path).unwrap();
 }
 
+/// `dir/run.toml`: an SFT run of two steps with a checkpoint after each, run to its end into
+/// `dir/out`.
+fn two_step_sft_run(dir: &Path) -> PathBuf {
+    sft_setup(dir, None, 64, 32);
+    let run = dir.join("run.toml");
+    std::fs::write(&run, sft_toml("max_length = 32", "steps = 2", "dir = \"out\"\nsave_steps = 1")).unwrap();
+    ok(&["sft", "--config", s(&run)]);
+    run
+}
+
+/// The names in `dir`, sorted.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    names
+}
+
 #[test]
 fn resuming_with_optimizer_state_of_another_model() {
     let tmp = tempfile::tempdir().unwrap();
-    sft_setup(tmp.path(), None, 64, 32);
-    let run = tmp.path().join("run.toml");
-    let r = s(&run);
     // Two steps, a checkpoint after each; then the run is resumed for a third.
-    std::fs::write(&run, sft_toml("max_length = 32", "steps = 2", "dir = \"out\"\nsave_steps = 1")).unwrap();
-    ok(&["sft", "--config", r]);
-    let listing = || {
-        let mut names: Vec<String> =
-            std::fs::read_dir(tmp.path().join("out")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-        names.sort();
-        names
-    };
+    let run = two_step_sft_run(tmp.path());
+    let r = s(&run);
+    let listing = || listing(&tmp.path().join("out"));
     let written = listing();
     assert_eq!(written, [".kiln.lock", "checkpoint-1", "checkpoint-2", "metrics.jsonl"]);
     std::fs::write(&run, sft_toml("max_length = 32", "steps = 3", "dir = \"out\"\nsave_steps = 1")).unwrap();
@@ -357,17 +366,10 @@ fn resume_after_sigkill_is_bit_identical_across_an_epoch_boundary() {
 #[test]
 fn resuming_under_a_changed_config_is_refused_unless_allowed() {
     let tmp = tempfile::tempdir().unwrap();
-    sft_setup(tmp.path(), None, 64, 32);
-    let run = tmp.path().join("run.toml");
+    let run = two_step_sft_run(tmp.path());
     let r = s(&run);
-    std::fs::write(&run, sft_toml("max_length = 32", "steps = 2", "dir = \"out\"\nsave_steps = 1")).unwrap();
-    ok(&["sft", "--config", r]);
     let out = tmp.path().join("out");
-    let listing = || {
-        let mut names: Vec<String> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-        names.sort();
-        names
-    };
+    let listing = || listing(&out);
     let before = listing();
     let metrics = std::fs::read(out.join("metrics.jsonl")).unwrap();
 
