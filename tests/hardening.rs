@@ -229,12 +229,12 @@ fn edit_safetensors(path: &Path, edit: impl FnOnce(&mut HashMap<String, (Vec<usi
     safetensors::serialize_to_file(views, None, path).unwrap();
 }
 
-/// `dir/run.toml`: an SFT run of two steps with a checkpoint after each, run to its end into
+/// `dir/run.toml`: an SFT run of two steps saving every `save_steps`, run to its end into
 /// `dir/out`.
-fn two_step_sft_run(dir: &Path) -> PathBuf {
+fn two_step_sft_run(dir: &Path, save_steps: u64) -> PathBuf {
     sft_setup(dir, None, 64, 32);
     let run = dir.join("run.toml");
-    std::fs::write(&run, sft_toml("max_length = 32", "steps = 2", "dir = \"out\"\nsave_steps = 1")).unwrap();
+    std::fs::write(&run, sft_toml("max_length = 32", "steps = 2", &format!("dir = \"out\"\nsave_steps = {save_steps}"))).unwrap();
     ok(&["sft", "--config", s(&run)]);
     run
 }
@@ -249,12 +249,13 @@ fn listing(dir: &Path) -> Vec<String> {
 #[test]
 fn resuming_with_optimizer_state_of_another_model() {
     let tmp = tempfile::tempdir().unwrap();
-    // Two steps, a checkpoint after each; then the run is resumed for a third.
-    let run = two_step_sft_run(tmp.path());
+    // Two steps and one checkpoint (with an earlier valid one, resume would fall back to it:
+    // the next test); then the run is resumed for a third.
+    let run = two_step_sft_run(tmp.path(), 2);
     let r = s(&run);
     let listing = || listing(&tmp.path().join("out"));
     let written = listing();
-    assert_eq!(written, [".kiln.lock", "checkpoint-1", "checkpoint-2", "metrics.jsonl"]);
+    assert_eq!(written, [".kiln.lock", "checkpoint-2", "metrics.jsonl"]);
     std::fs::write(&run, sft_toml("max_length = 32", "steps = 3", "dir = \"out\"\nsave_steps = 1")).unwrap();
     let checkpoint = tmp.path().join("out/checkpoint-2");
     let optimizer = checkpoint.join("optimizer.safetensors");
@@ -292,6 +293,29 @@ fn resuming_with_optimizer_state_of_another_model() {
 
     // Nothing already written was touched by the failed resumes.
     assert_eq!(listing(), written);
+}
+
+/// A latest checkpoint that cannot be loaded is kept aside (renamed, not deleted) and the run
+/// resumes from the previous one with a warning naming both, then saves that step again.
+#[test]
+fn a_damaged_latest_checkpoint_falls_back_to_the_previous_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = two_step_sft_run(tmp.path(), 1);
+    let out = tmp.path().join("out");
+    let optimizer = out.join("checkpoint-2/optimizer.safetensors");
+    let damaged = std::fs::read(&optimizer).unwrap()[..100].to_vec();
+    std::fs::write(&optimizer, &damaged).unwrap();
+    std::fs::write(&run, sft_toml("max_length = 32", "steps = 3", "dir = \"out\"\nsave_steps = 1")).unwrap();
+    let resumed = ok(&["sft", "--config", s(&run), "--resume"]);
+    let stderr = String::from_utf8_lossy(&resumed.stderr);
+    let warning = stderr.lines().find(|l| l.starts_with("warning:") && l.contains("instead")).unwrap_or_else(|| panic!("no warning in {stderr}"));
+    for part in [s(&optimizer), &format!("resuming from {} instead", s(&out.join("checkpoint-1"))), &format!("kept as {}", s(&out.join("checkpoint-2.corrupt")))] {
+        assert!(warning.contains(part), "{part:?} missing from {warning:?}");
+    }
+    assert_eq!(std::fs::read(out.join("checkpoint-2.corrupt/optimizer.safetensors")).unwrap(), damaged, "the damaged checkpoint is kept as it was");
+    assert_eq!(listing(&out), [".kiln.lock", "checkpoint-1", "checkpoint-2", "checkpoint-2.corrupt", "checkpoint-3", "metrics.jsonl"]);
+    let steps: Vec<u64> = losses(&out.join("metrics.jsonl")).iter().map(|(step, _)| *step).collect();
+    assert_eq!(steps, [1, 2, 3], "the log reads as one run");
 }
 
 fn losses(metrics: &Path) -> Vec<(u64, f64)> {
@@ -366,7 +390,7 @@ fn resume_after_sigkill_is_bit_identical_across_an_epoch_boundary() {
 #[test]
 fn resuming_under_a_changed_config_is_refused_unless_allowed() {
     let tmp = tempfile::tempdir().unwrap();
-    let run = two_step_sft_run(tmp.path());
+    let run = two_step_sft_run(tmp.path(), 1);
     let r = s(&run);
     let out = tmp.path().join("out");
     let listing = || listing(&out);

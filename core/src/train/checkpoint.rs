@@ -98,11 +98,16 @@ pub fn latest(dir: &Path) -> Result<Option<(u64, PathBuf)>> {
 
 /// [`latest`] among the checkpoints named for `run` (see [`checkpoint_name`]).
 pub fn latest_named(dir: &Path, run: Option<&str>) -> Result<Option<(u64, PathBuf)>> {
+    Ok(all_named(dir, run)?.into_iter().next())
+}
+
+/// The checkpoints of `dir` named for `run` that have a trainer state, newest first.
+pub fn all_named(dir: &Path, run: Option<&str>) -> Result<Vec<(u64, PathBuf)>> {
     let prefix = name_prefix(run);
     if !dir.is_dir() {
-        return Ok(None);
+        return Ok(Vec::new());
     }
-    let mut best = None;
+    let mut found = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
         let path = entry.map_err(|e| Error::io(dir, e))?.path();
         let step = path
@@ -111,13 +116,24 @@ pub fn latest_named(dir: &Path, run: Option<&str>) -> Result<Option<(u64, PathBu
             .and_then(|n| n.strip_prefix(prefix.as_str()))
             .filter(|s| s.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|s| s.parse::<u64>().ok());
-        if let Some(step) = step.filter(|_| path.join(STATE_FILE).is_file())
-            && best.as_ref().is_none_or(|(b, _)| step > *b)
-        {
-            best = Some((step, path));
+        if let Some(step) = step.filter(|_| path.join(STATE_FILE).is_file()) {
+            found.push((step, path));
         }
     }
-    Ok(best)
+    found.sort_by_key(|(step, _)| std::cmp::Reverse(*step));
+    Ok(found)
+}
+
+/// Moves a checkpoint that cannot be loaded out of the run's way, to `<name>.corrupt` (or
+/// `<name>.corrupt-2`, …), keeping it for inspection; returns where it went.
+pub fn set_aside(path: &Path) -> Result<PathBuf> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let aside = (1..)
+        .map(|i| path.with_file_name(if i == 1 { format!("{name}.corrupt") } else { format!("{name}.corrupt-{i}") }))
+        .find(|p| !p.exists())
+        .expect("an unused name");
+    std::fs::rename(path, &aside).map_err(|e| Error::io(path, e))?;
+    Ok(aside)
 }
 
 /// The checkpoint directory of `dir` saved after `step`, under any of [`checkpoint_name`]'s

@@ -137,20 +137,31 @@ impl<B: AutodiffBackend> Start<B> {
         crate::io::sweep_partials(&config.out_dir)?;
         let precision = config.precision;
         precision.check::<B>(device)?;
-        match checkpoint::latest_named(&config.out_dir, config.save.run_name.as_deref())? {
-            Some((step, path)) if resume => {
-                let model = precision.prepare(hf::load_as::<B>(&path, device, precision.weights())?);
-                let (state, mut optimizer) = checkpoint::load_state(&path, device)?;
-                checkpoint::check_moments(&path, &model, &optimizer)?;
-                if state.step != step {
-                    return Err(Error::checkpoint(&path, format!("trainer_state.json says step {}, the directory's name step {step}", state.step)));
+        let checkpoints = checkpoint::all_named(&config.out_dir, config.save.run_name.as_deref())?;
+        match checkpoints.first().cloned() {
+            Some(_) if resume => {
+                // The newest checkpoint that loads; newer ones that do not are set aside (kept,
+                // renamed) with a warning, so the run can save their steps again.
+                let mut broken: Vec<(PathBuf, Error)> = Vec::new();
+                for (step, path) in &checkpoints {
+                    match load_checkpoint::<B>(path, *step, config, device) {
+                        Ok((model, state, mut optimizer)) => {
+                            if settings_changed(path, &state, config)? {
+                                optimizer.config = config.optimizer;
+                            }
+                            for (bad, err) in broken {
+                                let aside = checkpoint::set_aside(&bad)?;
+                                eprintln!("warning: {err}; resuming from {} instead (the damaged checkpoint is kept as {})", path.display(), aside.display());
+                            }
+                            objective.restore(&state.data)?;
+                            let loss_scale = precision.loss_scale().map(|s| state.loss_scale.unwrap_or(s));
+                            return Ok(Self { model, optimizer, step: state.step, loss_scale });
+                        }
+                        Err(err) => broken.push((path.clone(), err)),
+                    }
                 }
-                if settings_changed(&path, &state, config)? {
-                    optimizer.config = config.optimizer;
-                }
-                objective.restore(&state.data)?;
-                let loss_scale = precision.loss_scale().map(|s| state.loss_scale.unwrap_or(s));
-                Ok(Self { model, optimizer, step: state.step, loss_scale })
+                // None loads: the newest one's error.
+                Err(broken.swap_remove(0).1)
             }
             Some((_, path)) => Err(Error::InvalidInput(format!(
                 "{} already holds checkpoints (latest {}); pass --resume to continue it or choose another output directory",
@@ -168,6 +179,24 @@ impl<B: AutodiffBackend> Start<B> {
         precision.check::<B>(device)?;
         Ok(Self { model: precision.prepare(fresh()?), optimizer: AdamW::new(config.optimizer), step: 0, loss_scale: precision.loss_scale() })
     }
+}
+
+/// The model (in the run's precision), trainer state and optimizer of checkpoint `path` of
+/// `step`, checked against each other.
+fn load_checkpoint<B: AutodiffBackend>(
+    path: &Path,
+    step: u64,
+    config: &LoopConfig,
+    device: &B::Device,
+) -> Result<(Qwen2<B>, TrainerState, AdamW<B::InnerBackend>)> {
+    let precision = config.precision;
+    let model = precision.prepare(hf::load_as::<B>(path, device, precision.weights())?);
+    let (state, optimizer) = checkpoint::load_state(path, device)?;
+    checkpoint::check_moments(path, &model, &optimizer)?;
+    if state.step != step {
+        return Err(Error::checkpoint(path, format!("trainer_state.json says step {}, the directory's name step {step}", state.step)));
+    }
+    Ok((model, state, optimizer))
 }
 
 /// Whether the run resuming from checkpoint `path` (its `state`) changes settings the
