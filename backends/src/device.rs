@@ -21,7 +21,7 @@ use burn::tensor::backend::Backend;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeviceError {
     /// One tensor needs more than the device's largest buffer.
-    #[error("{what} needs {} in one buffer, more than {device} allows ({} largest buffer){hint}", bytes_text(*bytes), bytes_text(*limit))]
+    #[error("{what} needs {} in one buffer, more than {device} allows ({} largest buffer){hint}", bytes_text(*bytes as f64), bytes_text(*limit as f64))]
     TooLarge {
         /// The device, e.g. `wgpu`.
         device: String,
@@ -46,11 +46,12 @@ pub enum DeviceError {
     Execution(String),
 }
 
-fn bytes_text(bytes: u64) -> String {
-    match bytes {
-        b if b >= 1 << 30 => format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64),
-        b if b >= 1 << 20 => format!("{:.2} MiB", b as f64 / (1u64 << 20) as f64),
-        b => format!("{b} bytes"),
+/// `bytes` for a person: PiB, TiB, GiB or MiB with two decimals (bytes below a MiB).
+pub fn bytes_text(bytes: f64) -> String {
+    let units = [("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20)];
+    match units.iter().find(|(_, shift)| bytes >= (1u64 << shift) as f64) {
+        Some((unit, shift)) => format!("{:.2} {unit}", bytes / (1u64 << shift) as f64),
+        None => format!("{bytes} bytes"),
     }
 }
 

@@ -220,15 +220,19 @@ impl<B: Backend> Qwen2<B> {
     pub fn from_source_as(config: &Qwen2Config, source: &mut dyn WeightSource, device: &B::Device, dtype: Dtype) -> Result<Self> {
         config.validate().map_err(|m| Error::InvalidInput(format!("invalid config: {m}")))?;
         let specs = expected_tensors(config);
-        if kiln_backends::device::max_buffer::<B>(device).is_none() {
-            // Host memory (the CPU backends).
-            fits_in_memory(&specs, dtype)?;
-        }
-        let bytes = |s: &TensorSpec| s.shape.iter().product::<usize>() as u64 * dtype.size() as u64;
-        if let Some(big) = specs.iter().max_by_key(|s| bytes(s))
-            && let Some(err) = kiln_backends::device::too_large::<B>(device, bytes(big), || format!("weight {} {:?} {}", big.name, big.shape, dtype.name()), "")
-        {
-            return Err(err.into());
+        match kiln_backends::device::max_buffer::<B>(device) {
+            // Host memory (the CPU backends): all the weights.
+            None => fits_in_memory(&specs, dtype)?,
+            // A device's largest buffer: the largest weight (saturating: a huge config is refused,
+            // not overflowed).
+            Some(_) => {
+                let bytes = |s: &TensorSpec| s.shape.iter().fold(dtype.size() as u64, |n, &d| n.saturating_mul(d as u64));
+                if let Some(big) = specs.iter().max_by_key(|s| bytes(s))
+                    && let Some(err) = kiln_backends::device::too_large::<B>(device, bytes(big), || format!("weight {} {:?} {}", big.name, big.shape, dtype.name()), "")
+                {
+                    return Err(err.into());
+                }
+            }
         }
         // f32 is the device's default float (so a test backend's f64 stays f64).
         let store = Store::new(specs, source, dtype.is_half().then(|| dtype.burn()));
@@ -329,9 +333,9 @@ pub(crate) fn fits_in_memory(specs: &[TensorSpec], dtype: Dtype) -> Result<()> {
     match available_memory() {
         Some(available) if needed > available as f64 => Err(Error::InvalidInput(format!(
             "the model's weights need {} in {} (as `kiln plan` counts them), more than the {} of memory available",
-            bytes_text(needed),
+            kiln_backends::device::bytes_text(needed),
             dtype.name(),
-            bytes_text(available as f64)
+            kiln_backends::device::bytes_text(available as f64)
         ))),
         _ => Ok(()),
     }
@@ -345,12 +349,6 @@ fn available_memory() -> Option<u64> {
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
 }
 
-/// `bytes` for a person: GiB, TiB or PiB with one decimal.
-fn bytes_text(bytes: f64) -> String {
-    let units = [("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20)];
-    let (unit, shift) = units.iter().find(|(_, s)| bytes >= (1u64 << s) as f64).copied().unwrap_or(("MiB", 20));
-    format!("{:.1} {unit}", bytes / (1u64 << shift) as f64)
-}
 
 #[cfg(test)]
 mod tests {
