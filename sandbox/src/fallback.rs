@@ -17,7 +17,7 @@ pub(crate) fn run(
     stdin: &[u8],
     limits: &RunLimits,
 ) -> Result<RunOutput, SandboxError> {
-    crate::sandbox::empty_dir(work).map_err(|e| SandboxError::io(work, e))?;
+    crate::fresh::renew_scratch(work, None).map_err(|e| SandboxError::io(work, e))?;
     let cpu = limits.cpu.as_secs() + 1;
     let (data, stack, fsize, nofile) = (
         limits.memory_bytes,

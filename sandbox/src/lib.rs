@@ -34,15 +34,22 @@
 //!   and after the run; `PR_SET_PDEATHSIG` kills it if kiln dies. Nothing outlives a test.
 //! - **Scratch**: the only writable directory is the run's own — a private tmpfs (size = the file
 //!   limit, 4096 inodes) in a mount namespace, gone when the run ends; else a plain directory
-//!   emptied between runs. Protects the disk and isolates runs from each other.
+//!   emptied between runs (made anew if it cannot be). Protects the disk and isolates runs from
+//!   each other. The harness directory is checked before every run and written again if a run
+//!   changed it, so no program can make a later one fail.
 //! - **Landlock** (file system, TCP, signals, abstract unix sockets): read-only system library and
 //!   interpreter paths, execute only the interpreter and its loader, no `/proc` (so no other
 //!   process's environment or memory), nothing under home directories or `/tmp`, no TCP bind or
-//!   connect, no signals to processes outside the run. Protects the host's files and secrets.
+//!   connect, no signals to processes outside the run. Each right needs its ABI (truncation 3,
+//!   TCP 4, signals 6, i.e. kernel 6.12); the report names those this kernel lacks. Protects the
+//!   host's files and secrets.
 //! - **seccomp** (allow-list, `EPERM` otherwise): no sockets of any family (so no TCP, UDP or unix
 //!   socket), no fork or clone of processes (threads are fine), no exec after the interpreter
-//!   starts, no ptrace, mount, unshare, setns, bpf, keyrings; signals only to itself. Protects
-//!   the network, the process table and the kernel's attack surface.
+//!   starts, no ptrace, mount, unshare, setns, bpf, keyrings; signals only to itself, on every
+//!   path (`kill`, `tgkill`, `sigqueue`, pidfds, `F_SETOWN`/`O_ASYNC`, `FIOSETOWN`), whatever the
+//!   kernel's Landlock; no `chmod`, `utime` or truncation by path (nothing that could poison the
+//!   harness for later runs). Protects the network, the process table and the kernel's attack
+//!   surface.
 //! - **Namespaces**: an empty network namespace (plus IPC and UTS) and a user namespace, where the
 //!   kernel allows them (as root directly; otherwise inside a user namespace).
 //! - **Unprivileged uid per slot** when kiln runs as root (`uid_base + slot`, no groups), so a run
@@ -97,6 +104,7 @@ mod compare;
 mod error;
 #[cfg(all(unix, not(target_os = "linux")))]
 mod fallback;
+mod fresh;
 mod grade;
 #[cfg(target_os = "linux")]
 mod linux;

@@ -42,9 +42,11 @@ pub struct Protections {
     pub clean_start: Layer,
     /// A private size-limited tmpfs as the only writable directory (else a plain directory).
     pub scratch: Layer,
-    /// Landlock: read-only system and interpreter paths, no network ports, no signals out.
+    /// Landlock: read-only system and interpreter paths, no network ports, no signals out (as far
+    /// as the kernel's ABI goes; the detail says).
     pub landlock: Layer,
-    /// seccomp: an allow-list of system calls (no sockets, processes, exec, ptrace, mounts).
+    /// seccomp: an allow-list of system calls (no sockets, processes, exec, ptrace, mounts,
+    /// signals out, chmod or utime).
     pub seccomp: Layer,
     /// A network namespace with no interfaces.
     pub net_namespace: Layer,

@@ -8,6 +8,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
 use crate::SandboxError;
+use crate::fresh::HarnessDir;
 use crate::protections::{Layer, Protections};
 use crate::python::{self, Interpreter};
 use crate::run::{RunLimits, RunOutput, supervise};
@@ -20,6 +21,10 @@ use crate::linux;
 pub struct SandboxOptions {
     /// Run even when neither Landlock nor seccomp is available (the CLI's `--unsafe-no-sandbox`).
     pub allow_unsafe: bool,
+    /// Layers to leave off even where they work, by their [`Protections::layers`] name
+    /// (`landlock`, `seccomp`, `scratch`, …): for testing the others on their own. Empty by
+    /// default; the refusal without Landlock and seccomp still applies.
+    pub skip_layers: Vec<String>,
     /// Processes run in parallel; 0 = the number of available cores.
     pub slots: usize,
     /// The interpreter; `None` finds `python3` (resolving wrappers such as pyenv shims).
@@ -32,6 +37,7 @@ impl Default for SandboxOptions {
     fn default() -> Self {
         Self {
             allow_unsafe: false,
+            skip_layers: Vec::new(),
             slots: 0,
             python: None,
             uid_base: 2_000_000_000,
@@ -45,7 +51,7 @@ pub struct Sandbox {
     interp: Interpreter,
     /// The per-sandbox directory (harness, slot scratch directories); removed on drop.
     root: PathBuf,
-    harness: PathBuf,
+    harness: HarnessDir,
     pool: SlotPool,
     #[cfg(target_os = "linux")]
     linux: linux::probe::Probed,
@@ -85,12 +91,8 @@ impl Sandbox {
         };
         dir(&root, 0o711)?;
         let mut sandbox_dirs = RootGuard(Some(root.clone()));
-        let harness_dir = root.join("harness");
-        dir(&harness_dir, 0o755)?;
-        let harness = harness_dir.join("kiln_lcb.py");
-        std::fs::write(&harness, crate::grade::HARNESS)
-            .map_err(|e| SandboxError::io(&harness, e))?;
-        compile_harness(&interp.path, &harness)?;
+        let harness =
+            HarnessDir::create(root.join("harness"), &interp.path, crate::grade::HARNESS)?;
         let work_dirs: Vec<PathBuf> = (0..slots).map(|i| root.join(format!("slot{i}"))).collect();
         for w in &work_dirs {
             dir(w, 0o700)?;
@@ -104,10 +106,11 @@ impl Sandbox {
         let (linux, protections) = {
             let p = linux::probe::probe(
                 &interp,
-                std::slice::from_ref(&harness_dir),
+                &[harness.dir().to_path_buf()],
                 &work_dirs,
                 opts.uid_base,
                 &name,
+                &opts.skip_layers,
             )?;
             let protections = Protections {
                 python,
@@ -188,7 +191,7 @@ impl Sandbox {
     /// The arguments that run the harness (imported from its directory, so its bytecode,
     /// compiled once here, is reused).
     pub(crate) fn harness_args(&self) -> [String; 3] {
-        let dir = self.harness.parent().expect("harness directory");
+        let dir = self.harness.dir();
         [
             "-c".to_string(),
             "import sys; sys.path.insert(0, sys.argv[1]); import kiln_lcb".to_string(),
@@ -196,7 +199,9 @@ impl Sandbox {
         ]
     }
 
-    /// Runs `python -I -S -B <args>` confined in a free slot, with `stdin` as its input.
+    /// Runs `python -I -S -B <args>` confined in a free slot, with `stdin` as its input. The
+    /// harness directory and the slot are checked first and rebuilt if an earlier run changed
+    /// them.
     pub fn run_python(
         &self,
         args: &[&str],
@@ -204,6 +209,7 @@ impl Sandbox {
         limits: &RunLimits,
     ) -> Result<RunOutput, SandboxError> {
         let slot = self.pool.acquire();
+        self.harness.ensure()?;
         let result = self.run_in_slot(slot.index, args, stdin, limits);
         drop(slot);
         result
@@ -219,7 +225,9 @@ impl Sandbox {
     ) -> Result<RunOutput, SandboxError> {
         let res = &self.linux.slots[slot];
         if !self.linux.layers.tmpfs {
-            empty_dir(&res.work).map_err(|e| SandboxError::io(&res.work, e))?;
+            let owner = self.linux.platform.is_root.then_some((res.uid, res.gid));
+            crate::fresh::renew_scratch(&res.work, owner)
+                .map_err(|e| SandboxError::io(&res.work, e))?;
         }
         let oom_before = match &res.cgroup {
             Some(g) => {
@@ -264,7 +272,7 @@ impl Sandbox {
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.root);
+        let _ = crate::fresh::remove_tree(&self.root);
     }
 }
 
@@ -274,33 +282,9 @@ struct RootGuard(Option<PathBuf>);
 impl Drop for RootGuard {
     fn drop(&mut self) {
         if let Some(p) = &self.0 {
-            let _ = std::fs::remove_dir_all(p);
+            let _ = crate::fresh::remove_tree(p);
         }
     }
-}
-
-/// Compiles the harness to bytecode next to it (our own file, compiled by the interpreter outside
-/// the sandbox; the runs only read it).
-fn compile_harness(python: &Path, harness: &Path) -> Result<(), SandboxError> {
-    let out = std::process::Command::new(python)
-        .args([
-            "-I",
-            "-S",
-            "-c",
-            "import py_compile, sys; py_compile.compile(sys.argv[1], doraise=True)",
-        ])
-        .arg(harness)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| SandboxError::Spawn(format!("{}: {e}", python.display())))?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        return Err(SandboxError::Spawn(format!(
-            "compiling the harness: {}",
-            err.trim()
-        )));
-    }
-    Ok(())
 }
 
 /// The pid in a name `kiln-sandbox-<pid>-...` if that process is gone (a sandbox that was never
@@ -329,22 +313,9 @@ fn refuse_unconfined(p: &Protections, allow_unsafe: bool) -> Result<(), SandboxE
 fn remove_stale_dirs(temp: &Path) {
     for entry in std::fs::read_dir(temp).into_iter().flatten().flatten() {
         if stale_owner(&entry.file_name().to_string_lossy()).is_some() {
-            let _ = std::fs::remove_dir_all(entry.path());
+            let _ = crate::fresh::remove_tree(&entry.path());
         }
     }
-}
-
-/// Removes everything inside `dir` (a plain scratch directory between runs).
-pub(crate) fn empty_dir(dir: &Path) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let p = entry?.path();
-        if p.is_dir() && !p.is_symlink() {
-            std::fs::remove_dir_all(&p)?
-        } else {
-            std::fs::remove_file(&p)?
-        }
-    }
-    Ok(())
 }
 
 /// Free slot indices.

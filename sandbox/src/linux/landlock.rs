@@ -36,6 +36,33 @@ pub(crate) fn kernel_abi() -> i64 {
     }
 }
 
+/// What Landlock enforces at this kernel's ABI, in words (the probe's report): each right came
+/// with an ABI, and what the kernel does not know is not enforced (the ruleset is best effort).
+pub(crate) fn covers(abi: i64) -> String {
+    let mut on = vec![
+        "read-only system and interpreter paths, scratch read-write, no /proc, home or /tmp"
+            .to_string(),
+    ];
+    let mut off = Vec::new();
+    for (min, kernel, what) in [
+        (2, "5.19", "no links or renames across directories"),
+        (3, "6.2", "no truncation outside scratch"),
+        (4, "6.7", "no TCP bind or connect"),
+        (6, "6.12", "no signals out, no abstract unix sockets out"),
+    ] {
+        if abi >= min {
+            on.push(what.to_string());
+        } else {
+            off.push(format!("{what} (ABI {min}, kernel {kernel})"));
+        }
+    }
+    let mut s = format!("ABI {abi}: {}", on.join(", "));
+    if !off.is_empty() {
+        s += &format!("; not enforced by this kernel: {}", off.join(", "));
+    }
+    s
+}
+
 /// What one run may touch.
 pub(crate) struct Paths {
     /// Directories readable (with everything beneath).
@@ -107,4 +134,26 @@ pub(crate) fn ruleset(paths: &Paths) -> Result<OwnedFd, String> {
     }
     let fd: Option<OwnedFd> = rs.into();
     fd.ok_or_else(|| "the kernel does not support Landlock".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::covers;
+
+    #[test]
+    fn the_report_names_only_what_the_abi_enforces() {
+        let old = covers(5);
+        let (on, off) = old.split_once("not enforced").unwrap();
+        assert!(on.contains("no TCP") && !on.contains("signals"), "{old}");
+        assert!(
+            off.contains("no signals out") && off.contains("kernel 6.12"),
+            "{old}"
+        );
+        let new = covers(7);
+        assert!(
+            new.contains("no signals out") && !new.contains("not enforced"),
+            "{new}"
+        );
+        assert!(covers(1).contains("not enforced by this kernel: no links"));
+    }
 }

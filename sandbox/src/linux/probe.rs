@@ -35,6 +35,7 @@ pub(crate) fn probe(
     work_dirs: &[PathBuf],
     uid_base: u32,
     name: &str,
+    skip: &[String],
 ) -> Result<Probed, SandboxError> {
     // SAFETY: plain getter.
     let is_root = unsafe { libc::geteuid() } == 0;
@@ -83,6 +84,7 @@ pub(crate) fn probe(
     let mut t = Trials {
         platform: &platform,
         layers: Layers::default(),
+        skip,
     };
     let slot0 = &slots[0];
     if let Err(e) = run_check(&platform, &t.layers, slot0, "print('ok')") {
@@ -96,6 +98,7 @@ pub(crate) fn probe(
     if !is_root {
         // (a user namespace first: it grants the right to make the others)
         user_ns = t.add(
+            "user_namespace",
             |l| l.user_ns = true,
             slot0,
             USERNS_CHECK,
@@ -108,7 +111,14 @@ pub(crate) fn probe(
         Layer::off("needs a user namespace (not root)")
     } else {
         let on = "empty network namespace (loopback only, down); IPC and UTS namespaces";
-        t.add(|l| l.net_ns = true, slot0, NETNS_CHECK, |o| o == "lo", on)
+        t.add(
+            "net_namespace",
+            |l| l.net_ns = true,
+            slot0,
+            NETNS_CHECK,
+            |o| o == "lo",
+            on,
+        )
     };
     let plain = "plain directory, emptied after each run";
     let scratch = if needs_userns {
@@ -117,7 +127,14 @@ pub(crate) fn probe(
         let check = TMPFS_CHECK.replace("SIZE", &RunLimits::default().file_bytes.to_string());
         let on =
             "private tmpfs per run (size = the file-size limit, 4096 inodes), in a mount namespace";
-        let layer = t.add(|l| l.tmpfs = true, slot0, &check, |o| o == "True", on);
+        let layer = t.add(
+            "scratch",
+            |l| l.tmpfs = true,
+            slot0,
+            &check,
+            |o| o == "True",
+            on,
+        );
         if layer.active {
             layer
         } else {
@@ -127,6 +144,7 @@ pub(crate) fn probe(
     if is_root {
         let want = format!("{} {} []", slot0.uid, slot0.gid);
         uid = t.add(
+            "uid",
             |l| l.drop_uid = true,
             slot0,
             UID_CHECK,
@@ -135,6 +153,7 @@ pub(crate) fn probe(
         );
         if t.layers.drop_uid {
             user_ns = t.add(
+                "user_namespace",
                 |l| l.user_ns = true,
                 slot0,
                 USERNS_CHECK,
@@ -167,6 +186,7 @@ pub(crate) fn probe(
                         "cgroup {kind} per slot: memory (limit + 128 MiB, an OOM kill is memory_limit) and tasks"
                     );
                     t.add(
+                        "cgroup",
                         |l| l.cgroup = true,
                         &slots[0],
                         CGROUP_CHECK,
@@ -186,10 +206,9 @@ pub(crate) fn probe(
     let landlock = match landlock_err {
         Some(e) => Layer::off(e),
         None => {
-            let on = format!(
-                "ABI {abi}: read-only system and interpreter paths, scratch read-write, no /proc, no TCP, no signals out"
-            );
+            let on = landlock::covers(abi);
             t.add(
+                "landlock",
                 |l| l.landlock = true,
                 slot0,
                 LANDLOCK_CHECK,
@@ -201,12 +220,17 @@ pub(crate) fn probe(
     let seccomp = match seccomp_err {
         Some(e) => Layer::off(e),
         None => {
-            let on = "allow-list: no sockets, no fork/clone of processes, no exec, no ptrace/mount/unshare/setns, signals only to itself";
+            let on = "allow-list: no sockets, no fork/clone of processes, no exec, no \
+                      ptrace/mount/unshare/setns; signals only to itself (kill, tgkill, sigqueue, \
+                      pidfds, F_SETOWN(_EX), FIOSETOWN/TIOCSPGRP); no chmod, utime, truncate by \
+                      path or O_TRUNC without write access (F_SETOWN to kiln, chmod and O_TRUNC \
+                      checked)";
             t.add(
+                "seccomp",
                 |l| l.seccomp = true,
                 slot0,
                 SECCOMP_CHECK,
-                |o| o == "denied denied denied thread",
+                |o| o == "denied denied denied denied denied denied thread",
                 on,
             )
         }
@@ -237,26 +261,34 @@ const CGROUP_CHECK: &str = "print(open('/proc/self/cgroup').read())";
 /// /etc/passwd (world-readable) must be denied, the scratch directory writable.
 const LANDLOCK_CHECK: &str = "try:\n    open('/etc/passwd').read(); print('read')\nexcept PermissionError:\n    open('probe', 'w').write('x'); print('denied')";
 /// socket, fork and exec of the interpreter itself (which Landlock allows: only seccomp can
-/// refuse it) must be denied; threads must still start.
-const SECCOMP_CHECK: &str = "import os, socket, sys, threading\nout = []\nfor f in (socket.socket, os.fork, lambda: os.execv(sys.executable, ['python', '-c', ''])):\n    try:\n        f(); out.append('allowed')\n    except PermissionError:\n        out.append('denied')\nt = threading.Thread(target=out.append, args=('thread',))\nt.start()\nt.join()\nprint(' '.join(out))";
+/// refuse it), making kiln the target of a pipe's `SIGIO` (`F_SETOWN`; harmless without
+/// `O_ASYNC`), a chmod and an `O_RDONLY | O_TRUNC` open in the scratch directory must be denied;
+/// threads must still start.
+const SECCOMP_CHECK: &str = "import fcntl, os, socket, sys, threading\nout = []\nr, w = os.pipe()\nopen('t', 'w').write('x')\nfor f in (socket.socket, os.fork, lambda: os.execv(sys.executable, ['python', '-c', '']), lambda: fcntl.fcntl(r, fcntl.F_SETOWN, os.getppid()), lambda: os.chmod('t', 0o600), lambda: os.open('t', os.O_RDONLY | os.O_TRUNC)):\n    try:\n        f(); out.append('allowed')\n    except PermissionError:\n        out.append('denied')\nt = threading.Thread(target=out.append, args=('thread',))\nt.start()\nt.join()\nprint(' '.join(out))";
 
 /// The layers found to work so far; each trial adds one on top.
 struct Trials<'a> {
     platform: &'a Platform,
     layers: Layers,
+    /// Layers the caller asked to leave off.
+    skip: &'a [String],
 }
 
 impl Trials<'_> {
-    /// Tries the current layers plus `set`: kept (and reported on) if `check` runs under them in
-    /// `slot` and its output passes `expect`.
+    /// Tries the current layers plus `set` (the layer `name`): kept (and reported on) if `check`
+    /// runs under them in `slot` and its output passes `expect`.
     fn add(
         &mut self,
+        name: &str,
         set: impl Fn(&mut Layers),
         slot: &SlotResources,
         check: &str,
         expect: impl Fn(&str) -> bool,
         on: &str,
     ) -> Layer {
+        if self.skip.iter().any(|s| s == name) {
+            return Layer::off("left off (SandboxOptions::skip_layers)");
+        }
         let mut trial = self.layers.clone();
         set(&mut trial);
         match run_check(self.platform, &trial, slot, check) {
@@ -305,7 +337,8 @@ fn run_check(
     check: &str,
 ) -> Result<String, String> {
     if !layers.tmpfs {
-        crate::sandbox::empty_dir(&slot.work).map_err(|e| e.to_string())?;
+        let owner = platform.is_root.then_some((slot.uid, slot.gid));
+        crate::fresh::renew_scratch(&slot.work, owner).map_err(|e| e.to_string())?;
     }
     let limits = RunLimits {
         wall: Duration::from_secs(20),

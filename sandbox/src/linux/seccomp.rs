@@ -8,10 +8,21 @@
 //!   `clone3` (whose flags a filter cannot read) fails with `ENOSYS`, so glibc falls back to `clone`;
 //! - `execve` only with the exact path pointer kiln itself passes (the interpreter's start);
 //!   `execveat` never;
-//! - `kill`/`tgkill`/`tkill`/`rt_(tg)sigqueueinfo`/`prlimit64`/`sched_getaffinity` only on the
-//!   process itself (or its own process group). The child's pid is unknown until the fork, so the
-//!   filter holds a placeholder that the child patches in place (no allocation after fork).
-//! - `ioctl` except `TIOCSTI` (typing into a terminal).
+//! - signals only to itself, whatever else protects them (Landlock's signal scope needs kernel
+//!   6.12): `kill`/`tgkill`/`tkill`/`rt_(tg)sigqueueinfo` only on its own pid (`kill` also on 0
+//!   and minus its pid: its own process group, of which it is the only member); `fcntl(F_SETOWN)`
+//!   (the target of `O_ASYNC`'s `SIGIO` or `F_SETSIG`'s signal) only to 0, itself or its group;
+//!   `F_SETOWN_EX` (whose target a filter cannot read) never; `pidfd_open`, `pidfd_send_signal`
+//!   never (not on the list); `ioctl` `FIOSETOWN`/`SIOCSPGRP`/`TIOCSPGRP` never;
+//!   `prlimit64`/`sched_getaffinity` only on itself. The child's pid is unknown until the fork, so
+//!   the filter holds a placeholder that the child patches in place (no allocation after fork).
+//! - `ioctl` except `TIOCSTI` (typing into a terminal) and the owner-setting requests above.
+//! - no metadata changes that could poison later runs (the harness directory is on every run's
+//!   command line): no `chmod`/`fchmod`/`fchmodat(2)`, no `utime(s)`/`utimensat`/`futimesat`, no
+//!   `truncate` by path, no `open(O_TRUNC)` without write access (Landlock before ABI 3 does not
+//!   see truncation; with write access it checks the open itself), no `openat2` (whose flags a
+//!   filter cannot read). `ftruncate` stays: it needs a descriptor open for writing, which
+//!   Landlock gives only in the scratch directory.
 
 use std::collections::BTreeMap;
 
@@ -24,6 +35,13 @@ use seccompiler::{
 const PID_SENTINEL: u32 = 0x7a5e_c0de;
 /// Placeholder for minus the child's pid (`kill(-pid, sig)`).
 const NEG_PID_SENTINEL: u32 = PID_SENTINEL.wrapping_neg();
+
+/// `fcntl` commands that choose who gets `SIGIO` (and `F_SETSIG`'s signal) for a descriptor.
+const F_SETOWN: u64 = libc::F_SETOWN as u64;
+const F_SETOWN_EX: u64 = 15;
+/// `ioctl` requests that set a descriptor's or a terminal's signal target (through a pointer).
+const FIOSETOWN: u64 = 0x8901;
+const SIOCSPGRP: u64 = 0x8902;
 
 /// The filters to install, with the places to patch.
 #[derive(Clone)]
@@ -59,6 +77,17 @@ fn pid_is(arg: u8, values: &[u32]) -> Vec<SeccompRule> {
         .collect()
 }
 
+/// Rules allowing an open whose flags (argument `arg`) truncate only with write access.
+fn open_flags_at(arg: u8) -> Vec<SeccompRule> {
+    let (trunc, acc) = (libc::O_TRUNC as u64, libc::O_ACCMODE as u64);
+    let masked = |mask, value| rule(vec![cond(arg, Len::Dword, Op::MaskedEq(mask), value)]);
+    vec![
+        masked(trunc, 0),
+        masked(acc, libc::O_WRONLY as u64),
+        masked(acc, libc::O_RDWR as u64),
+    ]
+}
+
 /// Builds the filters. `exec_path` is the address of the interpreter path kiln passes to execve.
 pub(crate) fn build(exec_path: *const libc::c_char) -> Result<Filters, String> {
     let arch: TargetArch = std::env::consts::ARCH
@@ -90,10 +119,30 @@ pub(crate) fn build(exec_path: *const libc::c_char) -> Result<Filters, String> {
         libc::SYS_execve,
         vec![rule(vec![cond(0, Len::Qword, Op::Eq, exec_path as u64)])],
     );
+    let denied_ioctls = [libc::TIOCSTI, FIOSETOWN, SIOCSPGRP, libc::TIOCSPGRP];
     rules.insert(
         libc::SYS_ioctl,
-        vec![rule(vec![cond(1, Len::Dword, Op::Ne, libc::TIOCSTI)])],
+        vec![rule(
+            denied_ioctls
+                .iter()
+                .map(|&r| cond(1, Len::Dword, Op::Ne, r))
+                .collect(),
+        )],
     );
+    let mut fcntl = vec![rule(vec![
+        cond(1, Len::Dword, Op::Ne, F_SETOWN),
+        cond(1, Len::Dword, Op::Ne, F_SETOWN_EX),
+    ])];
+    for owner in [0, PID_SENTINEL, NEG_PID_SENTINEL] {
+        fcntl.push(rule(vec![
+            cond(1, Len::Dword, Op::Eq, F_SETOWN),
+            cond(2, Len::Dword, Op::Eq, u64::from(owner)),
+        ]));
+    }
+    rules.insert(libc::SYS_fcntl, fcntl);
+    rules.insert(libc::SYS_openat, open_flags_at(2));
+    #[cfg(target_arch = "x86_64")]
+    rules.insert(libc::SYS_open, open_flags_at(1));
     rules.insert(
         libc::SYS_kill,
         pid_is(0, &[0, PID_SENTINEL, NEG_PID_SENTINEL]),
@@ -111,7 +160,7 @@ pub(crate) fn build(exec_path: *const libc::c_char) -> Result<Filters, String> {
     for nr in self_or_zero {
         rules.insert(nr, pid_is(0, &[0, PID_SENTINEL]));
     }
-    let placeholders = 2 + to_self.len() + self_or_zero.len();
+    let placeholders = 2 + 2 + to_self.len() + self_or_zero.len();
     let allow_list = SeccompFilter::new(
         rules,
         SeccompAction::Errno(libc::EPERM as u32),
@@ -157,14 +206,13 @@ const ALLOWED: &[i64] = &[
     // files and descriptors (Landlock decides which paths)
     libc::SYS_read, libc::SYS_write, libc::SYS_readv, libc::SYS_writev, libc::SYS_pread64,
     libc::SYS_pwrite64, libc::SYS_preadv, libc::SYS_pwritev, libc::SYS_preadv2, libc::SYS_pwritev2,
-    libc::SYS_lseek, libc::SYS_close, libc::SYS_close_range, libc::SYS_openat, libc::SYS_openat2,
+    libc::SYS_lseek, libc::SYS_close, libc::SYS_close_range,
     libc::SYS_newfstatat, libc::SYS_fstat, libc::SYS_statx, libc::SYS_statfs, libc::SYS_fstatfs,
     libc::SYS_faccessat, libc::SYS_faccessat2, libc::SYS_readlinkat, libc::SYS_getdents64,
     libc::SYS_getcwd, libc::SYS_chdir, libc::SYS_fchdir, libc::SYS_mkdirat, libc::SYS_unlinkat,
     libc::SYS_renameat, libc::SYS_renameat2, libc::SYS_linkat, libc::SYS_symlinkat,
-    libc::SYS_fchmod, libc::SYS_fchmodat, libc::SYS_utimensat, libc::SYS_truncate,
     libc::SYS_ftruncate, libc::SYS_fsync, libc::SYS_fdatasync, libc::SYS_fallocate,
-    libc::SYS_fadvise64, libc::SYS_flock, libc::SYS_fcntl, libc::SYS_dup, libc::SYS_dup3,
+    libc::SYS_fadvise64, libc::SYS_flock, libc::SYS_dup, libc::SYS_dup3,
     libc::SYS_pipe2, libc::SYS_umask, libc::SYS_copy_file_range, libc::SYS_sendfile,
     libc::SYS_splice, libc::SYS_tee, libc::SYS_memfd_create,
     // memory
@@ -194,7 +242,6 @@ const ALLOWED: &[i64] = &[
     libc::SYS_seccomp,
     // the end
     libc::SYS_exit, libc::SYS_exit_group, libc::SYS_wait4, libc::SYS_waitid,
-    #[cfg(target_arch = "x86_64")] libc::SYS_open,
     #[cfg(target_arch = "x86_64")] libc::SYS_stat,
     #[cfg(target_arch = "x86_64")] libc::SYS_lstat,
     #[cfg(target_arch = "x86_64")] libc::SYS_access,
@@ -206,7 +253,6 @@ const ALLOWED: &[i64] = &[
     #[cfg(target_arch = "x86_64")] libc::SYS_rename,
     #[cfg(target_arch = "x86_64")] libc::SYS_link,
     #[cfg(target_arch = "x86_64")] libc::SYS_symlink,
-    #[cfg(target_arch = "x86_64")] libc::SYS_chmod,
     #[cfg(target_arch = "x86_64")] libc::SYS_dup2,
     #[cfg(target_arch = "x86_64")] libc::SYS_pipe,
     #[cfg(target_arch = "x86_64")] libc::SYS_poll,
@@ -220,3 +266,18 @@ const ALLOWED: &[i64] = &[
     #[cfg(target_arch = "x86_64")] libc::SYS_getpgrp,
     #[cfg(target_arch = "x86_64")] libc::SYS_arch_prctl,
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_filters_build_with_every_pid_placeholder_found() {
+        let mut f = build(c"/usr/bin/python3".as_ptr()).unwrap();
+        assert_eq!(f.patches.len(), 10);
+        f.patch_pid(1234);
+        let ks: Vec<u32> = f.programs.iter().flatten().map(|i| i.k).collect();
+        assert!(!ks.contains(&PID_SENTINEL) && !ks.contains(&NEG_PID_SENTINEL));
+        assert!(ks.contains(&1234) && ks.contains(&1234u32.wrapping_neg()));
+    }
+}
