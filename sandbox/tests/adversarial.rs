@@ -11,7 +11,7 @@ use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use kiln_sandbox::{Graded, Limits, TestCase, Verdict};
+use kiln_sandbox::{Graded, Limits, Sandbox, TestCase, Verdict};
 
 fn stdin(input: &str, output: &str) -> Vec<TestCase> {
     vec![TestCase::Stdin {
@@ -45,6 +45,14 @@ fn grade_timed(code: &str, tests: &[TestCase], limits: &Limits) -> (Graded, Dura
     let left = common::leftovers();
     assert!(left.is_empty(), "processes left behind: {left:?}");
     (g, took)
+}
+
+/// `grade` in another sandbox (the caller holds `common::exclusive()`).
+fn grade_in(sandbox: &Sandbox, code: &str, tests: &[TestCase], limits: &Limits) -> Graded {
+    let g = sandbox.grade(code, tests, limits);
+    let left = common::leftovers_of(sandbox);
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    g
 }
 
 fn assert_verdict(g: &Graded, want: Verdict) {
@@ -437,4 +445,278 @@ fn exit_after_output_and_reading_all_input_pass() {
         &Limits::default(),
     );
     assert_verdict(&g, Verdict::Accepted);
+}
+
+/// Throwaway `sleep 30` processes that hostile programs try to signal, each leading its own
+/// process group: as root one per slot uid (a program runs under its slot's uid, so nothing but
+/// the sandbox stands between it and them), else one under kiln's own uid.
+struct Targets(Vec<std::process::Child>);
+
+impl Targets {
+    fn spawn(uid_base: u32, slots: usize) -> Targets {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: plain getter.
+        let uids: Vec<Option<u32>> = if unsafe { libc::geteuid() } == 0 {
+            (0..slots as u32).map(|i| Some(uid_base + i)).collect()
+        } else {
+            vec![None]
+        };
+        let spawn = |uid: Option<u32>| {
+            let mut c = std::process::Command::new("sleep");
+            c.arg("30").process_group(0);
+            if let Some(u) = uid {
+                c.uid(u).gid(u);
+            }
+            c.spawn().unwrap()
+        };
+        Targets(uids.into_iter().map(spawn).collect())
+    }
+
+    /// Their pids as a Python list.
+    fn pids(&self) -> String {
+        let pids: Vec<String> = self.0.iter().map(|c| c.id().to_string()).collect();
+        format!("[{}]", pids.join(", "))
+    }
+
+    fn assert_alive(&mut self, when: &str) {
+        for c in &mut self.0 {
+            let status = c.try_wait().unwrap();
+            assert!(
+                status.is_none(),
+                "{when}: target {} died: {status:?}",
+                c.id()
+            );
+        }
+    }
+}
+
+impl Drop for Targets {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The probing prelude plus `rc(v)`: "denied" when a libc call returned -1 with `EPERM` (what the
+/// seccomp filter answers; `ENOTTY`, `EACCES`, `ESRCH` … mean it was not consulted), else the
+/// result; and `SYS`, the system call numbers of this architecture.
+fn errno_probe(body: &str) -> String {
+    let sys = [
+        ("tkill", libc::SYS_tkill),
+        ("tgkill", libc::SYS_tgkill),
+        ("rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo),
+        ("rt_tgsigqueueinfo", libc::SYS_rt_tgsigqueueinfo),
+        ("pidfd_open", libc::SYS_pidfd_open),
+        ("pidfd_send_signal", libc::SYS_pidfd_send_signal),
+        ("fchmodat", libc::SYS_fchmodat),
+        ("fchmodat2", 452),
+        ("utimensat", libc::SYS_utimensat),
+    ];
+    let sys: Vec<String> = sys.iter().map(|(n, v)| format!("'{n}': {v}")).collect();
+    probe(&format!(
+        "import struct\nSYS = {{{}}}\n\
+         def rc(v):\n    e = ctypes.get_errno()\n    return 'denied' if v == -1 and e == 1 else 'rc=%d errno=%d' % (v, e)\n\
+         {body}",
+        sys.join(", ")
+    ))
+}
+
+/// Every way to signal another process, at each pid in `PIDS`: `kill` (the process and its
+/// group), `tkill`, `tgkill`, `rt_(tg)sigqueueinfo`, pidfds, and a pipe whose `SIGIO` — made
+/// `SIGKILL` with `F_SETSIG` — goes to the pid through `F_SETOWN`, `F_SETOWN_EX` or the
+/// `FIOSETOWN`/`SIOCSPGRP`/`TIOCSPGRP` ioctls. Prints one word per attempt.
+const SIGNAL_OUT: &str = "import time\n\
+info = ctypes.create_string_buffer(struct.pack('iii', 9, 0, -1), 128)\n\
+def sigio_pipe(set_owner):\n    r, w = os.pipe()\n    res = set_owner(r)\n    libc.fcntl(r, 10, 9)\n    \
+libc.fcntl(r, 4, libc.fcntl(r, 3) | 0o20000)\n    os.write(w, b'x')\n    os.close(r)\n    os.close(w)\n    return res\n\
+out = []\n\
+for pid in PIDS:\n    \
+out.append(rc(libc.kill(pid, 9)))\n    \
+out.append(rc(libc.kill(-pid, 9)))\n    \
+out.append(rc(libc.syscall(SYS['tkill'], pid, 9)))\n    \
+out.append(rc(libc.syscall(SYS['tgkill'], pid, pid, 9)))\n    \
+out.append(rc(libc.syscall(SYS['rt_sigqueueinfo'], pid, 9, info)))\n    \
+out.append(rc(libc.syscall(SYS['rt_tgsigqueueinfo'], pid, pid, 9, info)))\n    \
+out.append(rc(libc.syscall(SYS['pidfd_open'], pid, 0)))\n    \
+try:\n        fd = os.open('/proc/%d' % pid, os.O_RDONLY | os.O_DIRECTORY)\n    except OSError:\n        fd = -1\n    \
+out.append(rc(libc.syscall(SYS['pidfd_send_signal'], fd, 9, None, 0)))\n    \
+for owner in (pid, -pid):\n        out.append(sigio_pipe(lambda r: rc(libc.fcntl(r, 8, owner))))\n    \
+for kind in (0, 1, 2):\n        ex = ctypes.create_string_buffer(struct.pack('ii', kind, pid))\n        \
+out.append(sigio_pipe(lambda r: rc(libc.fcntl(r, 15, ex))))\n    \
+for req in (0x8901, 0x8902, TIOCSPGRP):\n        v = ctypes.c_int(pid)\n        \
+out.append(sigio_pipe(lambda r: rc(libc.ioctl(r, req, ctypes.byref(v)))))\n\
+time.sleep(0.3)\n\
+print(' '.join(out))\n";
+
+#[test]
+fn signalling_other_processes_is_denied_every_way() {
+    let _alone = common::exclusive();
+    let sandboxes = [
+        (common::bare_sandbox(), common::BARE_UID_BASE),
+        (common::sandbox(), 2_000_000_000),
+    ];
+    for (sandbox, uid_base) in sandboxes {
+        let mut targets = Targets::spawn(uid_base, sandbox.slots());
+        let body = format!(
+            "PIDS = {}\nTIOCSPGRP = {}\n{SIGNAL_OUT}",
+            targets.pids(),
+            libc::TIOCSPGRP
+        );
+        let attempts = 16 * targets.0.len();
+        let want = vec!["denied"; attempts].join(" ");
+        // on every slot (each runs under its own uid when kiln is root)
+        let tests = vec![stdin("", &want).remove(0); 2 * sandbox.slots()];
+        let limits = Limits {
+            stop_at_first_failure: false,
+            ..short()
+        };
+        let g = grade_in(sandbox, &errno_probe(&body), &tests, &limits);
+        targets.assert_alive(&sandbox.protections().summary());
+        assert_verdict(&g, Verdict::Accepted);
+    }
+}
+
+#[test]
+fn signalling_itself_still_works() {
+    let _alone = common::exclusive();
+    // raise, kill of its pid, its group (0 and -pgid), pthread_kill (also from a thread), sigqueue,
+    // a timer, and SIGIO (plain and F_SETSIG) from a pipe it owns: each must reach the handler
+    let body = "import signal, threading, time\n\
+got = []\n\
+for s in (signal.SIGUSR1, signal.SIGALRM, signal.SIGIO):\n    signal.signal(s, lambda s, f: got.append(s))\n\
+me = os.getpid()\n\
+info = ctypes.create_string_buffer(struct.pack('iii', signal.SIGUSR1, 0, -1), 128)\n\
+def from_thread():\n    t = threading.Thread(target=signal.pthread_kill, args=(threading.main_thread().ident, signal.SIGUSR1))\n    t.start()\n    t.join()\n\
+def sigio(sig):\n    r, w = os.pipe()\n    libc.fcntl(r, 8, me)\n    libc.fcntl(r, 10, sig)\n    libc.fcntl(r, 4, libc.fcntl(r, 3) | 0o20000)\n    os.write(w, b'x')\n\
+steps = [\n\
+    ('raise', lambda: signal.raise_signal(signal.SIGUSR1)),\n\
+    ('kill', lambda: libc.kill(me, signal.SIGUSR1)),\n\
+    ('group', lambda: libc.kill(0, signal.SIGUSR1)),\n\
+    ('pgid', lambda: libc.kill(-os.getpgid(0), signal.SIGUSR1)),\n\
+    ('pthread_kill', lambda: signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)),\n\
+    ('thread', from_thread),\n\
+    ('sigqueue', lambda: libc.syscall(SYS['rt_sigqueueinfo'], me, signal.SIGUSR1, info)),\n\
+    ('alarm', lambda: signal.setitimer(signal.ITIMER_REAL, 0.01)),\n\
+    ('sigio', lambda: sigio(0)),\n\
+    ('setsig', lambda: sigio(signal.SIGUSR1)),\n\
+]\n\
+out = []\n\
+for name, f in steps:\n    n = len(got)\n    f()\n    end = time.time() + 1\n    \
+while len(got) == n and time.time() < end:\n        time.sleep(0.01)\n    out.append(name if len(got) > n else name + ':missed')\n\
+print(' '.join(out))\n";
+    let want = "raise kill group pgid pthread_kill thread sigqueue alarm sigio setsig";
+    for sandbox in [common::sandbox(), common::bare_sandbox()] {
+        let g = grade_in(sandbox, &errno_probe(body), &stdin("", want), &short());
+        assert_verdict(&g, Verdict::Accepted);
+    }
+}
+
+/// Mode, owner, size and modification time of each path.
+fn stamps(paths: &[std::path::PathBuf]) -> Vec<(u32, u32, u64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    paths
+        .iter()
+        .map(|p| {
+            let m = std::fs::symlink_metadata(p).unwrap();
+            (m.mode(), m.uid(), m.size(), m.mtime(), m.mtime_nsec())
+        })
+        .collect()
+}
+
+/// A normal program run on every slot (`2 × slots` tests, none stopping the others): each must
+/// pass and find its scratch directory empty.
+fn assert_slots_work(sandbox: &Sandbox) {
+    let code =
+        "import os\nopen('mine', 'w').write(input())\nprint(os.listdir('.'), open('mine').read())";
+    let tests = vec![stdin("kiln\n", "['mine'] kiln").remove(0); 2 * sandbox.slots()];
+    let limits = Limits {
+        stop_at_first_failure: false,
+        ..Limits::default()
+    };
+    let g = grade_in(sandbox, code, &tests, &limits);
+    assert_verdict(&g, Verdict::Accepted);
+    assert_eq!(g.passed, tests.len(), "{g:#?}");
+}
+
+/// Changing the harness directory (named in `sys.argv[1]`) or the scratch directory so that later
+/// runs fail: chmod, utime and truncation by every system call, then directories the slot's
+/// cleanup cannot read. Prints one word per attempt.
+const POISON: &str = "h = sys.argv[1].encode()\n\
+f = h + b'/kiln_lcb.py'\n\
+fd = os.open(f, os.O_RDONLY)\n\
+out = [\n\
+    rc(libc.chmod(h, 0)), rc(libc.chmod(f, 0)), rc(libc.fchmod(fd, 0)),\n\
+    rc(libc.syscall(SYS['fchmodat'], -100, h, 0, 0)), rc(libc.syscall(SYS['fchmodat2'], -100, h, 0, 0)),\n\
+    rc(libc.utimes(f, None)), rc(libc.futimens(fd, None)),\n\
+    rc(libc.syscall(SYS['utimensat'], -100, h, None, 0)),\n\
+    rc(libc.truncate(f, 0)), rc(libc.open(f, os.O_RDONLY | os.O_TRUNC)),\n\
+]\n\
+os.mkdir('d')\n\
+out += [rc(libc.chmod(b'd', 0)), rc(libc.chmod(b'.', 0))]\n\
+os.mkdir('wx', 0o300)\n\
+open('wx/f', 'w').write('x')\n\
+os.mkdir('wx/none', 0)\n\
+os.umask(0o777)\n\
+os.mkdir('none')\n\
+print(' '.join(out))\n";
+
+#[test]
+fn poisoning_the_harness_or_the_scratch_directory_is_denied_and_slots_stay_usable() {
+    let _alone = common::exclusive();
+    for sandbox in [common::bare_sandbox(), common::sandbox()] {
+        let dir = sandbox.directory().join("harness");
+        let paths = [dir.clone(), dir.join("kiln_lcb.py")];
+        let before = stamps(&paths);
+        let tests = vec![stdin("", &["denied"; 12].join(" ")).remove(0); 2 * sandbox.slots()];
+        let limits = Limits {
+            stop_at_first_failure: false,
+            ..short()
+        };
+        let g = grade_in(sandbox, &errno_probe(POISON), &tests, &limits);
+        assert_verdict(&g, Verdict::Accepted);
+        assert_eq!(stamps(&paths), before, "the harness changed");
+        assert_slots_work(sandbox);
+    }
+}
+
+#[test]
+fn a_harness_or_slot_changed_behind_the_sandbox_is_rebuilt() {
+    use std::os::unix::fs::PermissionsExt;
+    // what a program that got around the filters could have done: the next ones still pass
+    let _alone = common::exclusive();
+    let mode = |p: &Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    };
+    for sandbox in [common::bare_sandbox(), common::sandbox()] {
+        let dir = sandbox.directory().join("harness");
+        let file = dir.join("kiln_lcb.py");
+        let source = std::fs::read(&file).unwrap();
+        mode(&dir, 0);
+        assert_slots_work(sandbox);
+        std::fs::write(&file, "raise SystemExit(3)\n").unwrap();
+        assert_slots_work(sandbox);
+        assert_eq!(std::fs::read(&file).unwrap(), source);
+        let old = std::fs::FileTimes::new().set_modified(std::time::UNIX_EPOCH);
+        std::fs::File::options()
+            .append(true)
+            .open(&file)
+            .unwrap()
+            .set_times(old)
+            .unwrap();
+        assert_slots_work(sandbox);
+    }
+    // plain scratch directories left unreadable, not empty, and (as root) owned by root
+    let sandbox = common::bare_sandbox();
+    for i in 0..sandbox.slots() {
+        let slot = sandbox.directory().join(format!("slot{i}"));
+        let sub = slot.join("locked");
+        std::fs::create_dir(&sub).unwrap();
+        std::fs::write(sub.join("f"), "x").unwrap();
+        mode(&sub, 0);
+        mode(&slot, 0);
+        std::os::unix::fs::chown(&slot, Some(0), Some(0)).ok();
+    }
+    assert_slots_work(sandbox);
 }

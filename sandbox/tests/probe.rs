@@ -18,6 +18,17 @@ fn probe_reports_layers() {
             );
         }
     }
+    // what keeps signals in is said truthfully: seccomp's filter, and Landlock's scope only where
+    // the kernel's ABI has it (6, kernel 6.12)
+    if p.seccomp.active {
+        assert!(p.seccomp.detail.contains("signals only to itself"), "{p}");
+    }
+    if p.landlock.active {
+        let enforced = p.landlock.detail.split("not enforced").next().unwrap();
+        let scoped = common::landlock_abi() >= 6;
+        assert_eq!(enforced.contains("no signals out"), scoped, "{p}");
+        assert!(p.landlock.detail.contains("no signals out"), "{p}");
+    }
     let json = serde_json::to_value(p).unwrap();
     assert_eq!(
         json["seccomp"]["active"],

@@ -22,6 +22,28 @@ pub fn sandbox() -> &'static Sandbox {
     })
 }
 
+/// The uid base of [`bare_sandbox`] (its slots must not share uids with [`sandbox`]'s).
+pub const BARE_UID_BASE: u32 = 2_000_000_100;
+
+/// A second sandbox with Landlock and the private tmpfs left off: seccomp's filters (signals
+/// among them, which Landlock's signal scope would otherwise also stop) and the plain scratch
+/// directory are tested on their own, as on kernels without those.
+pub fn bare_sandbox() -> &'static Sandbox {
+    static S: OnceLock<Sandbox> = OnceLock::new();
+    S.get_or_init(|| {
+        let s = Sandbox::new(SandboxOptions {
+            slots: 2,
+            uid_base: BARE_UID_BASE,
+            skip_layers: vec!["landlock".into(), "scratch".into()],
+            ..SandboxOptions::default()
+        })
+        .unwrap_or_else(|e| panic!("cannot set up the sandbox without Landlock: {e}"));
+        let p = s.protections();
+        assert!(!p.landlock.active && !p.scratch.active, "{p}");
+        s
+    })
+}
+
 /// Whether a layer must be active here, from what the kernel and kiln's privileges allow
 /// (on the development machine — root, Landlock ABI 7, cgroup v1 — all of them).
 pub fn expect_layer(name: &str) -> bool {
@@ -40,15 +62,7 @@ pub fn expect_layer(name: &str) -> bool {
             && read("/proc/sys/kernel/unprivileged_userns_clone").trim() != "0"
             && read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").trim() != "1");
     match name {
-        // SAFETY: with a null attribute and size 0 this only returns the ABI version.
-        "landlock" => unsafe {
-            libc::syscall(
-                libc::SYS_landlock_create_ruleset,
-                std::ptr::null::<u8>(),
-                0usize,
-                1u32,
-            ) >= 1
-        },
+        "landlock" => landlock_abi() >= 1,
         "seccomp" => read("/proc/self/status").contains("Seccomp:"),
         "net_namespace" | "user_namespace" | "scratch" => userns,
         "uid" => root,
@@ -57,9 +71,30 @@ pub fn expect_layer(name: &str) -> bool {
     }
 }
 
-/// Processes still running that belong to this sandbox (their command line names its directory).
+/// The kernel's Landlock ABI version (0 or less without Landlock).
+pub fn landlock_abi() -> i64 {
+    #[cfg(target_os = "linux")]
+    // SAFETY: with a null attribute and size 0 this only returns the ABI version.
+    return unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32,
+        )
+    };
+    #[cfg(not(target_os = "linux"))]
+    0
+}
+
+/// Processes still running that belong to [`sandbox`] (their command line names its directory).
 pub fn leftovers() -> Vec<String> {
-    let marker = sandbox().directory().to_string_lossy().into_owned();
+    leftovers_of(sandbox())
+}
+
+/// Processes still running that belong to `sandbox`.
+pub fn leftovers_of(sandbox: &Sandbox) -> Vec<String> {
+    let marker = sandbox.directory().to_string_lossy().into_owned();
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
