@@ -8,8 +8,10 @@
 //! executing only the interpreter and its dynamic loader; reading and writing the run's scratch
 //! directory; `/dev/null` (read/write), `/dev/zero`, `/dev/urandom`, `/etc/ld.so.cache`,
 //! `/etc/localtime` (read). Denied: everything else — `/proc` (so no other process's environment
-//! or memory), `/home`, `/root`, `/tmp`, `/etc` writes, any TCP bind or connect, any signal to a
-//! process outside the run, connecting to abstract unix sockets outside it.
+//! or memory), `/home`, `/root`, `/tmp`, `/etc` writes, truncation (ABI 3), any TCP bind or
+//! connect (ABI 4), any signal to a process outside the run and connecting to abstract unix
+//! sockets outside it (ABI 6, kernel 6.12). The ruleset is best effort: an older kernel enforces
+//! what its ABI knows, and [`covers`] says which (seccomp keeps signals in on any kernel).
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
