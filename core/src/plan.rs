@@ -19,8 +19,10 @@
 //! | SwiGLU MLP | gate, sigmoid(gate), silu, up, their product | 5s · i |
 //!
 //! plus ≈ 4 · H · T bytes per token and layer that the score computation holds beyond the kept
-//! tensors (its intermediates and the allocator's slack; measured), and the head: the final norm,
-//! the logits (s · V) and their f32 log-softmax (2 · 4V). With `recompute` (burn's
+//! tensors (its intermediates and the allocator's slack; measured), and the head: the final norm
+//! and one f32 log-sum-exp per token (the LM head, log-softmax and gather are fused and chunked
+//! over tokens, `model::head_loss`: one chunk's logits exist at a time; the CPU's fused f32 path
+//! keeps the f32 logits instead). With `recompute` (burn's
 //! `BalancedCheckpointing`) only the outputs of matrix products and casts are kept (the rest is
 //! recomputed in the backward pass): s · (q + 2kv + 2h + 2i) + 4 · (2h + q) (+ 4 · (q + 2kv) in
 //! half precision) + 9 · H · T, the last term measured likewise. Both forms were checked against
@@ -117,9 +119,10 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
         2.0 * (4.0 * h + s * h) + 2.0 * s * (q + kv) + 4.0 * (q + 2.0 * kv) + 8.0 * heads * t + s * q + 5.0 * s * i + 4.0 * heads * t
     };
     let activations_per_layer = per_token_layer * tokens;
-    // The final norm's input and output, the logits and their log-softmax (fused: the logits
-    // and one log-sum-exp per token).
-    let head = if fused { tokens * (8.0 * h + 4.0 * v + 4.0) } else { tokens * (4.0 * h + s * h + s * v + 8.0 * v) };
+    // The head: on the fused CPU path the final norm's input and output, the logits and one
+    // log-sum-exp per token; elsewhere the chunked head (`model::head_loss`) keeps no logits,
+    // only the norm's input and output and one log-sum-exp per token.
+    let head = if fused { tokens * (8.0 * h + 4.0 * v + 4.0) } else { tokens * (4.0 * h + s * h + 4.0) };
     let weights = params * p.weights().size() as f64;
     let copy = if p.compute() != p.weights() { params * p.compute().size() as f64 } else { 0.0 };
     let state = 2.0 * params * p.weights().size() as f64;
@@ -132,7 +135,11 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
     // kernels' figures above already include theirs).
     let slack = if fused { 1.0 } else { 1.1 };
     let activations = (activations_per_layer * layers + head) * slack;
-    let logits_grad = if fused { tokens * v * 4.0 } else { tokens * v * (4.0 + s) };
+    // At the start of the backward pass: the fused path's f32 logits gradient; the chunked
+    // head's one chunk of logits (compute dtype and f32), probabilities and gradient, and the
+    // f32 sum of the head weight's gradient.
+    let rows = crate::model::head_loss::rows_per_chunk(tokens as usize, config.vocab_size, None) as f64;
+    let logits_grad = if fused { tokens * v * 4.0 } else { rows * v * (12.0 + 2.0 * s) + 4.0 * v * h };
     let backward_start = weights + copy + state + activations + logits_grad;
     let update = weights + state + grads + 6.0 * largest;
     let training = vec![
@@ -141,7 +148,10 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
         part("gradients", grads, format!("in {}, during the update (the activations are gone by then)", p.weights())),
         part("optimizer state", state, format!("AdamW's two moments in {}", p.weights())),
         part("activations", activations, format!("{} layers × {:.1} MiB + head {:.1} MiB", layers, mib(activations_per_layer), mib(head))),
-        part("logits gradient", logits_grad, "f32 and compute dtype, at the start of the backward pass".into()),
+        part("logits gradient", logits_grad, match fused {
+            true => "f32, at the start of the backward pass".into(),
+            false => format!("chunks of {rows} tokens' logits and the head weight's f32 gradient (no [tokens, V] logits)"),
+        }),
         part("update temporaries", 6.0 * largest, "six tensors the size of the largest weight".into()),
     ];
     let per_token_flops = 2.0 * matmul_weights(config) + 4.0 * t * q * layers;

@@ -4,6 +4,7 @@ pub mod config;
 pub mod cpu_decode;
 pub mod dtype;
 pub mod fused;
+pub mod head_loss;
 pub mod hf;
 pub mod inputs;
 pub mod kv_cache;

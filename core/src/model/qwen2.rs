@@ -344,6 +344,14 @@ impl<B: Backend> Qwen2<B> {
         }
     }
 
+    /// The LM head as a weight `[D, V]` in `dtype` (the activations') and its bias `[V]`, if any.
+    pub fn head(&self, dtype: DType) -> (Tensor<B, 2>, Option<Tensor<B, 1>>) {
+        match &self.lm_head {
+            Some(head) => (proj::to_dtype(head.weight.val(), dtype), head.bias.as_ref().map(|b| proj::to_dtype(b.val(), dtype))),
+            None => (proj::to_dtype(self.embed_tokens.weight.val(), dtype).transpose(), None),
+        }
+    }
+
     /// Logits `[B, T, V]` for every position of `inputs` (no cache).
     pub fn forward(&self, inputs: &Inputs<B>) -> Tensor<B, 3> {
         self.logits(self.forward_hidden(inputs, None))

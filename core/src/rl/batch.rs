@@ -88,9 +88,14 @@ impl ResponseLayout {
 
 /// The logits that predict each response token, `[rows, R, V]`.
 pub fn response_logits<B: Backend>(model: &Qwen2<B>, batch: &ResponseBatch<B>) -> Tensor<B, 3> {
+    model.logits(response_hidden(model, batch))
+}
+
+/// The final hidden states `[responses, tokens, D]` that predict the response tokens.
+pub fn response_hidden<B: Backend>(model: &Qwen2<B>, batch: &ResponseBatch<B>) -> Tensor<B, 3> {
     let hidden = model.forward_hidden(&batch.inputs, None);
     let width = batch.mask.dims()[1];
-    model.logits(hidden.narrow(1, batch.prompt_width - 1, width))
+    hidden.narrow(1, batch.prompt_width - 1, width)
 }
 
 #[cfg(test)]

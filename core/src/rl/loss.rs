@@ -154,10 +154,7 @@ pub fn reverse_kl<B: Backend>(student_logits: Tensor<B, 3>, teacher_logits: Tens
 
 /// Per-position entropy of the softmax of `logits` `[responses, tokens, vocab]`, in f32 (or
 /// f64).
-pub fn entropy<B: Backend>(logits: Tensor<B, 3>) -> Tensor<B, 2> {
-    let log_p = log_softmax(at_least_f32(logits), 2);
-    -(log_p.clone().exp() * log_p).sum_dim(2).squeeze_dim(2)
-}
+pub use crate::model::logprobs::entropy;
 
 /// Half-precision logits in f32; f32 and f64 as they are.
 fn at_least_f32<B: Backend>(logits: Tensor<B, 3>) -> Tensor<B, 3> {

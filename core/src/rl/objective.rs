@@ -19,14 +19,14 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::{Map, Value, json};
 
 use super::advantage::{RewardScaling, distillation_advantages, grpo_advantages, zero_std_fraction};
-use super::batch::{ResponseBatch, ResponseLayout, response_logits};
-use super::loss::{Clip, KlEstimator, LossAgg, aggregate, entropy, kl_penalty, policy_loss, reverse_kl};
+use super::batch::{ResponseBatch, ResponseLayout, response_hidden, response_logits};
+use super::loss::{Clip, KlEstimator, LossAgg, aggregate, kl_penalty, policy_loss, reverse_kl};
 use super::prompts::PromptSet;
 use super::reward::Reward;
 use super::rollout::{Response, RolloutSettings, rollout};
 use crate::error::{Error, Result};
 use crate::model::Qwen2;
-use crate::model::logprobs::token_logprobs;
+use crate::model::logprobs::{target_logprobs, target_scores};
 use crate::tasks::Item;
 use crate::tokenizer::Tokenizer;
 use crate::train::Objective;
@@ -176,10 +176,10 @@ impl<B: AutodiffBackend> PolicyGradient<B> {
     fn score(&self, policy: &Qwen2<B::InnerBackend>, layout: &ResponseLayout) -> Scored {
         let device = policy.device();
         let batch = layout.to_device::<B::InnerBackend>(&device);
-        let logprobs = |model: &Qwen2<B::InnerBackend>| host(token_logprobs(response_logits(model, &batch), batch.targets.clone()));
-        let logits = response_logits(policy, &batch);
-        let old = host(token_logprobs(logits.clone(), batch.targets.clone()));
-        let entropy = host(entropy(logits));
+        let scores = |model: &Qwen2<B::InnerBackend>, entropy| target_scores(model, response_hidden(model, &batch), batch.targets.clone(), entropy);
+        let logprobs = |model: &Qwen2<B::InnerBackend>| host(scores(model, false).0);
+        let (old, entropy) = scores(policy, true);
+        let (old, entropy) = (host(old), host(entropy.expect("asked for")));
         let teacher = match &self.signal {
             Signal::Teacher { model, .. } => Some(logprobs(model)),
             Signal::Rewards { .. } => None,
@@ -287,8 +287,15 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
     fn loss(&mut self, model: &Qwen2<B>, micro: &Self::Micro) -> Result<(Tensor<B, 1>, Map<String, Value>)> {
         let s = &self.settings;
         let batch = &micro.batch;
-        let logits = response_logits(model, batch);
-        let log_prob = token_logprobs(logits.clone(), batch.targets.clone());
+        // The full-vocabulary distillation loss needs the logits; otherwise only the targets'
+        // log-probabilities, without `[rows, R, V]` logits.
+        let (log_prob, logits) = match &self.signal {
+            Signal::Teacher { full_vocab: true, .. } => {
+                let logits = response_logits(model, batch);
+                (crate::model::logprobs::token_logprobs(logits.clone(), batch.targets.clone()), Some(logits))
+            }
+            _ => (target_logprobs(model, response_hidden(model, batch), batch.targets.clone()), None),
+        };
         let max_length = s.rollout.max_response_length;
         let mut metrics = Map::new();
         let weighted = |metrics: &mut Map<String, Value>, key: &str, value: Tensor<B, 1>| {
@@ -298,6 +305,7 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
             Signal::Teacher { model: teacher, full_vocab: true, .. } => {
                 let inner = micro.layout.to_device::<B::InnerBackend>(&teacher.device());
                 let teacher_logits = Tensor::from_inner(response_logits(teacher, &inner));
+                let logits = logits.expect("computed for the full-vocabulary loss");
                 let kl = aggregate(reverse_kl(logits, teacher_logits), &batch.mask, s.agg, max_length);
                 weighted(&mut metrics, "teacher_kl_full", kl.clone().detach());
                 kl
@@ -425,6 +433,7 @@ mod tests {
     use super::*;
     use crate::generate::Sampler;
     use crate::model::Qwen2Config;
+    use crate::model::logprobs::token_logprobs;
     use crate::rl::reward::Task;
     use crate::train::{AdamW, AdamWConfig};
 

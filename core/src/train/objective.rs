@@ -13,7 +13,7 @@ use crate::data::{Sample, TrainBatch, collate};
 use crate::dist::Reduce;
 use crate::error::{Error, Result};
 use crate::model::Qwen2;
-use crate::model::logprobs::token_logprobs;
+use crate::model::logprobs::{target_logprobs, target_scores};
 
 /// A loss for the training loop.
 pub trait Objective<B: AutodiffBackend> {
@@ -156,7 +156,7 @@ impl<B: AutodiffBackend> Objective<B> for NextTokenLoss {
 
     fn loss(&mut self, model: &Qwen2<B>, micro: &Self::Micro) -> Result<(Tensor<B, 1>, Map<String, Value>)> {
         let batch = &micro.batch;
-        let logprobs = token_logprobs(model.forward(&batch.inputs), batch.labels.clone());
+        let logprobs = target_logprobs(model, model.forward_hidden(&batch.inputs, None), batch.labels.clone());
         let nll = -(logprobs * batch.label_mask.clone().float()).sum();
         let loss = nll / micro.step_targets as f64;
         let mut metrics = Map::new();
@@ -193,7 +193,7 @@ pub fn evaluate_loss<B: burn::tensor::backend::Backend>(model: &Qwen2<B>, sample
     let (mut nll, mut count) = (0.0f64, 0usize);
     for chunk in samples.chunks(batch.max(1)) {
         let batch = collate::<B>(chunk, pad_id, &device)?;
-        let logprobs = token_logprobs(model.forward(&batch.inputs), batch.labels.clone());
+        let (logprobs, _) = target_scores(model, model.forward_hidden(&batch.inputs, None), batch.labels.clone(), false);
         let sum: f64 = (logprobs * batch.label_mask.clone().float()).sum().into_scalar().elem::<f64>();
         nll -= sum;
         count += batch.num_targets;

@@ -1,0 +1,286 @@
+//! The LM head fused with log-softmax and the target gather, chunked over tokens so that no
+//! `[B, T, V]` logits exist, forward or backward (Liger's fused linear cross-entropy).
+//!
+//! `N` tokens, `D` hidden size, `V` vocabulary, `c` rows per chunk. For each chunk the forward
+//! pass computes logits `[c, V]` (in the activations' dtype, as the unfused head), their
+//! log-sum-exp in f32 and the target's log-probability, and keeps only the log-sum-exp `[N]`.
+//! The backward pass recomputes each chunk's logits and turns `g · (onehot − softmax)` into the
+//! gradients of the hidden states and of the head's weight, so the extra cost is one more
+//! `[N, D] × [D, V]` product, and the memory `O(c·V + D·V)` instead of several `[N, V]` tensors.
+//!
+//! Under autodiff this is one custom operation of burn-autodiff (`Backward`) on the inner
+//! backend, so it runs on every backend (Flex, wgpu, CUDA); without gradients the same chunked
+//! loop runs directly, and also gives the entropies RL logs.
+
+use std::any::{Any, TypeId};
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, CheckpointStrategy, NoCheckpointing};
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorPrimitive};
+
+/// The largest chunk of f32 logits, in bytes (fewer where the device's buffers are smaller).
+const CHUNK_BYTES: u64 = 256 << 20;
+
+/// Rows of `vocab` f32 logits per chunk for `rows` tokens on `device`; see [`rows_per_chunk`].
+pub fn chunk_rows<B: Backend>(device: &B::Device, rows: usize, vocab: usize) -> usize {
+    rows_per_chunk(rows, vocab, kiln_backends::device::max_buffer::<B>(device))
+}
+
+/// Rows of `vocab` f32 logits per chunk for `rows` tokens: as many as fit in [`CHUNK_BYTES`]
+/// and half the device's largest buffer `max_buffer`, at least one.
+pub fn rows_per_chunk(rows: usize, vocab: usize, max_buffer: Option<u64>) -> usize {
+    let budget = max_buffer.map_or(CHUNK_BYTES, |max| CHUNK_BYTES.min(max / 2));
+    let fit = (budget / (vocab.max(1) as u64 * 4)).max(1) as usize;
+    // Multiples of 64 rows keep the products' tiles full.
+    let fit = if fit > 64 { fit / 64 * 64 } else { fit };
+    fit.min(rows.max(1))
+}
+
+/// Logits `[c, V]` of hidden states `[c, D]` under a head weight `[D, V]`, in f32.
+fn chunk_logits<B: Backend>(hidden: Tensor<B, 2>, weight: Tensor<B, 2>) -> Tensor<B, 2> {
+    hidden.matmul(weight).cast(DType::F32)
+}
+
+/// Log-sum-exp over the last axis of `[c, V]` f32 logits: `[c, 1]`.
+fn log_sum_exp<B: Backend>(logits: Tensor<B, 2>) -> Tensor<B, 2> {
+    let max = logits.clone().max_dim(1).detach();
+    (logits - max.clone()).exp().sum_dim(1).log() + max
+}
+
+/// Per-token results of [`scores`]: `[N]` each.
+pub struct Scores<B: Backend> {
+    /// `log p(target)`.
+    pub logprobs: Tensor<B, 1>,
+    /// `log Σ exp(logits)` (kept for the backward pass).
+    pub lse: Tensor<B, 1>,
+    /// The entropy of each token's distribution, when asked for.
+    pub entropy: Option<Tensor<B, 1>>,
+}
+
+/// Log-probabilities of `targets` `[N]` for hidden states `[N, D]` under the head `weight`
+/// `[D, V]` (in the hidden states' dtype), `rows` tokens at a time; f32 results. Any backend;
+/// records no gradient of its own (see [`head_logprobs`] for training).
+pub fn scores<B: Backend>(hidden: Tensor<B, 2>, weight: Tensor<B, 2>, targets: Tensor<B, 1, Int>, rows: usize, entropy: bool) -> Scores<B> {
+    let n = hidden.dims()[0];
+    let (mut logprobs, mut lses, mut entropies) = (Vec::new(), Vec::new(), Vec::new());
+    for start in (0..n).step_by(rows.max(1)) {
+        let len = rows.max(1).min(n - start);
+        let logits = chunk_logits(hidden.clone().narrow(0, start, len), weight.clone());
+        let lse = log_sum_exp(logits.clone());
+        let target = logits.clone().gather(1, targets.clone().narrow(0, start, len).unsqueeze_dim(1));
+        logprobs.push((target - lse.clone()).squeeze_dim(1));
+        if entropy {
+            // H = lse − Σ p·logit, p = exp(logit − lse).
+            let p = (logits.clone() - lse.clone()).exp();
+            entropies.push((lse.clone() - (p * logits).sum_dim(1)).squeeze_dim(1));
+        }
+        lses.push(lse.squeeze_dim(1));
+    }
+    Scores {
+        logprobs: Tensor::cat(logprobs, 0),
+        lse: Tensor::cat(lses, 0),
+        entropy: entropy.then(|| Tensor::cat(entropies, 0)),
+    }
+}
+
+/// The gradients of hidden states `[N, D]` and head weight `[D, V]` given the output gradient
+/// `grad` `[N]` (f32) of [`scores`]' log-probabilities; `None` where not `wanted`. The weight's
+/// gradient is summed over chunks in f32 and returned in the weight's dtype.
+fn gradients<B: Backend>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+    lse: Tensor<B, 1>,
+    grad: Tensor<B, 1>,
+    rows: usize,
+    wanted: [bool; 2],
+) -> (Option<Tensor<B, 2>>, Option<Tensor<B, 2>>) {
+    let [n, d] = hidden.dims();
+    let vocab = weight.dims()[1];
+    let (dtype, weight_dtype) = (hidden.dtype(), weight.dtype());
+    let device = hidden.device();
+    let mut dhidden = Vec::new();
+    let mut dweight = wanted[1].then(|| Tensor::<B, 2>::zeros([d, vocab], (&device, DType::F32)));
+    for start in (0..n).step_by(rows.max(1)) {
+        let len = rows.max(1).min(n - start);
+        let h = hidden.clone().narrow(0, start, len);
+        let logits = chunk_logits(h.clone(), weight.clone());
+        let g = grad.clone().narrow(0, start, len).unsqueeze_dim::<2>(1); // [c, 1]
+        let p = (logits - lse.clone().narrow(0, start, len).unsqueeze_dim(1)).exp();
+        // d log p(t) / d logits = onehot(t) − softmax, times the output's gradient.
+        let t = targets.clone().narrow(0, start, len).unsqueeze_dim(1);
+        let dlogits = (-p * g.clone()).scatter(1, t, g, IndexingUpdateOp::Add).cast(dtype);
+        if wanted[0] {
+            dhidden.push(dlogits.clone().matmul(weight.clone().transpose()));
+        }
+        if let Some(acc) = dweight.take() {
+            dweight = Some(acc + h.transpose().matmul(dlogits).cast(DType::F32));
+        }
+    }
+    (wanted[0].then(|| Tensor::cat(dhidden, 0)), dweight.map(|w| w.cast(weight_dtype)))
+}
+
+/// What the backward pass keeps: the inputs (no logits) and the log-sum-exp.
+#[derive(Clone, Debug)]
+struct Saved<B: Backend> {
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+    lse: Tensor<B, 1>,
+    rows: usize,
+}
+
+#[derive(Debug)]
+struct HeadBackward;
+
+impl<B: Backend> Backward<B, 2> for HeadBackward {
+    type State = Saved<B>;
+
+    fn backward(self, ops: Ops<Saved<B>, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(grads.consume::<B>(&ops.node)));
+        let s = ops.state;
+        let [hidden_node, weight_node] = ops.parents;
+        let wanted = [hidden_node.is_some(), weight_node.is_some()];
+        let (dhidden, dweight) = gradients(s.hidden, s.weight, s.targets, s.lse, grad, s.rows, wanted);
+        for (node, g) in [(hidden_node, dhidden), (weight_node, dweight)] {
+            if let (Some(node), Some(g)) = (node, g) {
+                grads.register::<B>(node.id, g.into_primitive().tensor());
+            }
+        }
+    }
+}
+
+/// `value` as type `T` when it is one (the primitive of a backend named by type identity).
+fn cast<T: 'static>(value: impl Any) -> Option<T> {
+    let boxed: Box<dyn Any> = Box::new(value);
+    boxed.downcast::<T>().ok().map(|b| *b)
+}
+
+/// The op on `Autodiff<I, C>` primitives when `B` is exactly that backend.
+fn recorded<B: AutodiffBackend, C: CheckpointStrategy>(
+    hidden: &Tensor<B, 2>,
+    weight: &Tensor<B, 2>,
+    targets: &Tensor<B, 1, Int>,
+    rows: usize,
+) -> Option<Tensor<B, 1>> {
+    type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+    if TypeId::of::<B>() != TypeId::of::<Autodiff<Inner<B>, C>>() {
+        return None;
+    }
+    let h: FloatTensor<Autodiff<Inner<B>>> = cast(hidden.clone().into_primitive().tensor())?;
+    let w: FloatTensor<Autodiff<Inner<B>>> = cast(weight.clone().into_primitive().tensor())?;
+    let value = |t: &FloatTensor<Autodiff<Inner<B>>>| Tensor::<Inner<B>, 2>::from_primitive(TensorPrimitive::Float(t.primitive.clone()));
+    let (hv, wv, tv) = (value(&h), value(&w), targets.clone().inner());
+    let out = scores(hv.clone(), wv.clone(), tv.clone(), rows, false);
+    let output = out.logprobs.into_primitive().tensor();
+    let node = match HeadBackward.prepare::<C>([h.node, w.node]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish(Saved { hidden: hv, weight: wv, targets: tv, lse: out.lse, rows }, output),
+        OpsKind::UnTracked(prep) => prep.finish(output),
+    };
+    Some(Tensor::from_primitive(TensorPrimitive::Float(cast::<B::FloatTensorPrimitive>(node)?)))
+}
+
+/// `log p(targets)` `[N]` (f32) for hidden states `[N, D]` under a head weight `[D, V]`, with
+/// gradients for both through the chunked backward pass above; `rows` tokens at a time.
+/// On an autodiff backend other than burn's `Autodiff` with its two checkpointing strategies,
+/// the same chunked forward pass under that backend's own autodiff.
+pub fn head_logprobs<B: AutodiffBackend>(hidden: Tensor<B, 2>, weight: Tensor<B, 2>, targets: Tensor<B, 1, Int>, rows: usize) -> Tensor<B, 1> {
+    recorded::<B, NoCheckpointing>(&hidden, &weight, &targets, rows)
+        .or_else(|| recorded::<B, BalancedCheckpointing>(&hidden, &weight, &targets, rows))
+        .unwrap_or_else(|| scores(hidden, weight, targets, rows, false).logprobs)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The chunked head against log-softmax and gather on whole logits (burn's plain ops), values
+    //! and gradients, under both of burn-autodiff's checkpointing strategies.
+
+    use burn::backend::Autodiff;
+    use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, CheckpointStrategy, NoCheckpointing};
+    use burn::tensor::activation::log_softmax;
+    use burn::tensor::{DType, Distribution, ElementConversion, Int, Tensor, TensorData};
+    use burn::backend::Flex;
+
+    use super::{chunk_rows, recorded, rows_per_chunk, scores};
+
+    fn max_diff<const D: usize>(a: Tensor<Flex, D>, b: Tensor<Flex, D>) -> f32 {
+        (a.cast(DType::F32) - b.cast(DType::F32)).abs().max().into_scalar().elem::<f32>()
+    }
+
+    /// Log-probs of `targets` from whole logits, as the unfused head computes them.
+    fn reference<B: burn::tensor::backend::Backend>(h: Tensor<B, 2>, w: Tensor<B, 2>, t: Tensor<B, 1, Int>) -> Tensor<B, 1> {
+        log_softmax(h.matmul(w).cast(DType::F32), 1).gather(1, t.unsqueeze_dim(1)).squeeze_dim(1)
+    }
+
+    /// Forward values and both gradients of `loss = Σ logp · g` (a random `g`) for the chunked op
+    /// and the reference, on `Autodiff<Flex, C>` with inputs in `dtype`.
+    fn compare<C: CheckpointStrategy>(n: usize, d: usize, v: usize, rows: usize, dtype: DType) -> [f32; 3] {
+        type Ad<C> = Autodiff<Flex, C>;
+        let device = Default::default();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let h0 = Tensor::<Flex, 2>::random([n, d], normal, &device);
+        let w0 = Tensor::<Flex, 2>::random([d, v], normal, &device) * 0.5;
+        let g = Tensor::<Ad<C>, 1>::random([n], normal, &device);
+        let ids: Vec<i64> = (0..n).map(|i| ((i * 7919) % v) as i64).collect();
+        let t = Tensor::<Ad<C>, 1, Int>::from_data(TensorData::new(ids, [n]), &device);
+        let run = |fused: bool| {
+            let h = Tensor::<Ad<C>, 2>::from_inner(h0.clone()).require_grad();
+            let w = Tensor::<Ad<C>, 2>::from_inner(w0.clone()).require_grad();
+            let (hc, wc) = (h.clone().cast(dtype), w.clone().cast(dtype));
+            let logp = match fused {
+                true => recorded::<Ad<C>, C>(&hc, &wc, &t, rows).expect("the custom op on Autodiff<Flex, C>"),
+                false => reference(hc, wc, t.clone()),
+            };
+            let grads = (logp.clone() * g.clone()).sum().backward();
+            (logp.inner(), h.grad(&grads).expect("hidden gradient"), w.grad(&grads).expect("weight gradient"))
+        };
+        let (ours, theirs) = (run(true), run(false));
+        [max_diff(ours.0, theirs.0), max_diff(ours.1, theirs.1), max_diff(ours.2, theirs.2)]
+    }
+
+    #[test]
+    fn chunked_head_matches_whole_logits_in_values_and_gradients() {
+        for (n, rows) in [(37, 1), (37, 8), (37, 37), (64, 100)] {
+            let err = compare::<NoCheckpointing>(n, 24, 211, rows, DType::F32);
+            assert!(err.iter().all(|&e| e < 2e-4), "n {n}, {rows} rows per chunk: max |Δ| (logp, dh, dw) = {err:?}");
+        }
+        let err = compare::<BalancedCheckpointing>(37, 24, 211, 8, DType::F32);
+        assert!(err.iter().all(|&e| e < 2e-4), "recomputing autodiff: max |Δ| (logp, dh, dw) = {err:?}");
+    }
+
+    #[test]
+    fn chunked_head_in_bf16_matches_whole_bf16_logits() {
+        // Both compute bf16 logits and f32 log-softmax; the weight gradient sums bf16 chunk
+        // products in f32 (the reference rounds one product), so it may differ by bf16 rounding.
+        let err = compare::<NoCheckpointing>(40, 32, 157, 16, DType::BF16);
+        assert!(err[0] < 1e-4, "log-probs: max |Δ| = {}", err[0]);
+        assert!(err[1] < 3e-2 && err[2] < 6e-2, "gradients: max |Δ| (dh, dw) = {:?}", &err[1..]);
+    }
+
+    #[test]
+    fn entropy_without_gradients_matches_the_softmax() {
+        let device = Default::default();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let (h, w) = (Tensor::<Flex, 2>::random([9, 16], normal, &device), Tensor::<Flex, 2>::random([16, 53], normal, &device));
+        let t = Tensor::<Flex, 1, Int>::from_data(TensorData::new((0..9i64).collect::<Vec<_>>(), [9]), &device);
+        let out = scores(h.clone(), w.clone(), t.clone(), 4, true);
+        let log_p = log_softmax(h.clone().matmul(w.clone()), 1);
+        let entropy = -(log_p.clone().exp() * log_p).sum_dim(1).squeeze_dim(1);
+        assert!(max_diff(out.entropy.unwrap(), entropy) < 1e-5);
+        assert!(max_diff(out.logprobs, reference(h, w, t)) < 1e-5);
+    }
+
+    #[test]
+    fn chunks_hold_at_most_256_mib_of_logits() {
+        let device = Default::default();
+        assert_eq!(chunk_rows::<Flex>(&device, 10, 151_936), 10);
+        assert_eq!(chunk_rows::<Flex>(&device, 100_000, 151_936), 384); // 441 rounded down to 64s
+        assert_eq!(chunk_rows::<Flex>(&device, 5, 1 << 40), 1);
+        assert_eq!(rows_per_chunk(100_000, 151_936, Some(128 << 20)), 64); // lavapipe's 128 MiB buffers
+    }
+}
