@@ -18,6 +18,7 @@ mod common;
 use std::path::Path;
 
 use burn::backend::Autodiff;
+use burn::tensor::backend::AutodiffBackend;
 use common::fixture;
 use kiln::backends::Cpu;
 use kiln::data::Sample;
@@ -59,15 +60,14 @@ fn loop_config(out: &Path, precision: Precision, steps: u64) -> LoopConfig {
 }
 
 /// kiln's per-step records and final weights (HF names, f32) for `precision`.
-fn run(precision: Precision, out: &Path) -> (Vec<Value>, Vec<(String, Vec<f32>)>) {
+fn run<B: AutodiffBackend>(precision: Precision, out: &Path, device: &B::Device) -> (Vec<Value>, Vec<(String, Vec<f32>)>) {
     let steps = reference()["steps"].as_u64().unwrap();
     let mut config = loop_config(out, precision, steps);
     config.save = SavePolicy { last: false, ..Default::default() };
     // One micro-batch of all three sequences, as PyTorch's.
     let mut objective = NextTokenLoss::new(samples(), 3, 1, 0, 0).unwrap();
-    let device = Default::default();
     let dir = fixture("hf/tied_gqa2");
-    let start = Start::<B>::new(&config, false, &mut objective, &device, || hf::load::<B>(&dir, &device)).unwrap();
+    let start = Start::<B>::new(&config, false, &mut objective, device, || hf::load::<B>(&dir, device)).unwrap();
     let (model, _) = train(start, &mut objective, &config, |_| Ok(Default::default()), |_| {}).unwrap();
     let records = read_metrics(&out.join("metrics.jsonl")).unwrap().into_iter().map(Value::Object).collect();
     let weights = model.to_hf_tensors().into_iter().map(|(s, v)| (s.name, v)).collect();
@@ -91,14 +91,19 @@ fn mean_diff(a: &[(String, Vec<f32>)], b: &std::collections::BTreeMap<String, Ve
 
 #[test]
 fn training_steps_match_pytorch_in_every_precision() {
+    steps_match_pytorch::<B>(&Default::default(), &Precision::ALL);
+}
+
+/// [`training_steps_match_pytorch_in_every_precision`] on backend `B` for `precisions`.
+fn steps_match_pytorch<B: AutodiffBackend>(device: &B::Device, precisions: &[Precision]) {
     let tmp = tempfile::tempdir().unwrap();
     let reference = reference();
     let number = |v: &Value, key: &str| v[key].as_f64().unwrap_or_else(|| panic!("{key} in {v}"));
     let torch = |p: Precision| f32_tensors(&fixture(&format!("precision/{}.safetensors", p.name())));
     let initial: Vec<(String, Vec<f32>)> = f32_tensors(&fixture("hf/tied_gqa2/model.safetensors")).into_iter().collect();
     let f32_run = &reference["runs"]["f32"];
-    for precision in Precision::ALL {
-        let (records, weights) = run(precision, &tmp.path().join(precision.name()));
+    for &precision in precisions {
+        let (records, weights) = run::<B>(precision, &tmp.path().join(precision.name()), device);
         let theirs = &reference["runs"][precision.name()];
         assert_eq!(records.len(), theirs.as_array().unwrap().len());
         let (loss_tol, norm_tol) = if precision == Precision::F32 { (1e-5, 1e-5) } else { (0.02, 0.02) };
@@ -158,4 +163,12 @@ fn half_precision_runs_resume_exactly() {
         assert_eq!(losses(&whole), losses(&parts), "{precision}: per-step losses");
         assert!(a.to_hf_tensors() == b.to_hf_tensors(), "{precision}: final weights differ");
     }
+}
+
+/// On wgpu the loss goes through the chunked LM-head kernel (`model::head_loss`), not whole
+/// logits: the same steps against PyTorch in f32 and f16-mixed (WGSL has no bf16).
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_training_steps_match_pytorch_in_f32_and_f16_mixed() {
+    steps_match_pytorch::<Autodiff<kiln::backends::Wgpu>>(&common::wgpu_device(), &[Precision::F32, Precision::F16Mixed]);
 }
