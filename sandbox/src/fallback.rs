@@ -60,5 +60,5 @@ pub(crate) fn run(
     let child = cmd
         .spawn()
         .map_err(|e| SandboxError::Spawn(format!("{}: {e}", python.display())))?;
-    supervise(child, stdin, limits, start).map_err(|e| SandboxError::Spawn(e.to_string()))
+    supervise(child, stdin, limits, start, None).map_err(|e| SandboxError::Spawn(e.to_string()))
 }

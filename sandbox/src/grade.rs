@@ -106,8 +106,9 @@ impl std::fmt::Display for Verdict {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TestResult {
     pub verdict: Verdict,
-    /// The program's own run time as the harness measured it (LCB's "execution time"), or the
-    /// process's wall time when it did not finish.
+    /// The program's run time on the host's clock: from the harness's start signal (written just
+    /// before the timed call, LCB's "execution time") to the process's exit; the process's wall
+    /// time when there was none. Nothing the program prints changes it.
     pub time_s: f64,
     /// Why it failed, briefly (exception, differing line, signal); empty when accepted.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -252,6 +253,8 @@ struct Frame {
     exc: Option<String>,
     #[serde(default)]
     msg: String,
+    /// The harness's own measurement, which the program could forge: never used for verdicts.
+    #[allow(dead_code)]
     time: Option<f64>,
     len: usize,
 }
@@ -312,6 +315,13 @@ fn judge(out: &RunOutput, test: Option<&TestCase>, limits: &Limits) -> TestResul
             "killed by the cgroup memory limit".into(),
         );
     }
+    if out.disk_exceeded {
+        return result(
+            Verdict::RuntimeError,
+            wall,
+            "the scratch directory went over its size or file count".into(),
+        );
+    }
     if out.stdout_overflow {
         return result(Verdict::WrongAnswer, wall, "output over the limit".into());
     }
@@ -336,16 +346,19 @@ fn judge(out: &RunOutput, test: Option<&TestCase>, limits: &Limits) -> TestResul
             ),
         };
     };
-    let time = frame.time.unwrap_or(wall);
+    // the frame's own time is the program's word: not used
+    let time = host_time(out);
     let exc = || format!("{}: {}", frame.exc.clone().unwrap_or_default(), frame.msg);
     match frame.status.as_str() {
         "compile_error" => result(Verdict::CompileError, time, exc()),
         "memory" => result(Verdict::MemoryLimit, time, exc()),
         "error" => result(Verdict::RuntimeError, time, exc()),
         "overflow" => result(Verdict::WrongAnswer, time, frame.msg.clone()),
-        "ok" if time > limits.per_test.as_secs_f64() => {
-            result(Verdict::TimeLimit, time, format!("ran {time:.2} s"))
-        }
+        "ok" if time > limits.per_test.as_secs_f64() => result(
+            Verdict::TimeLimit,
+            time,
+            format!("ran {time:.2} s (host clock)"),
+        ),
         "ok" => {
             let (verdict, detail) = check_answer(payload, test);
             result(verdict, time, detail)
@@ -355,6 +368,16 @@ fn judge(out: &RunOutput, test: Option<&TestCase>, limits: &Limits) -> TestResul
             time,
             format!("harness status {other:?}"),
         ),
+    }
+}
+
+/// The run time on the host's clock: from the first byte on stdout (the harness's start signal,
+/// written before any of the timed code runs, so a program can only move it earlier) to the exit
+/// of the process (which no program can move earlier); the whole wall time when either is missing.
+fn host_time(out: &RunOutput) -> f64 {
+    match (out.first_output, out.exited) {
+        (Some(start), Some(end)) => end.saturating_sub(start).as_secs_f64(),
+        _ => out.wall.as_secs_f64(),
     }
 }
 

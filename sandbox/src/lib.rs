@@ -28,13 +28,16 @@
 //!   above stdin/stdout/stderr is closed.
 //! - **rlimits**: CPU time, `RLIMIT_DATA` (not `RLIMIT_AS`, which breaks threaded programs —
 //!   `RLIMIT_AS` is added generously only when no cgroup bounds shared memory), stack, file size,
-//!   open files, no core dumps, threads (`RLIMIT_NPROC` under a slot uid). Protects the host's
-//!   memory, CPU and disk.
+//!   open files, no core dumps, tasks (`RLIMIT_NPROC`: under the slot's uid, in the run's own user
+//!   namespace, or else on kiln's shared uid as its count at the start plus the run's allowance,
+//!   kept below kiln's own limit; the host's root is exempt, so there only the cgroup bounds
+//!   tasks and the probe says so). Protects the host's memory, CPU and disk.
 //! - **Process group**: each run leads a new session; the whole group is killed at the deadline
 //!   and after the run; `PR_SET_PDEATHSIG` kills it if kiln dies. Nothing outlives a test.
 //! - **Scratch**: the only writable directory is the run's own — a private tmpfs (size = the file
 //!   limit, 4096 inodes) in a mount namespace, gone when the run ends; else a plain directory
-//!   emptied between runs (made anew if it cannot be). Protects the disk and isolates runs from
+//!   emptied between runs (made anew if it cannot be), measured every 20 ms during the run and
+//!   the run killed over the same bounds (`fallocate` denied, so only `write` can overshoot). Protects the disk and isolates runs from
 //!   each other. The harness directory is checked before every run and written again if a run
 //!   changed it, so no program can make a later one fail.
 //! - **Landlock** (file system, TCP, signals, abstract unix sockets): read-only system library and
@@ -48,12 +51,16 @@
 //!   starts, no ptrace, mount, unshare, setns, bpf, keyrings; signals only to itself, on every
 //!   path (`kill`, `tgkill`, `sigqueue`, pidfds, `F_SETOWN`/`O_ASYNC`, `FIOSETOWN`), whatever the
 //!   kernel's Landlock; no `chmod`, `utime` or truncation by path (nothing that could poison the
-//!   harness for later runs). Protects the network, the process table and the kernel's attack
+//!   harness for later runs); no `memfd_create` (shared memory no rlimit counts) or `fallocate`.
+//!   Protects the network, the process table and the kernel's attack
 //!   surface.
 //! - **Namespaces**: an empty network namespace (plus IPC and UTS) and a user namespace, where the
 //!   kernel allows them (as root directly; otherwise inside a user namespace).
 //! - **Unprivileged uid per slot** when kiln runs as root (`uid_base + slot`, no groups), so a run
 //!   has no root rights even if every other layer failed.
+//! - **No capabilities**: every run drops them all (as root also the bounding set, with
+//!   `SECBIT_NOROOT` locked) and sets `no_new_privs`, so a run that stays root (no uid to drop
+//!   to) has no root rights beyond owning root's files.
 //! - **cgroup** (v1 or delegated v2) per slot: memory (what `RLIMIT_DATA` does not count, such as
 //!   shared mappings and tmpfs pages; an OOM kill is `memory_limit`) and number of tasks.
 //!
@@ -88,16 +95,19 @@
 //!   [`Limits::output_bytes`] is `wrong_answer` (LCB: unbounded). Whether a sample passes is the
 //!   same.
 //! - **Time**: the host kills a test at `per_test + startup_grace` wall or CPU time, and a test
-//!   whose own run (measured by the harness like LCB's) exceeds `per_test` is `time_limit`; LCB
-//!   uses `signal.alarm`, which a program can catch or block.
+//!   whose run exceeds `per_test` on the host's clock (from the harness's start signal, sent just
+//!   before the timed call as LCB's timer starts, to the process's exit) is `time_limit`; the
+//!   harness's own measurement is not used, so no forged result frame shortens a run. LCB uses
+//!   `signal.alarm`, which a program can catch or block.
 //! - **Parallelism**: tests of one program may run at the same time on different slots;
 //!   results are cut at the first failure as if they had run in order
 //!   ([`Limits::stop_at_first_failure`] `= false` runs them all, for partial-credit rewards).
 //! - **Environment**: only the standard library is importable (`-S`: no site-packages; LCB's
 //!   process has whatever is installed, e.g. numpy); no network, no files outside the scratch
 //!   directory, no child processes (so `multiprocessing`, `subprocess` and `asyncio`, which needs
-//!   a socket pair, fail where LCB lets them run); `shutil`/`subprocess` functions are not nulled
-//!   (the sandbox denies what they would do).
+//!   a socket pair, fail where LCB lets them run). `reliability_guard` nulls what LCB's does;
+//!   `shutil.rmtree/move/chown` and `subprocess.Popen` when the program imports those modules
+//!   (LCB imports them up front, ~4 ms per test).
 //! - **Memory**: 4 GiB of data per test by default (LCB sets none).
 
 mod compare;
@@ -111,6 +121,7 @@ mod linux;
 mod protections;
 mod python;
 mod pyvalue;
+mod quota;
 mod run;
 mod sandbox;
 mod schedule;

@@ -56,11 +56,19 @@ pub struct Protections {
     pub uid: Layer,
     /// cgroup memory and process limits per slot.
     pub cgroup: Layer,
+    /// No capabilities and `no_new_privs` (also when the run stays root).
+    pub capabilities: Layer,
+    /// The bound on a run's processes and threads, and its mechanism in this mode (off: none).
+    pub tasks: Layer,
+    /// What bounds a run's memory in this mode (private data, shared mappings, memfd).
+    pub memory: Layer,
+    /// What bounds a run's disk use in this mode (tmpfs, or a measured plain directory).
+    pub disk: Layer,
 }
 
 impl Protections {
     /// The layers by name, in a fixed order.
-    pub fn layers(&self) -> [(&'static str, &Layer); 10] {
+    pub fn layers(&self) -> [(&'static str, &Layer); 14] {
         [
             ("rlimits", &self.rlimits),
             ("process_group", &self.process_group),
@@ -72,6 +80,10 @@ impl Protections {
             ("user_namespace", &self.user_namespace),
             ("uid", &self.uid),
             ("cgroup", &self.cgroup),
+            ("capabilities", &self.capabilities),
+            ("tasks", &self.tasks),
+            ("memory", &self.memory),
+            ("disk", &self.disk),
         ]
     }
 

@@ -6,6 +6,8 @@ use std::os::fd::AsRawFd;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
+use crate::quota::{CHECK_EVERY, Quota};
+
 /// Limits of one process.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunLimits {
@@ -66,18 +68,27 @@ pub struct RunOutput {
     pub timed_out: bool,
     /// The cgroup's OOM killer fired during the run.
     pub oom_killed: bool,
+    /// A plain scratch directory went over its quota (the process was killed then).
+    pub disk_exceeded: bool,
     pub wall: Duration,
     /// User + system CPU time.
     pub cpu: Duration,
+    /// When the first stdout byte arrived, from the start (the host's clock).
+    pub first_output: Option<Duration>,
+    /// When the process was seen to exit, from the start (the host's clock).
+    pub exited: Option<Duration>,
 }
 
 /// Feeds `input`, collects output and waits, killing the process group at `limits.wall` or when
 /// stdout overflows. The child must lead its own process group.
+/// With `quota`, the scratch directory is measured every [`CHECK_EVERY`] and the group killed
+/// when it is over.
 pub(crate) fn supervise(
     mut child: Child,
     input: &[u8],
     limits: &RunLimits,
     start: Instant,
+    quota: Option<&Quota>,
 ) -> std::io::Result<RunOutput> {
     let pid = child.id() as libc::pid_t;
     let deadline = start + limits.wall;
@@ -101,12 +112,21 @@ pub(crate) fn supervise(
     if input.is_empty() {
         stdin = None;
     }
+    let (mut first_output, mut exited_at) = (None, None);
+    let (mut disk_exceeded, mut next_check) = (false, start + CHECK_EVERY);
     let mut buf = vec![0u8; 1 << 16];
     while !(exited && stdout.is_none() && stderr.is_none()) {
         let now = Instant::now();
         if now >= deadline && !timed_out {
             timed_out = true;
             kill_group(pid);
+        }
+        if let Some(q) = quota.filter(|_| !exited && !disk_exceeded && now >= next_check) {
+            next_check = now + CHECK_EVERY;
+            if q.exceeded() {
+                disk_exceeded = true;
+                kill_group(pid);
+            }
         }
         let mut fds = [
             pollfd(stdin.as_ref().map(|f| f.as_raw_fd()), libc::POLLOUT),
@@ -128,6 +148,11 @@ pub(crate) fn supervise(
         };
         let wait = if pidfd.is_none() && !exited {
             wait.min(Duration::from_millis(2))
+        } else {
+            wait
+        };
+        let wait = if quota.is_some() && !exited {
+            wait.min(next_check.saturating_duration_since(now))
         } else {
             wait
         };
@@ -162,6 +187,9 @@ pub(crate) fn supervise(
                 &mut seen_out,
                 &mut buf,
             );
+            if seen_out > 0 && first_output.is_none() {
+                first_output = Some(start.elapsed());
+            }
             if seen_out > limits.stdout_bytes && !overflow {
                 overflow = true;
                 stdout = None;
@@ -179,11 +207,12 @@ pub(crate) fn supervise(
         }
         if !exited && (ready(3) || (pidfd.is_none() && has_exited(pid))) {
             exited = true;
+            exited_at = Some(start.elapsed());
             // Still a zombie, so the pid (= process group id) cannot be reused: kill anything
             // left in the group (only possible when unconfined), then reap below.
             kill_group(pid);
         }
-        if exited && timed_out {
+        if exited && (timed_out || disk_exceeded) {
             // after a kill, give up on pipes a hostile program may have passed on
             stdout = None;
             stderr = None;
@@ -205,8 +234,11 @@ pub(crate) fn supervise(
         stderr: err,
         timed_out,
         oom_killed: false,
+        disk_exceeded,
         wall,
         cpu,
+        first_output,
+        exited: exited_at,
     })
 }
 

@@ -116,7 +116,8 @@ impl Sandbox {
                 python,
                 unsafe_mode: opts.allow_unsafe,
                 rlimits: Layer::on(
-                    "CPU time, RLIMIT_DATA (not AS), stack, file size, open files, no core dumps",
+                    "CPU time, RLIMIT_DATA (AS too without a cgroup), stack, file size, open \
+                     files, tasks (RLIMIT_NPROC), no core dumps",
                 ),
                 process_group: Layer::on(
                     "own session; the whole group is killed; killed when kiln dies (PDEATHSIG)",
@@ -131,6 +132,10 @@ impl Sandbox {
                 user_namespace: p.user_ns.clone(),
                 uid: p.uid.clone(),
                 cgroup: p.cgroup.clone(),
+                capabilities: p.capabilities.clone(),
+                tasks: p.tasks.clone(),
+                memory: p.memory.clone(),
+                disk: p.disk.clone(),
             };
             (p, protections)
         };
@@ -148,6 +153,10 @@ impl Sandbox {
             user_namespace: off("Linux only"),
             uid: off("Linux only"),
             cgroup: off("Linux only"),
+            capabilities: off("Linux only"),
+            tasks: off("Linux only"),
+            memory: Layer::on("RLIMIT_DATA"),
+            disk: off("plain directory, each file ≤ RLIMIT_FSIZE"),
         };
         let _ = off;
         refuse_unconfined(&protections, opts.allow_unsafe)?;
@@ -225,7 +234,10 @@ impl Sandbox {
     ) -> Result<RunOutput, SandboxError> {
         let res = &self.linux.slots[slot];
         if !self.linux.layers.tmpfs {
-            let owner = self.linux.platform.is_root.then_some((res.uid, res.gid));
+            let platform = &self.linux.platform;
+            let owner = platform
+                .is_root
+                .then(|| platform.run_ids(&self.linux.layers, res));
             crate::fresh::renew_scratch(&res.work, owner)
                 .map_err(|e| SandboxError::io(&res.work, e))?;
         }
@@ -244,7 +256,13 @@ impl Sandbox {
             .linux
             .platform
             .spawn(&self.linux.layers, res, &full, limits)?;
-        let mut out = supervise(child, stdin, limits, start)
+        // without a tmpfs, the scratch directory is held to the tmpfs's bounds by measuring it
+        let quota = (!self.linux.layers.tmpfs).then(|| crate::quota::Quota {
+            dir: res.work.clone(),
+            bytes: limits.file_bytes,
+            entries: TMPFS_INODES,
+        });
+        let mut out = supervise(child, stdin, limits, start, quota.as_ref())
             .map_err(|e| SandboxError::Spawn(e.to_string()))?;
         if let Some(g) = &res.cgroup {
             out.oom_killed = g.oom_kills() > oom_before;
@@ -275,6 +293,10 @@ impl Drop for Sandbox {
         let _ = crate::fresh::remove_tree(&self.root);
     }
 }
+
+/// Files and directories a scratch directory may hold (the private tmpfs's `nr_inodes`).
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+pub(crate) const TMPFS_INODES: usize = 4096;
 
 /// Removes the sandbox directory if `Sandbox::new` fails half-way.
 struct RootGuard(Option<PathBuf>);
@@ -386,6 +408,10 @@ mod tests {
             user_namespace: l(true),
             uid: l(true),
             cgroup: l(true),
+            capabilities: l(true),
+            tasks: l(true),
+            memory: l(true),
+            disk: l(true),
         }
     }
 

@@ -129,3 +129,45 @@ fn programs_grade_as_in_lcb() {
     );
     assert!(jobs.len() >= 45);
 }
+
+/// LCB's `reliability_guard` nulls these (testing_util.py); the harness must too, in both modes,
+/// however the program reaches them.
+#[test]
+fn reliability_guard_nulls_what_lcb_nulls() {
+    let nulled = "import os, sys, builtins, shutil, subprocess\nfrom subprocess import Popen\n\
+import importlib\nfound = [shutil.rmtree, shutil.move, shutil.chown, subprocess.Popen, Popen, builtins.help, builtins.quit]\n\
+found += [getattr(os, n) for n in 'kill system putenv remove removedirs rmdir fchdir setuid fork forkpty killpg rename renames truncate replace unlink fchmod fchown chmod chown chroot lchown getcwd chdir'.split()]\n\
+found += [sys.modules[m] for m in ('ipdb', 'joblib', 'resource', 'psutil', 'tkinter')]\n\
+import asyncio.subprocess\nfound.append(subprocess.Popen)\n\
+print(sum(f is not None for f in found), len(found), os.environ['OMP_NUM_THREADS'])";
+    let want = "0 37 1";
+    let g = common::sandbox().grade(
+        nulled,
+        &[TestCase::Stdin {
+            input: String::new(),
+            output: want.into(),
+        }],
+        &Limits::default(),
+    );
+    assert_eq!(g.verdict, Verdict::Accepted, "{g:#?}");
+    let call = format!(
+        "def f(x):\n    {}\n    return out\n",
+        nulled
+            .replace('\n', "\n    ")
+            .replace("print(", "out = (")
+            .replace(
+                "OMP_NUM_THREADS'])",
+                "OMP_NUM_THREADS'])\n    out = ' '.join(map(str, out))"
+            )
+    );
+    let g = common::sandbox().grade(
+        &call,
+        &[TestCase::Call {
+            fn_name: "f".into(),
+            input: "1".into(),
+            output: format!("\"{want}\""),
+        }],
+        &Limits::default(),
+    );
+    assert_eq!(g.verdict, Verdict::Accepted, "{g:#?}");
+}

@@ -16,7 +16,8 @@
 //!    did not already die;
 //! 7. resource limits, `chdir` into the scratch directory, every inherited descriptor above 2
 //!    marked close-on-exec;
-//! 8. `PR_SET_NO_NEW_PRIVS`, Landlock, seccomp (the pid patched into the filter), `execve` with an
+//! 8. every capability dropped (bounding, ambient, permitted, effective, inheritable; root's
+//!    `execve` grants none), `PR_SET_NO_NEW_PRIVS`, Landlock, seccomp (the pid patched into the filter), `execve` with an
 //!    empty environment.
 //!
 //! A failing step writes its number to the diagnostics pipe, so the parent can say which one.
@@ -41,6 +42,7 @@ pub(crate) enum Step {
     Rlimit,
     Chdir,
     CloseFds,
+    DropCaps,
     NoNewPrivs,
     Landlock,
     Seccomp,
@@ -61,6 +63,7 @@ impl Step {
             Rlimit,
             Chdir,
             CloseFds,
+            DropCaps,
             NoNewPrivs,
             Landlock,
             Seccomp,
@@ -213,6 +216,7 @@ impl ChildPlan {
             }
             check(Step::Chdir, libc::chdir(self.workdir.as_ptr()).into())?;
             mark_fds_cloexec()?;
+            super::caps::drop_all().map_err(|e| (Step::DropCaps, e))?;
             check(
                 Step::NoNewPrivs,
                 libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0).into(),

@@ -1,10 +1,13 @@
 //! The Linux confinement: which layers a run gets, and starting a process under them.
 
+mod bounds;
+mod caps;
 pub(crate) mod cgroup;
 mod child;
 pub(crate) mod landlock;
 pub(crate) mod probe;
 pub(crate) mod seccomp;
+pub(crate) mod tasks;
 
 use std::ffi::{CString, OsStr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -55,6 +58,16 @@ pub(crate) struct Platform {
 }
 
 impl Platform {
+    /// The uid and gid a run has: the slot's when the uid is dropped, else kiln's own.
+    pub(crate) fn run_ids(&self, layers: &Layers, slot: &SlotResources) -> (u32, u32) {
+        if layers.drop_uid {
+            (slot.uid, slot.gid)
+        } else {
+            // SAFETY: plain getters.
+            unsafe { (libc::getuid(), libc::getgid()) }
+        }
+    }
+
     /// Starts `exec_path args...` under `layers` in `slot`, with piped stdio.
     pub(crate) fn spawn(
         &self,
@@ -76,7 +89,8 @@ impl Platform {
         // SAFETY: flag change on our own descriptor (a sibling fork may hold the write end briefly).
         unsafe { libc::fcntl(diag_read.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
 
-        let maps = || IdMaps::identity(slot.uid, slot.gid);
+        let (run_uid, run_gid) = self.run_ids(layers, slot);
+        let maps = || IdMaps::identity(run_uid, run_gid);
         let own = || {
             // SAFETY: plain getters.
             unsafe { IdMaps::identity(libc::getuid(), libc::getgid()) }
@@ -90,8 +104,9 @@ impl Platform {
         }
         let tmpfs = if layers.tmpfs {
             let mut opts = format!(
-                "size={},nr_inodes=4096,mode=0700",
-                limits.file_bytes.max(1 << 20)
+                "size={},nr_inodes={},mode=0700",
+                limits.file_bytes.max(1 << 20),
+                crate::sandbox::TMPFS_INODES
             );
             if layers.drop_uid {
                 opts += &format!(",uid={},gid={}", slot.uid, slot.gid);
@@ -116,10 +131,13 @@ impl Platform {
             (libc::RLIMIT_CORE, 0, 0),
             (libc::RLIMIT_MSGQUEUE, 0, 0),
         ];
-        if layers.drop_uid {
-            // counts every task of the uid, which is the slot's own
-            rlimits.push((libc::RLIMIT_NPROC, limits.tasks, limits.tasks));
-        }
+        // counted per uid: the slot's own, or in the run's own user namespace; else kiln's, shared
+        let nproc = if layers.drop_uid || layers.user_ns {
+            limits.tasks
+        } else {
+            tasks::shared_uid_limit(limits.tasks)
+        };
+        rlimits.push((libc::RLIMIT_NPROC, nproc, nproc));
         if !layers.cgroup {
             // Without a cgroup, shared mappings are not bounded by RLIMIT_DATA: bound the address
             // space too, generously (thread stacks and malloc arenas reserve much more than they use).

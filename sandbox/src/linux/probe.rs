@@ -8,7 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::{Layers, Platform, SlotResources, cgroup, landlock, seccomp};
+use super::{Layers, Platform, SlotResources, bounds, cgroup, landlock, seccomp};
 use crate::SandboxError;
 use crate::protections::Layer;
 use crate::python::Interpreter;
@@ -26,6 +26,10 @@ pub(crate) struct Probed {
     pub cgroup: Layer,
     pub landlock: Layer,
     pub seccomp: Layer,
+    pub capabilities: Layer,
+    pub tasks: Layer,
+    pub memory: Layer,
+    pub disk: Layer,
 }
 
 /// Probes the layers for slots whose scratch directories are `work_dirs` (existing, empty).
@@ -151,16 +155,19 @@ pub(crate) fn probe(
             |o| o == want,
             &format!("uid/gid {uid_base}+slot, no groups"),
         );
-        if t.layers.drop_uid {
-            user_ns = t.add(
-                "user_namespace",
-                |l| l.user_ns = true,
-                slot0,
-                USERNS_CHECK,
-                |o| o == "1",
-                "user namespace entered after the uid drop",
-            );
-        }
+        let when = if t.layers.drop_uid {
+            "after the uid drop"
+        } else {
+            "as root (no uid drop; capabilities dropped after it)"
+        };
+        user_ns = t.add(
+            "user_namespace",
+            |l| l.user_ns = true,
+            slot0,
+            USERNS_CHECK,
+            |o| o == "1",
+            &format!("user namespace entered {when}"),
+        );
     }
     let cgroup = match cgroup::hierarchy() {
         Err(e) => Layer::off(e),
@@ -223,19 +230,22 @@ pub(crate) fn probe(
             let on = "allow-list: no sockets, no fork/clone of processes, no exec, no \
                       ptrace/mount/unshare/setns; signals only to itself (kill, tgkill, sigqueue, \
                       pidfds, F_SETOWN(_EX), FIOSETOWN/TIOCSPGRP); no chmod, utime, truncate by \
-                      path or O_TRUNC without write access (F_SETOWN to kiln, chmod and O_TRUNC \
-                      checked)";
+                      path or O_TRUNC without write access; no memfd_create or fallocate (F_SETOWN to \
+                      kiln, chmod, O_TRUNC, memfd_create and fallocate checked)";
             t.add(
                 "seccomp",
                 |l| l.seccomp = true,
                 slot0,
                 SECCOMP_CHECK,
-                |o| o == "denied denied denied denied denied denied thread",
+                |o| o == "denied denied denied denied denied denied denied denied thread",
                 on,
             )
         }
     };
     let layers = t.layers;
+    let capabilities = bounds::capabilities(&platform, &layers, slot0);
+    let tasks = bounds::tasks(&platform, &layers, slot0);
+    let (memory, disk) = (bounds::memory(&layers), bounds::disk(&layers));
     Ok(Probed {
         platform,
         layers,
@@ -247,6 +257,10 @@ pub(crate) fn probe(
         cgroup,
         landlock,
         seccomp,
+        capabilities,
+        tasks,
+        memory,
+        disk,
     })
 }
 
@@ -262,9 +276,9 @@ const CGROUP_CHECK: &str = "print(open('/proc/self/cgroup').read())";
 const LANDLOCK_CHECK: &str = "try:\n    open('/etc/passwd').read(); print('read')\nexcept PermissionError:\n    open('probe', 'w').write('x'); print('denied')";
 /// socket, fork and exec of the interpreter itself (which Landlock allows: only seccomp can
 /// refuse it), making kiln the target of a pipe's `SIGIO` (`F_SETOWN`; harmless without
-/// `O_ASYNC`), a chmod and an `O_RDONLY | O_TRUNC` open in the scratch directory must be denied;
-/// threads must still start.
-const SECCOMP_CHECK: &str = "import fcntl, os, socket, sys, threading\nout = []\nr, w = os.pipe()\nopen('t', 'w').write('x')\nfor f in (socket.socket, os.fork, lambda: os.execv(sys.executable, ['python', '-c', '']), lambda: fcntl.fcntl(r, fcntl.F_SETOWN, os.getppid()), lambda: os.chmod('t', 0o600), lambda: os.open('t', os.O_RDONLY | os.O_TRUNC)):\n    try:\n        f(); out.append('allowed')\n    except PermissionError:\n        out.append('denied')\nt = threading.Thread(target=out.append, args=('thread',))\nt.start()\nt.join()\nprint(' '.join(out))";
+/// `O_ASYNC`), a chmod and an `O_RDONLY | O_TRUNC` open in the scratch directory, `memfd_create`
+/// and `fallocate` must be denied; threads must still start.
+const SECCOMP_CHECK: &str = "import fcntl, os, socket, sys, threading\nout = []\nr, w = os.pipe()\nopen('t', 'w').write('x')\nfor f in (socket.socket, os.fork, lambda: os.execv(sys.executable, ['python', '-c', '']), lambda: fcntl.fcntl(r, fcntl.F_SETOWN, os.getppid()), lambda: os.chmod('t', 0o600), lambda: os.open('t', os.O_RDONLY | os.O_TRUNC), lambda: os.memfd_create('m'), lambda: os.posix_fallocate(os.open('t', os.O_WRONLY), 0, 4096)):\n    try:\n        f(); out.append('allowed')\n    except PermissionError:\n        out.append('denied')\nt = threading.Thread(target=out.append, args=('thread',))\nt.start()\nt.join()\nprint(' '.join(out))";
 
 /// The layers found to work so far; each trial adds one on top.
 struct Trials<'a> {
@@ -330,14 +344,14 @@ fn landlock_paths(interp: &Interpreter, read_dirs: &[PathBuf]) -> landlock::Path
 }
 
 /// Runs `python -I -S -B -c check` under `layers` and returns its trimmed stdout.
-fn run_check(
+pub(crate) fn run_check(
     platform: &Platform,
     layers: &Layers,
     slot: &SlotResources,
     check: &str,
 ) -> Result<String, String> {
     if !layers.tmpfs {
-        let owner = platform.is_root.then_some((slot.uid, slot.gid));
+        let owner = platform.is_root.then(|| platform.run_ids(layers, slot));
         crate::fresh::renew_scratch(&slot.work, owner).map_err(|e| e.to_string())?;
     }
     let limits = RunLimits {
@@ -352,7 +366,7 @@ fn run_check(
     let child = platform
         .spawn(layers, slot, &args, &limits)
         .map_err(|e| e.to_string())?;
-    let out = supervise(child, b"", &limits, start).map_err(|e| e.to_string())?;
+    let out = supervise(child, b"", &limits, start, None).map_err(|e| e.to_string())?;
     if out.exit != crate::run::Exit::Code(0) {
         let err = String::from_utf8_lossy(&out.stderr);
         let last = err.trim().lines().last().unwrap_or("").to_string();

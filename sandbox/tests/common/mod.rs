@@ -44,6 +44,60 @@ pub fn bare_sandbox() -> &'static Sandbox {
     })
 }
 
+/// The uid base of [`fallback_sandbox`].
+pub const FALLBACK_UID_BASE: u32 = 2_000_000_200;
+
+/// A sandbox without the uid drop, the cgroup, the user namespace (so no network namespace) and
+/// the private tmpfs: as root, a run stays root (capabilities dropped) with its scratch a plain
+/// directory; unprivileged, a run shares kiln's uid. What bounds resources there is the fallback
+/// alone (Landlock and seccomp stay on).
+pub fn fallback_sandbox() -> &'static Sandbox {
+    static S: OnceLock<Sandbox> = OnceLock::new();
+    S.get_or_init(|| {
+        let skip = ["uid", "cgroup", "user_namespace", "scratch"];
+        let s = Sandbox::new(SandboxOptions {
+            slots: 2,
+            uid_base: FALLBACK_UID_BASE,
+            skip_layers: skip.iter().map(|l| l.to_string()).collect(),
+            ..SandboxOptions::default()
+        })
+        .unwrap_or_else(|e| panic!("cannot set up the sandbox without uid, cgroup, userns: {e}"));
+        let p = s.protections();
+        assert!(
+            !p.uid.active && !p.cgroup.active && !p.user_namespace.active && !p.scratch.active,
+            "{p}"
+        );
+        s
+    })
+}
+
+/// The uid base of [`no_seccomp_sandbox`].
+pub const NO_SECCOMP_UID_BASE: u32 = 2_000_000_300;
+
+/// A sandbox without seccomp and the cgroup (Landlock confines it): memory that seccomp and the
+/// cgroup would bound is left to the rlimits.
+pub fn no_seccomp_sandbox() -> &'static Sandbox {
+    static S: OnceLock<Sandbox> = OnceLock::new();
+    S.get_or_init(|| {
+        let s = Sandbox::new(SandboxOptions {
+            slots: 1,
+            uid_base: NO_SECCOMP_UID_BASE,
+            skip_layers: vec!["seccomp".into(), "cgroup".into()],
+            ..SandboxOptions::default()
+        })
+        .unwrap_or_else(|e| panic!("cannot set up the sandbox without seccomp: {e}"));
+        let p = s.protections();
+        assert!(!p.seccomp.active && !p.cgroup.active, "{p}");
+        s
+    })
+}
+
+/// Whether the tests run as root.
+pub fn is_root() -> bool {
+    // SAFETY: plain getter.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// Whether a layer must be active here, from what the kernel and kiln's privileges allow
 /// (on the development machine — root, Landlock ABI 7, cgroup v1 — all of them).
 pub fn expect_layer(name: &str) -> bool {

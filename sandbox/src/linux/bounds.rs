@@ -1,0 +1,118 @@
+//! What the probe reports about capabilities and resource bounds under the layers it found: the
+//! capabilities and the task bound are checked by runs (a layer that does not enforce is reported
+//! off); memory and disk name the mechanism that bounds them in this mode.
+
+use super::probe::run_check;
+use super::{Layers, Platform, SlotResources};
+use crate::protections::Layer;
+use crate::run::RunLimits;
+
+/// Capabilities (permitted + effective + inheritable words), bounding-set members when the run is
+/// root (only root's `execve` draws on it; a non-root kiln cannot empty it) and `no_new_privs`,
+/// read with `capget` and `prctl` (`/proc` may be hidden by Landlock).
+const CAPS_CHECK: &str = "import ctypes, os\nlibc = ctypes.CDLL(None)\n\
+hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)\ndata = (ctypes.c_uint32 * 6)()\n\
+assert libc.capget(hdr, data) == 0\n\
+bounding = sum(libc.prctl(23, c, 0, 0, 0) == 1 for c in range(64)) if os.getuid() == 0 else 0\n\
+print(sum(data), bounding, libc.prctl(39, 0, 0, 0, 0))";
+
+/// Starts threads (small stacks) until one fails, at most 400; prints how many started.
+const TASKS_CHECK: &str = "import threading\nthreading.stack_size(1 << 18)\nstop = threading.Event()\nn = 0\n\
+try:\n    while n < 400:\n        threading.Thread(target=stop.wait).start()\n        n += 1\n\
+except RuntimeError:\n    pass\nstop.set()\nprint(n)";
+
+/// The capabilities a run has: none, and `no_new_privs`.
+pub(crate) fn capabilities(platform: &Platform, layers: &Layers, slot: &SlotResources) -> Layer {
+    match run_check(platform, layers, slot, CAPS_CHECK) {
+        Ok(out) if out == "0 0 1" => Layer::on(
+            "none: permitted, effective, inheritable and ambient sets emptied; as root also the \
+             bounding set, with SECBIT_NOROOT locked; no_new_privs",
+        ),
+        Ok(out) => Layer::off(format!(
+            "not enforced (capability words, bounding set, no_new_privs: {out})"
+        )),
+        Err(e) => Layer::off(e),
+    }
+}
+
+/// The bound on a run's tasks: the mechanisms in force, checked by a run that starts threads
+/// until one fails.
+pub(crate) fn tasks(platform: &Platform, layers: &Layers, slot: &SlotResources) -> Layer {
+    let limit = RunLimits::default().tasks;
+    let mut how = Vec::new();
+    if layers.cgroup {
+        how.push("cgroup pids.max".to_string());
+    }
+    if layers.drop_uid {
+        how.push("RLIMIT_NPROC under the slot's own uid".into());
+    } else if layers.user_ns {
+        how.push("RLIMIT_NPROC counted in the run's own user namespace".into());
+    } else if !platform.is_root {
+        how.push(format!(
+            "RLIMIT_NPROC on kiln's shared uid (its tasks at the start + {limit}, at most {} \
+             below kiln's own limit)",
+            super::tasks::KILN_RESERVE
+        ));
+    }
+    match run_check(platform, layers, slot, TASKS_CHECK) {
+        Ok(out) if out.parse::<u64>().is_ok_and(|n| n < limit) => Layer::on(format!(
+            "{limit} per run: {} (a run started {out} threads)",
+            how.join(", ")
+        )),
+        Ok(out) => {
+            let why = if platform.is_root && !layers.drop_uid {
+                "; the host's root is exempt from RLIMIT_NPROC: needs the uid drop or a cgroup"
+            } else {
+                ""
+            };
+            let how = if how.is_empty() {
+                "no mechanism".to_string()
+            } else {
+                how.join(", ")
+            };
+            Layer::off(format!(
+                "not bounded: a run started {out} threads ({how}{why})"
+            ))
+        }
+        Err(e) => Layer::off(e),
+    }
+}
+
+/// What bounds a run's memory (by mechanism; the memory tests check them).
+pub(crate) fn memory(layers: &Layers) -> Layer {
+    let mut parts = vec!["private data: RLIMIT_DATA".to_string()];
+    if layers.cgroup {
+        parts.push("shared mappings, tmpfs and memfd pages: the cgroup's memory limit".into());
+    } else {
+        parts.push("shared mappings: RLIMIT_AS (data + 2 GiB)".into());
+    }
+    if layers.seccomp {
+        parts.push("memfd_create denied (seccomp)".into());
+    } else if !layers.cgroup {
+        parts.push(
+            "memfd (seccomp off): each file ≤ RLIMIT_FSIZE, at most RLIMIT_NOFILE open, \
+             RLIMIT_AS once mapped"
+                .into(),
+        );
+    }
+    Layer::on(parts.join("; "))
+}
+
+/// What bounds a run's disk use.
+pub(crate) fn disk(layers: &Layers) -> Layer {
+    if layers.tmpfs {
+        return Layer::on("private tmpfs: the file-size limit in all, 4096 entries");
+    }
+    let mut how = "plain directory measured every 20 ms, the run killed over the file-size limit \
+                   in all or 4096 entries; each file ≤ RLIMIT_FSIZE"
+        .to_string();
+    if layers.seccomp {
+        how += "; fallocate denied, so a check can be overshot only by what write() adds in 20 ms";
+    } else {
+        how += "; fallocate allowed (seccomp off): a check can be overshot by fallocate";
+    }
+    if !layers.landlock {
+        how += "; without Landlock, world-writable host directories are bounded only per file";
+    }
+    Layer::on(how)
+}
