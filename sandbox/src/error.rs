@@ -9,12 +9,16 @@ pub enum SandboxError {
     /// No Python interpreter could be found or used.
     #[error("no usable Python interpreter: {0}")]
     NoPython(String),
-    /// Neither file-system nor syscall confinement works here and unsafe mode was not asked for.
+    /// Some property a run must be kept to is contained by no working layer here (the text names
+    /// each, and the layers that would contain it) and unsafe mode was not asked for.
     #[error(
-        "refusing to run untrusted code: neither file-system (Landlock) nor syscall (seccomp) \
-         confinement is available here ({0}); pass --unsafe-no-sandbox to run it anyway"
+        "refusing to run untrusted code: nothing here contains {0}; pass --unsafe-no-sandbox to \
+         run it anyway"
     )]
     Unconfined(String),
+    /// A layer name to leave off that the sandbox does not know (the name, the valid ones).
+    #[error("unknown sandbox layer {0:?}: the layers that can be left off are {1}")]
+    UnknownLayer(String, String),
     /// This operating system has no sandbox implementation.
     #[error("kiln's sandbox runs programs only on Unix; this is {0}")]
     Unsupported(&'static str),

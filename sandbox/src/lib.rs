@@ -19,8 +19,11 @@
 //! # The layers
 //!
 //! A [`Sandbox`] probes at start which of these work (see [`Protections`]; each is checked by a
-//! run that must show its effect) and refuses to run anything ([`SandboxError::Unconfined`]) when
-//! neither Landlock nor seccomp works, unless [`SandboxOptions::allow_unsafe`] is set.
+//! run that must show its effect) and refuses to run anything ([`SandboxError::Unconfined`],
+//! naming what is missing) unless every property of [`Containment`] — signals out, file reads
+//! and writes outside the scratch, tasks, memory, disk — is contained by a working layer, unless
+//! [`SandboxOptions::allow_unsafe`] is set. [`SandboxOptions::skip_layers`] leaves layers off as
+//! if the kernel lacked them.
 //!
 //! - **The interpreter itself**: `python3` is resolved through wrappers (pyenv shims) and symlinks
 //!   to the ELF binary, started with `-I -S -B` (no environment variables, no site-packages, no
@@ -130,6 +133,6 @@ mod unicode_tables;
 pub use compare::{Comparison, compare_stdout};
 pub use error::SandboxError;
 pub use grade::{Graded, Limits, TestCase, TestResult, Verdict};
-pub use protections::{Layer, Protections};
+pub use protections::{Containment, Layer, Protections};
 pub use run::{Exit, RunLimits, RunOutput};
-pub use sandbox::{Sandbox, SandboxOptions};
+pub use sandbox::{SKIPPABLE_LAYERS, Sandbox, SandboxOptions};

@@ -1,4 +1,5 @@
-//! Which confinement layers are active, as found by the probe. Output files record this.
+//! Which confinement layers are active, as found by the probe, and which of them contain each
+//! property a run must be kept to ([`Containment`]). Output files record this.
 
 use std::fmt;
 
@@ -64,6 +65,67 @@ pub struct Protections {
     pub memory: Layer,
     /// What bounds a run's disk use in this mode (tmpfs, or a measured plain directory).
     pub disk: Layer,
+    /// Layers left off on request (`--sandbox-without`), as if the kernel lacked them.
+    pub skipped: Vec<String>,
+    /// The working layers that contain each property (the refusal rule's input).
+    pub containment: Containment,
+}
+
+/// What must be contained for kiln to run untrusted code: for each property, the working layers
+/// that contain it here (empty: nothing does).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Containment {
+    /// Signals (every path: kill, sigqueue, pidfds, SIGIO owners) to processes outside the run.
+    pub signals: Vec<&'static str>,
+    /// Reads and writes of files outside the scratch directory and the read-only system paths.
+    pub filesystem: Vec<&'static str>,
+    /// The number of processes and threads, and that none outlives its run.
+    pub tasks: Vec<&'static str>,
+    /// Memory, private and shared.
+    pub memory: Vec<&'static str>,
+    /// Disk space.
+    pub disk: Vec<&'static str>,
+}
+
+impl Containment {
+    /// The properties, their containing layers and the layers that would contain them.
+    pub fn properties(&self) -> [(&'static str, &[&'static str], &'static str); 5] {
+        [
+            (
+                "signals out",
+                &self.signals,
+                "seccomp, or landlock with signal scoping (ABI 6, kernel 6.12)",
+            ),
+            (
+                "filesystem reads and writes outside the scratch",
+                &self.filesystem,
+                "landlock",
+            ),
+            (
+                "tasks",
+                &self.tasks,
+                "a bound: cgroup or uid as root, user_namespace, cgroup or RLIMIT_NPROC on \
+                 kiln's uid unprivileged; and none left after a run: seccomp (no fork), cgroup \
+                 or uid",
+            ),
+            ("memory", &self.memory, "rlimits, cgroup, seccomp"),
+            (
+                "disk",
+                &self.disk,
+                "landlock with scratch (a private tmpfs), or with seccomp (no fallocate) over a \
+                 measured plain directory",
+            ),
+        ]
+    }
+
+    /// What nothing contains, each with the layers that would: empty when all is contained.
+    pub fn missing(&self) -> Vec<String> {
+        self.properties()
+            .iter()
+            .filter(|(_, by, _)| by.is_empty())
+            .map(|(what, _, needs)| format!("{what} (needs {needs})"))
+            .collect()
+    }
 }
 
 impl Protections {
@@ -87,9 +149,9 @@ impl Protections {
         ]
     }
 
-    /// Whether programs are confined at least by file-system or syscall rules.
+    /// Whether every property of [`Containment`] is contained by a working layer.
     pub fn confined(&self) -> bool {
-        self.landlock.active || self.seccomp.active
+        self.containment.missing().is_empty()
     }
 
     /// One line: the names of the active layers.
@@ -100,11 +162,14 @@ impl Protections {
             .filter(|(_, l)| l.active)
             .map(|(n, _)| *n)
             .collect();
-        let mode = if self.unsafe_mode && !self.confined() {
-            " (UNSAFE: unconfined)"
-        } else {
-            ""
-        };
+        let mut mode = String::new();
+        if !self.skipped.is_empty() {
+            mode += &format!(" (left off: {})", self.skipped.join(", "));
+        }
+        let missing = self.containment.missing();
+        if self.unsafe_mode && !missing.is_empty() {
+            mode += &format!(" (UNSAFE: nothing contains {})", missing.join("; "));
+        }
         format!(
             "sandbox: {}{mode}",
             if on.is_empty() {
@@ -123,6 +188,14 @@ impl fmt::Display for Protections {
         for (name, layer) in self.layers() {
             let state = if layer.active { "on " } else { "off" };
             writeln!(f, "  {name:<15} {state} {}", layer.detail)?;
+        }
+        for (what, by, _) in self.containment.properties() {
+            let by = if by.is_empty() {
+                "NOTHING".to_string()
+            } else {
+                by.join(", ")
+            };
+            writeln!(f, "  contains {what}: {by}")?;
         }
         Ok(())
     }

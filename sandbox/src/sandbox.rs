@@ -19,11 +19,12 @@ use crate::linux;
 /// How to set up a [`Sandbox`].
 #[derive(Debug, Clone)]
 pub struct SandboxOptions {
-    /// Run even when neither Landlock nor seccomp is available (the CLI's `--unsafe-no-sandbox`).
+    /// Run even when some property of [`Containment`](crate::Containment) is contained by no
+    /// working layer (the CLI's `--unsafe-no-sandbox`).
     pub allow_unsafe: bool,
-    /// Layers to leave off even where they work, by their [`Protections::layers`] name
-    /// (`landlock`, `seccomp`, `scratch`, …): for testing the others on their own. Empty by
-    /// default; the refusal without Landlock and seccomp still applies.
+    /// Layers to leave off even where they work, as if the kernel lacked them (the CLI's
+    /// `--sandbox-without`): names from [`SKIPPABLE_LAYERS`]; any other name is
+    /// [`SandboxError::UnknownLayer`]. The refusal rule still applies to what is left.
     pub skip_layers: Vec<String>,
     /// Processes run in parallel; 0 = the number of available cores.
     pub slots: usize,
@@ -45,6 +46,17 @@ impl Default for SandboxOptions {
     }
 }
 
+/// The layers [`SandboxOptions::skip_layers`] can leave off, by their [`Protections::layers`] name.
+pub const SKIPPABLE_LAYERS: [&str; 7] = [
+    "landlock",
+    "seccomp",
+    "user_namespace",
+    "net_namespace",
+    "scratch",
+    "uid",
+    "cgroup",
+];
+
 /// Runs untrusted Python programs confined. See the crate docs for the layers.
 pub struct Sandbox {
     protections: Protections,
@@ -63,9 +75,14 @@ static SANDBOXES: AtomicUsize = AtomicUsize::new(0);
 
 impl Sandbox {
     /// Finds the interpreter, probes which layers work and prepares the slots. Refuses
-    /// ([`SandboxError::Unconfined`]) when neither file-system nor syscall confinement works,
-    /// unless `allow_unsafe`.
+    /// ([`SandboxError::Unconfined`]) when some property of
+    /// [`Containment`](crate::Containment) is contained by no working layer, unless
+    /// `allow_unsafe`.
     pub fn new(opts: SandboxOptions) -> Result<Sandbox, SandboxError> {
+        check_layer_names(&opts.skip_layers)?;
+        let mut left_off = opts.skip_layers.clone();
+        left_off.sort_unstable_by_key(|l| SKIPPABLE_LAYERS.iter().position(|k| k == l));
+        left_off.dedup();
         let slots = match opts.slots {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
@@ -136,6 +153,8 @@ impl Sandbox {
                 tasks: p.tasks.clone(),
                 memory: p.memory.clone(),
                 disk: p.disk.clone(),
+                skipped: left_off,
+                containment: p.containment.clone(),
             };
             (p, protections)
         };
@@ -157,6 +176,8 @@ impl Sandbox {
             tasks: off("Linux only"),
             memory: Layer::on("RLIMIT_DATA"),
             disk: off("plain directory, each file ≤ RLIMIT_FSIZE"),
+            skipped: left_off,
+            containment: crate::Containment::default(),
         };
         let _ = off;
         refuse_unconfined(&protections, opts.allow_unsafe)?;
@@ -262,8 +283,9 @@ impl Sandbox {
             bytes: limits.file_bytes,
             entries: TMPFS_INODES,
         });
-        let mut out = supervise(child, stdin, limits, start, quota.as_ref())
-            .map_err(|e| SandboxError::Spawn(e.to_string()))?;
+        let out = supervise(child, stdin, limits, start, quota.as_ref());
+        linux::sweep::sweep(&self.linux.layers, res);
+        let mut out = out.map_err(|e| SandboxError::Spawn(e.to_string()))?;
         if let Some(g) = &res.cgroup {
             out.oom_killed = g.oom_kills() > oom_before;
         }
@@ -322,12 +344,31 @@ pub(crate) fn stale_owner(name: &str) -> Option<u32> {
     (proc_fs && !Path::new(&format!("/proc/{pid}")).exists()).then_some(pid)
 }
 
-/// The rule: no untrusted code without file-system or syscall confinement, unless asked.
+/// The rule: no untrusted code unless every property is contained by a working layer, unless
+/// asked.
 fn refuse_unconfined(p: &Protections, allow_unsafe: bool) -> Result<(), SandboxError> {
-    if p.confined() || allow_unsafe {
-        Ok(())
-    } else {
-        Err(SandboxError::Unconfined(p.summary()))
+    let missing = p.containment.missing();
+    if missing.is_empty() || allow_unsafe {
+        return Ok(());
+    }
+    let mut what = missing.join("; ");
+    if !p.skipped.is_empty() {
+        what += &format!(" (left off on request: {})", p.skipped.join(", "));
+    }
+    Err(SandboxError::Unconfined(what))
+}
+
+/// Every name must be one of [`SKIPPABLE_LAYERS`].
+fn check_layer_names(names: &[String]) -> Result<(), SandboxError> {
+    match names
+        .iter()
+        .find(|n| !SKIPPABLE_LAYERS.contains(&n.as_str()))
+    {
+        Some(n) => Err(SandboxError::UnknownLayer(
+            n.clone(),
+            SKIPPABLE_LAYERS.join(", "),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -387,43 +428,87 @@ impl Drop for SlotGuard<'_> {
 mod tests {
     use super::*;
 
-    fn protections(landlock: bool, seccomp: bool) -> Protections {
-        let l = |on: bool| {
-            if on {
-                Layer::on("x")
-            } else {
-                Layer::off("unavailable")
-            }
-        };
+    fn protections(containment: crate::Containment) -> Protections {
+        let l = |_| Layer::on("x");
         Protections {
             python: "python3".into(),
             unsafe_mode: false,
-            rlimits: l(true),
-            process_group: l(true),
-            clean_start: l(true),
-            scratch: l(true),
-            landlock: l(landlock),
-            seccomp: l(seccomp),
-            net_namespace: l(true),
-            user_namespace: l(true),
-            uid: l(true),
-            cgroup: l(true),
-            capabilities: l(true),
-            tasks: l(true),
-            memory: l(true),
-            disk: l(true),
+            rlimits: l(()),
+            process_group: l(()),
+            clean_start: l(()),
+            scratch: l(()),
+            landlock: l(()),
+            seccomp: l(()),
+            net_namespace: l(()),
+            user_namespace: l(()),
+            uid: l(()),
+            cgroup: l(()),
+            capabilities: l(()),
+            tasks: l(()),
+            memory: l(()),
+            disk: l(()),
+            skipped: vec!["landlock".into()],
+            containment,
         }
     }
 
     #[test]
-    fn refuses_without_file_system_and_syscall_confinement() {
-        let none = protections(false, false);
-        let err = refuse_unconfined(&none, false).unwrap_err();
-        assert!(matches!(err, SandboxError::Unconfined(_)));
-        assert!(err.to_string().contains("--unsafe-no-sandbox"), "{err}");
-        assert!(refuse_unconfined(&none, true).is_ok());
-        assert!(refuse_unconfined(&protections(true, false), false).is_ok());
-        assert!(refuse_unconfined(&protections(false, true), false).is_ok());
+    fn refuses_unless_every_property_is_contained_naming_what_is_not() {
+        let all = crate::Containment {
+            signals: vec!["seccomp"],
+            filesystem: vec!["landlock"],
+            tasks: vec!["cgroup"],
+            memory: vec!["rlimits"],
+            disk: vec!["scratch"],
+        };
+        assert!(refuse_unconfined(&protections(all.clone()), false).is_ok());
+        for property in ["signals out", "filesystem", "tasks", "memory", "disk"] {
+            let mut c = all.clone();
+            match property {
+                "signals out" => c.signals.clear(),
+                "filesystem" => c.filesystem.clear(),
+                "tasks" => c.tasks.clear(),
+                "memory" => c.memory.clear(),
+                _ => c.disk.clear(),
+            }
+            let p = protections(c);
+            assert!(!p.confined());
+            let err = refuse_unconfined(&p, false).unwrap_err();
+            assert!(matches!(err, SandboxError::Unconfined(_)));
+            let line = err.to_string();
+            assert!(!line.contains('\n'), "{line}");
+            assert!(line.contains(&format!("contains {property}")), "{line}");
+            assert_eq!(line.matches("(needs ").count(), 1, "{line}");
+            assert!(
+                line.contains("--unsafe-no-sandbox")
+                    && line.contains("left off on request: landlock"),
+                "{line}"
+            );
+            assert!(refuse_unconfined(&p, true).is_ok());
+            assert!(p.summary().contains("left off: landlock"));
+        }
+        let none = protections(crate::Containment::default());
+        let line = refuse_unconfined(&none, false).unwrap_err().to_string();
+        assert_eq!(line.matches("(needs ").count(), 5, "{line}");
+        assert!(
+            line.contains("signals out (needs seccomp, or landlock with signal scoping"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn unknown_layer_names_are_refused_listing_the_valid_ones() {
+        assert!(check_layer_names(&["landlock".into(), "uid".into()]).is_ok());
+        let line = check_layer_names(&["seccomp".into(), "lanlock".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            line.contains("\"lanlock\"") && !line.contains('\n'),
+            "{line}"
+        );
+        for name in SKIPPABLE_LAYERS {
+            assert!(line.contains(name), "{line}");
+        }
     }
 
     #[test]

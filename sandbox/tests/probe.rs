@@ -8,7 +8,16 @@ fn probe_reports_layers() {
     let sandbox = common::sandbox();
     let p = sandbox.protections();
     println!("{p}");
-    assert!(p.confined(), "neither Landlock nor seccomp is active:\n{p}");
+    assert!(p.confined(), "something is contained by no layer:\n{p}");
+    // what contains each property follows from the layers found (Landlock's signal scope as
+    // tried: the kernel's ABI says whether it exists)
+    let c = &p.containment;
+    assert_eq!(c.filesystem.contains(&"landlock"), p.landlock.active, "{p}");
+    assert_eq!(c.signals.contains(&"seccomp"), p.seccomp.active, "{p}");
+    let scoped = p.landlock.active && common::landlock_abi() >= 6;
+    assert_eq!(c.signals.contains(&"landlock"), scoped, "{p}");
+    assert_eq!(c.tasks.contains(&"cgroup"), p.cgroup.active, "{p}");
+    assert!(p.skipped.is_empty(), "{p}");
     for (name, layer) in p.layers() {
         if common::expect_layer(name) {
             assert!(
@@ -28,10 +37,16 @@ fn probe_reports_layers() {
         let scoped = common::landlock_abi() >= 6;
         assert_eq!(enforced.contains("no signals out"), scoped, "{p}");
         assert!(p.landlock.detail.contains("no signals out"), "{p}");
+        assert_eq!(enforced.contains("no signals out (tried)"), scoped, "{p}");
     }
     let json = serde_json::to_value(p).unwrap();
     assert_eq!(
         json["seccomp"]["active"],
         serde_json::json!(p.seccomp.active)
+    );
+    assert_eq!(json["skipped"], serde_json::json!([]));
+    assert_eq!(
+        json["containment"]["filesystem"],
+        serde_json::json!(["landlock"])
     );
 }

@@ -1,10 +1,11 @@
 //! What the probe reports about capabilities and resource bounds under the layers it found: the
 //! capabilities and the task bound are checked by runs (a layer that does not enforce is reported
-//! off); memory and disk name the mechanism that bounds them in this mode.
+//! off); memory and disk name the mechanism that bounds them in this mode. [`containment`] says
+//! which working layers contain each property the refusal rule asks for.
 
 use super::probe::run_check;
 use super::{Layers, Platform, SlotResources};
-use crate::protections::Layer;
+use crate::protections::{Containment, Layer};
 use crate::run::RunLimits;
 
 /// Capabilities (permitted + effective + inheritable words), bounding-set members when the run is
@@ -115,4 +116,54 @@ pub(crate) fn disk(layers: &Layers) -> Layer {
         how += "; without Landlock, world-writable host directories are bounded only per file";
     }
     Layer::on(how)
+}
+
+/// The working layers that contain each property, from what the probe's runs showed: `tasks`
+/// whether the task bound held, `signal_scope` whether Landlock stopped a signal out.
+pub(crate) fn containment(
+    platform: &Platform,
+    layers: &Layers,
+    tasks: bool,
+    signal_scope: bool,
+) -> Containment {
+    let pick =
+        |v: &[(bool, &'static str)]| v.iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect();
+    let root = platform.is_root;
+    let task_layers = pick(&[
+        (layers.cgroup, "cgroup"),
+        (layers.drop_uid, "uid"),
+        (!root && layers.user_ns, "user_namespace"),
+        (!root && !layers.user_ns, "rlimits"),
+        (layers.seccomp, "seccomp"),
+    ]);
+    // writes stay in the scratch (Landlock), which a tmpfs bounds, or a measurement that only
+    // fallocate (denied by seccomp) could overshoot in one call
+    let scratch_bounded = layers.tmpfs || layers.seccomp;
+    Containment {
+        signals: pick(&[
+            (layers.seccomp, "seccomp"),
+            (layers.landlock && signal_scope, "landlock"),
+        ]),
+        filesystem: pick(&[(layers.landlock, "landlock")]),
+        // bounded, and nothing left after a run: no fork (seccomp) or a sweep (`sweep`)
+        tasks: if tasks && (layers.seccomp || layers.cgroup || layers.drop_uid) {
+            task_layers
+        } else {
+            Vec::new()
+        },
+        memory: pick(&[
+            (true, "rlimits"),
+            (layers.cgroup, "cgroup"),
+            (layers.seccomp, "seccomp"),
+        ]),
+        disk: if layers.landlock && scratch_bounded {
+            pick(&[
+                (true, "landlock"),
+                (layers.tmpfs, "scratch"),
+                (!layers.tmpfs, "seccomp"),
+            ])
+        } else {
+            Vec::new()
+        },
+    }
 }

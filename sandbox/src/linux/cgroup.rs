@@ -149,6 +149,28 @@ impl SlotGroup {
             .unwrap_or(0)
     }
 
+    /// Kills every process in the group, until none is listed (at most 100 rounds).
+    pub(crate) fn kill_all(&self) {
+        for _ in 0..100 {
+            let mut any = false;
+            for d in &self.dirs {
+                let list = fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+                for pid in list
+                    .lines()
+                    .filter_map(|l| l.trim().parse::<libc::pid_t>().ok())
+                {
+                    any = true;
+                    // SAFETY: a signal to a process of this slot's group.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+            }
+            if !any {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// Descriptors of the `cgroup.procs` files (the child joins by writing "0").
     pub(crate) fn procs_fds(&self) -> Vec<RawFd> {
         self.procs.iter().map(AsRawFd::as_raw_fd).collect()

@@ -11,7 +11,8 @@
 //! or memory), `/home`, `/root`, `/tmp`, `/etc` writes, truncation (ABI 3), any TCP bind or
 //! connect (ABI 4), any signal to a process outside the run and connecting to abstract unix
 //! sockets outside it (ABI 6, kernel 6.12). The ruleset is best effort: an older kernel enforces
-//! what its ABI knows, and [`covers`] says which (seccomp keeps signals in on any kernel).
+//! what its ABI knows, and [`covers`] says which (the signal scope as the probe found it by
+//! trying; seccomp keeps signals in on any kernel).
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -40,7 +41,9 @@ pub(crate) fn kernel_abi() -> i64 {
 
 /// What Landlock enforces at this kernel's ABI, in words (the probe's report): each right came
 /// with an ABI, and what the kernel does not know is not enforced (the ruleset is best effort).
-pub(crate) fn covers(abi: i64) -> String {
+/// Signals out are reported as tried: `signal_scope` is whether the probe's signal to a process
+/// outside the run was denied.
+pub(crate) fn covers(abi: i64, signal_scope: bool) -> String {
     let mut on = vec![
         "read-only system and interpreter paths, scratch read-write, no /proc, home or /tmp"
             .to_string(),
@@ -50,13 +53,21 @@ pub(crate) fn covers(abi: i64) -> String {
         (2, "5.19", "no links or renames across directories"),
         (3, "6.2", "no truncation outside scratch"),
         (4, "6.7", "no TCP bind or connect"),
-        (6, "6.12", "no signals out, no abstract unix sockets out"),
+        (6, "6.12", "no abstract unix sockets out"),
     ] {
         if abi >= min {
             on.push(what.to_string());
         } else {
             off.push(format!("{what} (ABI {min}, kernel {kernel})"));
         }
+    }
+    if signal_scope {
+        on.push("no signals out (tried)".into());
+    } else {
+        off.push(
+            "no signals out (ABI 6, kernel 6.12: a signal to a process outside the run reached it)"
+                .into(),
+        );
     }
     let mut s = format!("ABI {abi}: {}", on.join(", "));
     if !off.is_empty() {
@@ -144,18 +155,25 @@ mod tests {
 
     #[test]
     fn the_report_names_only_what_the_abi_enforces() {
-        let old = covers(5);
+        let old = covers(5, false);
         let (on, off) = old.split_once("not enforced").unwrap();
         assert!(on.contains("no TCP") && !on.contains("signals"), "{old}");
         assert!(
             off.contains("no signals out") && off.contains("kernel 6.12"),
             "{old}"
         );
-        let new = covers(7);
+        let new = covers(7, true);
         assert!(
-            new.contains("no signals out") && !new.contains("not enforced"),
+            new.contains("no signals out (tried)") && !new.contains("not enforced"),
             "{new}"
         );
-        assert!(covers(1).contains("not enforced by this kernel: no links"));
+        // an ABI that should scope signals but did not when tried: said so
+        let untried = covers(7, false);
+        let (on, off) = untried.split_once("not enforced").unwrap();
+        assert!(
+            !on.contains("signals") && off.contains("no signals out"),
+            "{untried}"
+        );
+        assert!(covers(1, false).contains("not enforced by this kernel: no links"));
     }
 }

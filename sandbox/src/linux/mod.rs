@@ -7,6 +7,7 @@ mod child;
 pub(crate) mod landlock;
 pub(crate) mod probe;
 pub(crate) mod seccomp;
+pub(crate) mod sweep;
 pub(crate) mod tasks;
 
 use std::ffi::{CString, OsStr};

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::{Layers, Platform, SlotResources, bounds, cgroup, landlock, seccomp};
 use crate::SandboxError;
-use crate::protections::Layer;
+use crate::protections::{Containment, Layer};
 use crate::python::Interpreter;
 use crate::run::{RunLimits, supervise};
 
@@ -30,6 +30,7 @@ pub(crate) struct Probed {
     pub tasks: Layer,
     pub memory: Layer,
     pub disk: Layer,
+    pub containment: Containment,
 }
 
 /// Probes the layers for slots whose scratch directories are `work_dirs` (existing, empty).
@@ -89,6 +90,7 @@ pub(crate) fn probe(
         platform: &platform,
         layers: Layers::default(),
         skip,
+        last: String::new(),
     };
     let slot0 = &slots[0];
     if let Err(e) = run_check(&platform, &t.layers, slot0, "print('ok')") {
@@ -111,7 +113,7 @@ pub(crate) fn probe(
         );
     }
     let needs_userns = !is_root && !t.layers.user_ns;
-    let net_ns = if needs_userns {
+    let mut net_ns = if needs_userns {
         Layer::off("needs a user namespace (not root)")
     } else {
         let on = "empty network namespace (loopback only, down); IPC and UTS namespaces";
@@ -125,7 +127,7 @@ pub(crate) fn probe(
         )
     };
     let plain = "plain directory, emptied after each run";
-    let scratch = if needs_userns {
+    let mut scratch = if needs_userns {
         Layer::off(format!("{plain} (a private tmpfs needs a user namespace)"))
     } else {
         let check = TMPFS_CHECK.replace("SIZE", &RunLimits::default().file_bytes.to_string());
@@ -169,7 +171,7 @@ pub(crate) fn probe(
             &format!("user namespace entered {when}"),
         );
     }
-    let cgroup = match cgroup::hierarchy() {
+    let mut cgroup = match cgroup::hierarchy() {
         Err(e) => Layer::off(e),
         Ok(h) => {
             cgroup::remove_stale(&h);
@@ -210,21 +212,35 @@ pub(crate) fn probe(
         }
     }
     let slot0 = &slots[0];
-    let landlock = match landlock_err {
+    let mut signal_scope = false;
+    let mut landlock = match landlock_err {
         Some(e) => Layer::off(e),
         None => {
-            let on = landlock::covers(abi);
-            t.add(
+            // a process outside the run, under the run's uid: only Landlock's scope can stop a
+            // signal to it at this point (seccomp comes later)
+            let (uid, gid) = platform.run_ids(&t.layers, slot0);
+            let target = Target::spawn(uid, gid, is_root)?;
+            let outside = std::env::temp_dir().join(format!("{name}-probe"));
+            let check = LANDLOCK_CHECK
+                .replace("PID", &target.0.to_string())
+                .replace("OUTSIDE", &format!("{:?}", outside.to_string_lossy()));
+            let mut layer = t.add(
                 "landlock",
                 |l| l.landlock = true,
                 slot0,
-                LANDLOCK_CHECK,
-                |o| o == "denied",
-                &on,
-            )
+                &check,
+                |o| o.starts_with("denied denied "),
+                "",
+            );
+            let _ = std::fs::remove_file(&outside);
+            if layer.active {
+                signal_scope = t.last == "denied denied scoped";
+                layer.detail = landlock::covers(abi, signal_scope);
+            }
+            layer
         }
     };
-    let seccomp = match seccomp_err {
+    let mut seccomp = match seccomp_err {
         Some(e) => Layer::off(e),
         None => {
             let on = "allow-list: no sockets, no fork/clone of processes, no exec, no \
@@ -242,10 +258,25 @@ pub(crate) fn probe(
             )
         }
     };
+    // a layer asked off says so, also where it would not have worked anyway
+    for (name, layer) in [
+        ("user_namespace", &mut user_ns),
+        ("net_namespace", &mut net_ns),
+        ("scratch", &mut scratch),
+        ("uid", &mut uid),
+        ("cgroup", &mut cgroup),
+        ("landlock", &mut landlock),
+        ("seccomp", &mut seccomp),
+    ] {
+        if skip.iter().any(|s| s == name) && !layer.detail.contains(LEFT_OFF) {
+            *layer = Layer::off(format!("{LEFT_OFF}; unavailable anyway: {}", layer.detail));
+        }
+    }
     let layers = t.layers;
     let capabilities = bounds::capabilities(&platform, &layers, slot0);
     let tasks = bounds::tasks(&platform, &layers, slot0);
     let (memory, disk) = (bounds::memory(&layers), bounds::disk(&layers));
+    let containment = bounds::containment(&platform, &layers, tasks.active, signal_scope);
     Ok(Probed {
         platform,
         layers,
@@ -261,8 +292,12 @@ pub(crate) fn probe(
         tasks,
         memory,
         disk,
+        containment,
     })
 }
+
+/// The detail of a layer left off on request.
+const LEFT_OFF: &str = "left off on request (--sandbox-without)";
 
 /// Reads the user namespace's uid map: one id mapped (not the whole range of the host's).
 const USERNS_CHECK: &str = "print(open('/proc/self/uid_map').read().split()[2])";
@@ -272,8 +307,15 @@ const NETNS_CHECK: &str = "import socket; print(','.join(n for _, n in socket.if
 const TMPFS_CHECK: &str = "import os; s = os.statvfs('.'); open('w', 'w').write('x'); print(s.f_blocks * s.f_frsize <= SIZE)";
 const UID_CHECK: &str = "import os; print(os.getuid(), os.getgid(), os.getgroups())";
 const CGROUP_CHECK: &str = "print(open('/proc/self/cgroup').read())";
-/// /etc/passwd (world-readable) must be denied, the scratch directory writable.
-const LANDLOCK_CHECK: &str = "try:\n    open('/etc/passwd').read(); print('read')\nexcept PermissionError:\n    open('probe', 'w').write('x'); print('denied')";
+/// Reading /etc/passwd (world-readable) and writing OUTSIDE (in the world-writable temporary
+/// directory) must be denied, the scratch directory writable; then whether a signal (0) reaches
+/// PID, a process outside the run under the run's own uid: "scoped" when it is denied.
+const LANDLOCK_CHECK: &str = "import os\nout = []\n\
+for f in (lambda: open('/etc/passwd').read(), lambda: open(OUTSIDE, 'w').write('x')):\n    \
+try:\n        f(); out.append('allowed')\n    except PermissionError:\n        out.append('denied')\n\
+open('probe', 'w').write('x')\n\
+try:\n    os.kill(PID, 0); out.append('unscoped')\nexcept PermissionError:\n    out.append('scoped')\n\
+print(' '.join(out))";
 /// socket, fork and exec of the interpreter itself (which Landlock allows: only seccomp can
 /// refuse it), making kiln the target of a pipe's `SIGIO` (`F_SETOWN`; harmless without
 /// `O_ASYNC`), a chmod and an `O_RDONLY | O_TRUNC` open in the scratch directory, `memfd_create`
@@ -286,6 +328,8 @@ struct Trials<'a> {
     layers: Layers,
     /// Layers the caller asked to leave off.
     skip: &'a [String],
+    /// What the last check printed.
+    last: String,
 }
 
 impl Trials<'_> {
@@ -301,17 +345,56 @@ impl Trials<'_> {
         on: &str,
     ) -> Layer {
         if self.skip.iter().any(|s| s == name) {
-            return Layer::off("left off (SandboxOptions::skip_layers)");
+            return Layer::off(LEFT_OFF);
         }
         let mut trial = self.layers.clone();
         set(&mut trial);
         match run_check(self.platform, &trial, slot, check) {
             Ok(out) if expect(&out) => {
                 self.layers = trial;
+                self.last = out;
                 Layer::on(on)
             }
             Ok(out) => Layer::off(format!("not enforced (the check printed {out:?})")),
             Err(e) => Layer::off(e),
+        }
+    }
+}
+
+/// A process that waits to be killed, under the given ids, killed when kiln dies and when
+/// dropped: the target of the Landlock check's signal.
+struct Target(libc::pid_t);
+
+impl Target {
+    fn spawn(uid: u32, gid: u32, is_root: bool) -> Result<Target, SandboxError> {
+        // SAFETY: the child makes only raw system calls (its own thread's ids) and never returns.
+        match unsafe { libc::fork() } {
+            -1 => Err(SandboxError::Spawn(format!(
+                "fork: {}",
+                std::io::Error::last_os_error()
+            ))),
+            0 => unsafe {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if is_root {
+                    libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>());
+                    libc::syscall(libc::SYS_setresgid, gid, gid, gid);
+                    libc::syscall(libc::SYS_setresuid, uid, uid, uid);
+                }
+                loop {
+                    libc::pause();
+                }
+            },
+            pid => Ok(Target(pid)),
+        }
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        // SAFETY: our own child, killed and reaped.
+        unsafe {
+            libc::kill(self.0, libc::SIGKILL);
+            libc::waitpid(self.0, std::ptr::null_mut(), 0);
         }
     }
 }

@@ -16,7 +16,7 @@ pub fn sandbox() -> &'static Sandbox {
         .unwrap_or_else(|e| {
             panic!(
                 "cannot set up the sandbox: {e}\nThese tests need Python 3.9+ as `python3` (e.g. \
-                 `apt-get install python3`) and a Linux kernel with Landlock or seccomp."
+                 `apt-get install python3`) and a Linux kernel with Landlock and seccomp."
             )
         })
     })
@@ -27,11 +27,13 @@ pub const BARE_UID_BASE: u32 = 2_000_000_100;
 
 /// A second sandbox with Landlock and the private tmpfs left off: seccomp's filters (signals
 /// among them, which Landlock's signal scope would otherwise also stop) and the plain scratch
-/// directory are tested on their own, as on kernels without those.
+/// directory are tested on their own, as on kernels without those. (Without Landlock nothing
+/// contains file reads and writes outside the scratch, so only unsafe mode sets it up.)
 pub fn bare_sandbox() -> &'static Sandbox {
     static S: OnceLock<Sandbox> = OnceLock::new();
     S.get_or_init(|| {
         let s = Sandbox::new(SandboxOptions {
+            allow_unsafe: true,
             slots: 2,
             uid_base: BARE_UID_BASE,
             skip_layers: vec!["landlock".into(), "scratch".into()],
@@ -50,12 +52,14 @@ pub const FALLBACK_UID_BASE: u32 = 2_000_000_200;
 /// A sandbox without the uid drop, the cgroup, the user namespace (so no network namespace) and
 /// the private tmpfs: as root, a run stays root (capabilities dropped) with its scratch a plain
 /// directory; unprivileged, a run shares kiln's uid. What bounds resources there is the fallback
-/// alone (Landlock and seccomp stay on).
+/// alone (Landlock and seccomp stay on). (As root nothing bounds its tasks, so only unsafe mode
+/// sets it up.)
 pub fn fallback_sandbox() -> &'static Sandbox {
     static S: OnceLock<Sandbox> = OnceLock::new();
     S.get_or_init(|| {
         let skip = ["uid", "cgroup", "user_namespace", "scratch"];
         let s = Sandbox::new(SandboxOptions {
+            allow_unsafe: is_root(),
             slots: 2,
             uid_base: FALLBACK_UID_BASE,
             skip_layers: skip.iter().map(|l| l.to_string()).collect(),
@@ -75,11 +79,13 @@ pub fn fallback_sandbox() -> &'static Sandbox {
 pub const NO_SECCOMP_UID_BASE: u32 = 2_000_000_300;
 
 /// A sandbox without seccomp and the cgroup (Landlock confines it): memory that seccomp and the
-/// cgroup would bound is left to the rlimits.
+/// cgroup would bound is left to the rlimits. (Unprivileged nothing finds what a fork left, and
+/// below Landlock ABI 6 nothing keeps its signals in: there only unsafe mode sets it up.)
 pub fn no_seccomp_sandbox() -> &'static Sandbox {
     static S: OnceLock<Sandbox> = OnceLock::new();
     S.get_or_init(|| {
         let s = Sandbox::new(SandboxOptions {
+            allow_unsafe: !is_root() || landlock_abi() < 6,
             slots: 1,
             uid_base: NO_SECCOMP_UID_BASE,
             skip_layers: vec!["seccomp".into(), "cgroup".into()],
