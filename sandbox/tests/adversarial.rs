@@ -7,6 +7,10 @@
 #[path = "adversarial/bounds.rs"]
 mod bounds;
 mod common;
+#[path = "adversarial/degraded.rs"]
+mod degraded;
+#[path = "adversarial/unprivileged.rs"]
+mod unprivileged;
 
 use std::net::{TcpListener, UdpSocket};
 use std::os::unix::net::UnixListener;

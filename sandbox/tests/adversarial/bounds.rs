@@ -141,7 +141,7 @@ fn memfd_growth_is_denied_or_bounded() {
     assert!(total > 0 && total <= 24 * (8 << 20), "memfd total {total}");
 }
 
-fn free_bytes() -> u64 {
+pub(super) fn free_bytes() -> u64 {
     let p = std::ffi::CString::new(std::env::temp_dir().to_str().unwrap()).unwrap();
     // SAFETY: statvfs into a local.
     unsafe {

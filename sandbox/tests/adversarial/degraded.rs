@@ -1,0 +1,177 @@
+//! Each layer left off in turn (`--sandbox-without LAYER`), as on a kernel without it: the
+//! sandbox either refuses, naming what nothing contains then, or the layers left contain the core
+//! hostile programs — no signal reaches a process outside, no file outside is read or written,
+//! tasks, memory and disk stay bounded, nothing outlives a run.
+
+use std::time::{Duration, Instant};
+
+use kiln_sandbox::{Limits, SKIPPABLE_LAYERS, Sandbox, SandboxError, SandboxOptions, Verdict};
+
+use super::{SIGNAL_OUT, assert_verdict, common, errno_probe, grade_in, probe, short, stdin};
+
+/// Uid bases of the degraded sandboxes: `+ 10 · i` for the `i`-th layer left off.
+const UID_BASE: u32 = 2_000_000_400;
+
+/// `sleep 30` under `uid` (when kiln is root), leading its own process group.
+fn sleeper(uid: Option<u32>) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let mut c = std::process::Command::new("sleep");
+    c.arg("30").process_group(0);
+    if let Some(u) = uid {
+        c.uid(u).gid(u);
+    }
+    c.spawn().unwrap()
+}
+
+/// Signals out, every way, to a process under the run's own uid: it must live.
+fn signals(sandbox: &Sandbox, run_uid: Option<u32>) {
+    let mut target = sleeper(run_uid);
+    let body = format!(
+        "PIDS = [{}]\nTIOCSPGRP = {}\n{SIGNAL_OUT}",
+        target.id(),
+        libc::TIOCSPGRP
+    );
+    grade_in(sandbox, &errno_probe(&body), &stdin("", "-"), &short());
+    let status = target.try_wait().unwrap();
+    let _ = target.kill();
+    let _ = target.wait();
+    assert!(status.is_none(), "the target died: {status:?}");
+}
+
+/// A world-readable secret read, files written in world-writable directories: neither happens.
+fn files(sandbox: &Sandbox) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(common::unique("degraded"));
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let secret = dir.join("secret.txt");
+    std::fs::write(&secret, "hunter2").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let targets = [
+        std::path::Path::new("/tmp").join(common::unique("tmp")),
+        std::path::Path::new("/dev/shm").join(common::unique("shm")),
+    ];
+    let mut body = format!("print(attempt(lambda: print(open({secret:?}).read())))\n");
+    for t in &targets {
+        body += &format!("print(attempt(lambda: open({t:?}, 'w').write('x')))\n");
+    }
+    let g = grade_in(
+        sandbox,
+        &probe(&body),
+        &stdin("", "denied\ndenied\ndenied"),
+        &short(),
+    );
+    let written: Vec<_> = targets.iter().filter(|t| t.exists()).collect();
+    for t in &written {
+        let _ = std::fs::remove_file(t);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(written.is_empty(), "written: {written:?}");
+    assert_verdict(&g, Verdict::Accepted);
+}
+
+/// Threads until one fails, then (all joined) processes until one fails (ctypes `fork`, each
+/// child in a new session, its descriptors closed, sleeping): both bounded, and no child outlives
+/// the run.
+fn tasks(sandbox: &Sandbox) {
+    let p = sandbox.protections();
+    let most = if p.tasks.detail.contains("shared uid") {
+        80
+    } else {
+        64
+    };
+    let code = format!(
+        "import threading\nthreading.stack_size(1 << 16)\nstop = threading.Event()\nn = 0\n\
+         ts = []\n\
+         try:\n    while n < 3000:\n        t = threading.Thread(target=stop.wait)\n        t.start()\n        ts.append(t)\n        n += 1\n\
+         except RuntimeError:\n    pass\nstop.set()\nfor t in ts:\n    t.join()\n\
+         forks = 0\n\
+         for _ in range(300):\n    pid = libc.fork()\n    if pid == 0:\n        os.closerange(0, 1024)\n        libc.setsid()\n        \
+         libc.sleep(30)\n        os._exit(0)\n    if pid < 0:\n        break\n    forks += 1\n\
+         print('bounded' if n < {most} and forks < {most} else 'unbounded %d %d' % (n, forks))"
+    );
+    let limits = Limits {
+        per_test: Duration::from_secs(4),
+        ..short()
+    };
+    let g = grade_in(sandbox, &probe(&code), &stdin("", "bounded"), &limits);
+    assert_verdict(&g, Verdict::Accepted);
+}
+
+/// Private and shared memory past the limit, and a disk filled by writes and by `fallocate`.
+fn memory_and_disk(sandbox: &Sandbox) {
+    let hog = "a = []\nwhile True:\n    a.append(' ' * 10**7)";
+    assert_verdict(
+        &grade_in(sandbox, hog, &stdin("", "1"), &short()),
+        Verdict::MemoryLimit,
+    );
+    let shared = "import mmap\nn = 3 << 30\nm = mmap.mmap(-1, n, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)\n\
+                  for i in range(0, n, 4096):\n    m[i] = 1";
+    assert_verdict(
+        &grade_in(sandbox, shared, &stdin("", "1"), &short()),
+        Verdict::MemoryLimit,
+    );
+    let before = super::bounds::free_bytes();
+    let fill = "import ctypes\nlibc = ctypes.CDLL(None)\nfd = os.open('big', os.O_WRONLY | os.O_CREAT)\n\
+                libc.fallocate(fd, 1, ctypes.c_long(0), ctypes.c_long(64 << 30))\n\
+                i = 0\nwhile True:\n    open('f%d' % i, 'wb').write(b'x' * (1 << 20))\n    i += 1";
+    let g = grade_in(
+        sandbox,
+        &format!("import os\n{fill}"),
+        &stdin("", "1"),
+        &short(),
+    );
+    let after = super::bounds::free_bytes();
+    assert_verdict(&g, Verdict::RuntimeError);
+    assert!(
+        after + (160 << 20) > before,
+        "free space fell from {before} to {after}"
+    );
+}
+
+#[test]
+fn each_layer_left_off_is_contained_by_the_others_or_refused() {
+    let _alone = common::exclusive();
+    let mut report = Vec::new();
+    for (i, layer) in SKIPPABLE_LAYERS.iter().enumerate() {
+        let t = Instant::now();
+        let uid_base = UID_BASE + 10 * i as u32;
+        let made = Sandbox::new(SandboxOptions {
+            slots: 1,
+            uid_base,
+            skip_layers: vec![layer.to_string()],
+            ..SandboxOptions::default()
+        });
+        let sandbox = match made {
+            Err(SandboxError::Unconfined(why)) => {
+                // refused: what it names needs the layer left off
+                let (needs, left_off) = why.split_once(" (left off on request: ").unwrap();
+                assert!(
+                    left_off.starts_with(layer) && needs.contains(layer),
+                    "{why}"
+                );
+                report.push(format!("{layer}: refused in {:?}", t.elapsed()));
+                continue;
+            }
+            Err(e) => panic!("without {layer}: {e}"),
+            Ok(s) => s,
+        };
+        // nothing contains file reads and writes outside the scratch but Landlock
+        assert_ne!(*layer, "landlock", "set up without Landlock");
+        let p = sandbox.protections();
+        assert!(p.confined() && !p.unsafe_mode, "{p}");
+        assert_eq!(p.skipped, [layer.to_string()], "{p}");
+        let (_, off) = p.layers().into_iter().find(|(n, _)| n == layer).unwrap();
+        assert!(
+            !off.active && off.detail.contains("left off on request"),
+            "{p}"
+        );
+        let run_uid = (common::is_root() && p.uid.active).then_some(uid_base);
+        signals(&sandbox, run_uid);
+        files(&sandbox);
+        tasks(&sandbox);
+        memory_and_disk(&sandbox);
+        report.push(format!("{layer}: contained in {:?}", t.elapsed()));
+    }
+    println!("{}", report.join("\n"));
+}
