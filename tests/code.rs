@@ -352,6 +352,43 @@ fn the_code_task_drives_rl_prompts_and_rewards() {
 }
 
 #[test]
+fn sandbox_layers_left_off_are_recorded_and_unknown_or_uncontained_ones_refused() {
+    // RL: `[task] sandbox_without`
+    let config: kiln::tasks::TaskConfig = serde_json::from_value(json!({ "kind": "code", "sandbox_without": ["net_namespace"] })).unwrap();
+    let kiln::tasks::TaskConfig::Code(code) = config else { panic!("{config:?}") };
+    let task = CodeTask::new(code).unwrap();
+    let p = task.sandbox().protections();
+    assert_eq!(p.skipped, ["net_namespace"]);
+    assert!(!p.net_namespace.active && p.net_namespace.detail.contains("left off on request"), "{p}");
+    let unknown = CodeTask::new(CodeTaskConfig { sandbox_without: vec!["lanlock".into()], ..Default::default() }).err().unwrap().to_string();
+    assert!(unknown.contains("\"lanlock\"") && unknown.contains("landlock, seccomp, user_namespace"), "{unknown}");
+
+    // `kiln code grade --sandbox-without`: recorded in the summary line; refusals are one line
+    let tmp = tempfile::tempdir().unwrap();
+    let problems = all_problems(tmp.path());
+    let completions = tmp.path().join("completions.jsonl");
+    let (id, right, _) = solutions().remove(0);
+    std::fs::write(&completions, json!({ "question_id": id, "completion": fenced(&right) }).to_string() + "\n").unwrap();
+    let out = tmp.path().join("graded.jsonl");
+    let args = ["code", "grade", "--problems", s(&problems), "--completions", s(&completions), "--out", s(&out), "--sandbox-without"];
+    let run = kiln(&[&args[..], &["net_namespace"]].concat());
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(stderr.contains("(left off: net_namespace)"), "{stderr}");
+    let summary = lines(&out).pop().unwrap()["summary"].take();
+    assert_eq!(summary["protections"]["skipped"], json!(["net_namespace"]), "{summary}");
+    assert_eq!(summary["protections"]["net_namespace"]["active"], false);
+    assert_eq!(summary["correct"], 1);
+    for (without, says) in [("landlock", "nothing here contains filesystem"), ("seccomp,lanlock", "\"lanlock\"")] {
+        let run = kiln(&[&args[..], &[without, "--overwrite"]].concat());
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success() && stderr.lines().count() == 1 && stderr.contains(says), "{stderr}");
+    }
+    let valid = String::from_utf8_lossy(&kiln(&[&args[..], &["x"]].concat()).stderr).to_string();
+    assert!(valid.contains("landlock, seccomp, user_namespace, net_namespace, scratch, uid, cgroup"), "{valid}");
+}
+
+#[test]
 fn kiln_sft_trains_on_parquet_rows_and_scores_the_held_out_ones() {
     let tmp = tempfile::tempdir().unwrap();
     // A tokenizer fitted to the rows keeps them short.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
 use kiln::io::{AtomicFile, jsonl_records};
-use kiln::tasks::code::sandbox::{Protections, Sandbox, SandboxOptions};
+use kiln::tasks::code::sandbox::{Protections, SKIPPABLE_LAYERS, Sandbox, SandboxOptions};
 use kiln::tasks::code::summary::{PassSummary, ProblemCount, ProblemOutcome, SampleOutcome};
 use kiln::tasks::code::task::limits;
 use kiln::tasks::code::{CodeProblem, DEFAULT_KS, Extraction, GradeRecord, Submission, grade_submissions, read_code_problems, summarize};
@@ -32,10 +32,15 @@ enum CodeCommand {
 /// Options shared by the commands that run model-written programs.
 #[derive(Debug, Clone, Args)]
 pub struct SandboxArgs {
-    /// Run programs even when neither Landlock nor seccomp can confine them (DANGEROUS: only
-    /// for code you trust).
+    /// Run programs even when the sandbox cannot contain them (DANGEROUS: only for code you
+    /// trust).
     #[arg(long)]
     pub unsafe_no_sandbox: bool,
+    /// Leave sandbox layers off as if the kernel lacked them (landlock, seccomp, user_namespace,
+    /// net_namespace, scratch, uid, cgroup); recorded with the protections. kiln still refuses
+    /// when the layers left cannot contain a run.
+    #[arg(long, value_name = "LAYER[,LAYER...]", value_delimiter = ',', value_parser = parse_layer)]
+    pub sandbox_without: Vec<String>,
     /// Per-test time limit in seconds, CPU and wall (LiveCodeBench: 6).
     #[arg(long, default_value_t = 6.0)]
     pub timeout: f64,
@@ -51,10 +56,22 @@ pub struct SandboxArgs {
 impl SandboxArgs {
     /// Probes the sandbox and prints its layers on stderr; refuses unconfined unless allowed.
     pub fn sandbox(&self) -> Result<Arc<Sandbox>> {
-        let sandbox = Sandbox::new(SandboxOptions { allow_unsafe: self.unsafe_no_sandbox, slots: self.slots, ..SandboxOptions::default() })?;
+        let sandbox = Sandbox::new(SandboxOptions {
+            allow_unsafe: self.unsafe_no_sandbox,
+            skip_layers: self.sandbox_without.clone(),
+            slots: self.slots,
+            ..SandboxOptions::default()
+        })?;
         eprint!("{}", sandbox.protections());
         Ok(Arc::new(sandbox))
     }
+}
+
+fn parse_layer(text: &str) -> Result<String> {
+    if !SKIPPABLE_LAYERS.contains(&text) {
+        bail!("unknown sandbox layer {text:?}: the layers that can be left off are {}", SKIPPABLE_LAYERS.join(", "));
+    }
+    Ok(text.to_owned())
 }
 
 fn parse_extraction(text: &str) -> Result<Extraction> {

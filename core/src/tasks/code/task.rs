@@ -10,6 +10,7 @@
 //! kind = "code"
 //! template = "lcb-qwen"        # or "lighteval" / "generic" with chat_template = "<model dir>"
 //! timeout_s = 6                # per test, for evaluation (LiveCodeBench's)
+//! sandbox_without = []         # sandbox layers to leave off, e.g. ["seccomp"] (testing)
 //!
 //! [reward]
 //! kind = "code"
@@ -60,9 +61,14 @@ pub struct CodeTaskConfig {
     /// Strings that end a response when decoding for evaluation (LiveCodeBench: `###`).
     #[serde(default = "lcb_stop")]
     pub stop: Vec<String>,
-    /// Run programs even when neither Landlock nor seccomp confines them (never by default).
+    /// Run programs even when the sandbox cannot contain them (never by default).
     #[serde(default)]
     pub unsafe_no_sandbox: bool,
+    /// Sandbox layers to leave off as if the kernel lacked them (`kiln_sandbox::SKIPPABLE_LAYERS`
+    /// names; the CLI's `--sandbox-without`). The sandbox still refuses when the rest cannot
+    /// contain a run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sandbox_without: Vec<String>,
 }
 
 fn lcb_qwen() -> PromptTemplate {
@@ -77,7 +83,7 @@ fn lcb_stop() -> Vec<String> {
 
 impl Default for CodeTaskConfig {
     fn default() -> Self {
-        Self { template: lcb_qwen(), chat_template: None, timeout_s: six(), extraction: Extraction::Lcb, stop: lcb_stop(), unsafe_no_sandbox: false }
+        Self { template: lcb_qwen(), chat_template: None, timeout_s: six(), extraction: Extraction::Lcb, stop: lcb_stop(), unsafe_no_sandbox: false, sandbox_without: Vec::new() }
     }
 }
 
@@ -111,7 +117,11 @@ pub struct CodeTask {
 impl CodeTask {
     /// The task of `config`, with a sandbox probed now (an error if it refuses to run).
     pub fn new(config: CodeTaskConfig) -> Result<Self> {
-        let options = SandboxOptions { allow_unsafe: config.unsafe_no_sandbox, ..SandboxOptions::default() };
+        let options = SandboxOptions {
+            allow_unsafe: config.unsafe_no_sandbox,
+            skip_layers: config.sandbox_without.clone(),
+            ..SandboxOptions::default()
+        };
         Self::with_sandbox(config, Arc::new(Sandbox::new(options)?))
     }
 
