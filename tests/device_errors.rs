@@ -50,27 +50,34 @@ fn one_error_line(out: &Output) -> String {
     lines[0].to_string()
 }
 
-/// The smallest multiple of 256 tokens whose 4-head f32 attention scores exceed `limit`.
-fn tokens_over(limit: u64) -> usize {
-    (1..).map(|k| 256 * k).find(|t| 4 * 4 * (*t as u64).pow(2) > limit).unwrap()
+/// The smallest multiple of 256 tokens whose f32 attention scores over `heads` heads exceed
+/// `limit`.
+fn tokens_over(limit: u64, heads: u64) -> usize {
+    (1..).map(|k| 256 * k).find(|t| heads * 4 * (*t as u64).pow(2) > limit).unwrap()
 }
 
+/// Attention whose dense f32 scores would exceed the device's largest buffer (once refused) runs
+/// in chunks of queries (`model::chunked_attention`), in a training step and in generation's
+/// prefill, and prints its figures.
 #[test]
-fn attention_scores_over_the_largest_buffer_are_refused_with_their_size() {
+fn attention_scores_over_the_largest_buffer_are_computed_in_chunks() {
     let limit = limit();
     let tmp = tempfile::tempdir().unwrap();
-    let tokens = tokens_over(limit);
-    let config = config(tmp.path(), "config.json", 64, 4, 128, 97, tokens + 8);
+    // 16 heads of 4 (1,536 tokens on lavapipe): the scores are over the limit at a quarter of
+    // the tokens and of the products' work that 4 heads would need.
+    let tokens = tokens_over(limit, 16);
+    let config = config(tmp.path(), "config.json", 64, 16, 128, 97, tokens + 8);
     let len = tokens.to_string();
     for train in [true, false] {
         let mut args = vec!["bench", "--backend", "wgpu", "--config", &config, "--batch", "1", "--prompt-len", &len, "--new-tokens", "2", "--repeats", "1"];
         if train {
             args.push("--train");
         }
-        let line = one_error_line(&kiln(&args));
-        let expected = format!("error: attention scores [1, 4, {tokens}, {tokens}] f32 needs ");
-        assert!(line.starts_with(&expected), "train {train}: {line}");
-        assert!(line.contains("largest buffer"), "{line}");
+        let out = kiln(&args);
+        assert!(out.status.success(), "train {train}: {}", String::from_utf8_lossy(&out.stderr));
+        let figures: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let rate = if train { "tokens_per_s" } else { "prefill_tokens_per_s" };
+        assert!(figures[rate].as_f64().is_some_and(|r| r > 0.0), "train {train}: {figures}");
     }
 }
 

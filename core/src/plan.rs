@@ -14,18 +14,18 @@
 //! |---|---|---|
 //! | 2 RMSNorms | input in f32, normalised output | 2 · (4h + s·h) |
 //! | q, k after RoPE | each input and its rotated half | 2s · (q + kv) |
-//! | attention | q, k, v in f32; exp(scores) and the softmax, f32, per key | 4 · (q + 2kv) + 8 · H · T |
+//! | attention | q, k, v in f32, the output in f32 and one log-sum-exp per head (no scores: `model::chunked_attention`) | 4 · (q + 2kv) + 4 · (q + H) |
 //! | o_proj | its input | s · q |
 //! | SwiGLU MLP | gate, sigmoid(gate), silu, up, their product | 5s · i |
 //!
-//! plus ≈ 4 · H · T bytes per token and layer that the score computation holds beyond the kept
-//! tensors (its intermediates and the allocator's slack; measured), and the head: the final norm
+//! (the scores exist for one chunk of queries at a time, at most 64 MiB, and are not counted),
+//! and the head: the final norm
 //! and one f32 log-sum-exp per token (the LM head, log-softmax and gather are fused and chunked
 //! over tokens, `model::head_loss`: one chunk's logits exist at a time; the CPU's fused f32 path
 //! keeps the f32 logits instead). With `recompute` (burn's
 //! `BalancedCheckpointing`) only the outputs of matrix products and casts are kept (the rest is
 //! recomputed in the backward pass): s · (q + 2kv + 2h + 2i) + 4 · (2h + q) (+ 4 · (q + 2kv) in
-//! half precision) + 9 · H · T, the last term measured likewise. Both forms were checked against
+//! half precision) + 4 · (q + H), the attention's own output and log-sum-exp. Both forms were checked against
 //! the peak resident memory of training steps on the CPU (`tests/plan.rs` for the tiny model,
 //! `benches/plan_vs_rss.sh` for the 100M one).
 //!
@@ -114,9 +114,9 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
         68.0 * h + 14.0 * i + 4.0 * (q + 2.0 * kv) + 4.0 * q + 4.0 * heads
     } else if request.recompute {
         let half = if p.compute().is_half() { 4.0 * (q + 2.0 * kv) } else { 0.0 };
-        s * (q + 2.0 * kv + 2.0 * h + 2.0 * i) + 4.0 * (2.0 * h + q) + half + 9.0 * heads * t
+        s * (q + 2.0 * kv + 2.0 * h + 2.0 * i) + 4.0 * (2.0 * h + q) + half + 4.0 * (q + heads)
     } else {
-        2.0 * (4.0 * h + s * h) + 2.0 * s * (q + kv) + 4.0 * (q + 2.0 * kv) + 8.0 * heads * t + s * q + 5.0 * s * i + 4.0 * heads * t
+        2.0 * (4.0 * h + s * h) + 2.0 * s * (q + kv) + 4.0 * (q + 2.0 * kv) + 4.0 * (q + heads) + s * q + 5.0 * s * i
     };
     let activations_per_layer = per_token_layer * tokens;
     // The head: on the fused CPU path the final norm's input and output, the logits and one
@@ -140,7 +140,14 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
     // f32 sum of the head weight's gradient.
     let rows = crate::model::head_loss::rows_per_chunk(tokens as usize, config.vocab_size, None) as f64;
     let logits_grad = if fused { tokens * v * 4.0 } else { rows * v * (12.0 + 2.0 * s) + 4.0 * v * h };
-    let backward_start = weights + copy + state + activations + logits_grad;
+    // One chunk of attention's backward pass: the scores recomputed, their mask, the
+    // probabilities, their gradient and its parts, ≈ 8 chunk-sized f32 tensors with
+    // recomputation; without it the last layer's backward pass starts after the head's and the
+    // MLP's kept tensors are freed, which leaves ≈ 4 of them on top of the peak (both measured).
+    let chunk_rows = crate::model::chunked_attention::rows_per_chunk(batch, config.num_attention_heads, request.seq, request.seq, None);
+    let chunk_tensors = if request.recompute { 8.0 } else { 4.0 };
+    let attention_chunk = if fused { 0.0 } else { chunk_tensors * batch as f64 * heads * chunk_rows as f64 * t * 4.0 };
+    let backward_start = weights + copy + state + activations + logits_grad + attention_chunk;
     let update = weights + state + grads + 6.0 * largest;
     let training = vec![
         part("weights", weights, format!("{} parameters in {}", config.num_parameters(), p.weights())),
@@ -152,6 +159,7 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
             true => "f32, at the start of the backward pass".into(),
             false => format!("chunks of {rows} tokens' logits and the head weight's f32 gradient (no [tokens, V] logits)"),
         }),
+        part("attention chunk", attention_chunk, format!("the backward pass's scores for {chunk_rows} queries at a time")),
         part("update temporaries", 6.0 * largest, "six tensors the size of the largest weight".into()),
     ];
     let per_token_flops = 2.0 * matmul_weights(config) + 4.0 * t * q * layers;
@@ -162,12 +170,14 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
     let kv_cache = 2.0 * layers * kv * gs * tokens;
     let gen_weights = params * gs;
     let logits = batch as f64 * v * (gs + 4.0);
-    let prefill_scores = batch as f64 * heads * t * t * 4.0;
+    // Attention scores exist for one chunk of queries at a time (`model::chunked_attention`).
+    let prefill_rows = crate::model::chunked_attention::rows_per_chunk(batch, config.num_attention_heads, request.seq, request.seq, None);
+    let prefill_scores = batch as f64 * heads * prefill_rows as f64 * t * 4.0;
     let generation = vec![
         part("weights", gen_weights, format!("in {g}")),
         part("KV cache", kv_cache, format!("{batch} sequences × {} positions × {} layers, {g}", request.seq, config.num_hidden_layers)),
         part("logits", logits, "one step's, and their f32 copy".into()),
-        part("prefill scores", prefill_scores, "one layer's f32 attention scores over the whole prompt".into()),
+        part("prefill scores", prefill_scores, format!("one layer's f32 attention scores for {prefill_rows} queries of the prompt at a time")),
     ];
     let generation_peak = gen_weights + kv_cache + logits.max(prefill_scores);
     Plan {

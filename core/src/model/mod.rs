@@ -1,6 +1,8 @@
 //! The Qwen2 model family: config, blocks, KV cache, and Hugging Face checkpoints.
 
 pub mod config;
+pub mod custom_op;
+pub mod chunked_attention;
 pub mod cpu_decode;
 pub mod dtype;
 pub mod fused;

@@ -12,7 +12,9 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Int, Tensor, backend::Backend};
 
+use super::chunked_attention;
 use super::config::Qwen2Config;
+use super::custom_op;
 use super::dtype::Dtype;
 use super::fused::{self, KeyMask};
 use super::inputs::Inputs;
@@ -108,10 +110,9 @@ impl<B: Backend> Attention<B> {
         mask: &AttnMask<B>,
         cache: Option<&mut LayerCache<B>>,
     ) -> Tensor<B, 3> {
-        let mask = match mask {
-            AttnMask::Dense(mask) => mask.clone(),
-            AttnMask::Keys(keys) => return self.forward_fused(x, rope, keys, cache),
-        };
+        if let AttnMask::Keys(keys) = mask {
+            return self.forward_fused(x, rope, keys, cache);
+        }
         let [batch, seq, _] = x.dims();
         let (heads, kv_heads, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let split = |y: Tensor<B, 3>, n: usize| y.reshape([batch, seq, n, d]).swap_dims(1, 2);
@@ -124,14 +125,26 @@ impl<B: Backend> Attention<B> {
             None => (k, v),
         };
 
-        // Fold the G query heads of each KV group into the query axis instead of repeating
-        // K and V G times: query head h = k·G + g reads KV head k, as `repeat_kv` does.
-        let q = q.reshape([batch, kv_heads, (heads / kv_heads) * seq, d]);
-        let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: false };
         // Half precision: scores, softmax and the weighted sum in f32 (as flash attention and
         // torch's CPU kernels accumulate), the result rounded once. No-ops in f32.
         let (dtype, f32) = (q.dtype(), |t: Tensor<B, 4>| proj::to_dtype(t, DType::F32));
-        let out = attention(f32(q), f32(k), f32(v), Some(mask), None, options); // [B, K, G·T, d]
+        let (q, k, v) = (f32(q), f32(k), f32(v));
+        let out = match mask {
+            AttnMask::Dense(mask) => {
+                // Fold the G query heads of each KV group into the query axis instead of
+                // repeating K and V G times: query head h = k·G + g reads KV head k, as
+                // `repeat_kv` does.
+                let q = q.reshape([batch, kv_heads, (heads / kv_heads) * seq, d]);
+                let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: false };
+                attention(q, k, v, Some(mask.clone()), None, options) // [B, K, G·T, d]
+            }
+            AttnMask::Chunked { key_valid, rows } => match custom_op::kernels::<B>() {
+                Some(kernels) => (kernels.attention)(q.clone(), k.clone(), v.clone(), key_valid, *rows),
+                None => None,
+            }
+            .unwrap_or_else(|| chunked_attention::forward(&q, &k, &v, key_valid, *rows).0), // [B, H, T, d]
+            AttnMask::Keys(_) => unreachable!("taken above"),
+        };
         let out = proj::to_dtype(out, dtype);
         let out = out.reshape([batch, heads, seq, d]).swap_dims(1, 2).reshape([batch, seq, heads * d]);
         self.o_proj.forward(out)
@@ -158,8 +171,13 @@ impl<B: Backend> Attention<B> {
 /// How attention learns which keys each query may see.
 #[derive(Debug, Clone)]
 pub enum AttnMask<B: Backend> {
-    /// `[B, K, G·T, S]` from [`attention_mask`] (burn's attention op).
+    /// `[B, K, G·T, S]` from [`attention_mask`] (burn's attention op), where the scores are
+    /// small enough to exist at once and no chunked backward pass is installed.
     Dense(Tensor<B, 4, Bool>),
+    /// Which keys are real (`[B, S]`, 1 = real) for [`chunked_attention`], `rows` queries at a
+    /// time: with its own backward pass where [`custom_op::install`]ed (training), else as plain
+    /// operations.
+    Chunked { key_valid: Tensor<B, 2, Int>, rows: usize },
     /// Which keys are real, for the fused CPU kernel, which derives causality itself.
     Keys(KeyMask),
 }
@@ -178,6 +196,21 @@ impl<B: Backend> AttnMask<B> {
             let valid: Vec<u8> = key_valid.into_data().convert::<i64>().iter::<i64>().map(|v| (v != 0) as u8).collect();
             return Self::Keys(KeyMask { batch, keys, valid: valid.into() });
         }
+        let device = key_valid.device();
+        let [batch, keys] = key_valid.dims();
+        let heads = kv_heads * group;
+        let max_buffer = kiln_backends::device::max_buffer::<B>(&device);
+        let rows = chunked_attention::rows_per_chunk(batch, heads, queries, keys, max_buffer);
+        if custom_op::kernels::<B>().is_some() || rows < queries {
+            // One chunk's scores must fit the device's buffers even at one query.
+            kiln_backends::device::ensure_fits::<B>(
+                &device,
+                chunked_attention::dense_bytes(batch, heads, rows, keys),
+                || format!("attention scores [{batch}, {heads}, {rows}, {keys}] f32"),
+                "use a shorter sequence or a smaller batch",
+            );
+            return Self::Chunked { key_valid, rows };
+        }
         Self::Dense(attention_mask(key_valid, queries, kv_heads, group))
     }
 }
@@ -191,21 +224,7 @@ pub fn attention_mask<B: Backend>(
     kv_heads: usize,
     group: usize,
 ) -> Tensor<B, 4, Bool> {
-    let device = key_valid.device();
-    let [batch, keys] = key_valid.dims();
-    let offset = (keys - queries) as i64;
-    let shape = [batch, queries, keys];
-    let rows = Tensor::<B, 1, Int>::arange(offset..offset + queries as i64, &device)
-        .reshape([1, queries, 1])
-        .expand(shape);
-    let cols = Tensor::<B, 1, Int>::arange(0..keys as i64, &device).reshape([1, 1, keys]).expand(shape);
-    let future = cols.clone().greater(rows.clone());
-    let not_self = cols.not_equal(rows);
-    let padded = key_valid.equal_elem(0).reshape([batch, 1, keys]).expand(shape);
-    let mask = future.bool_or(padded.bool_and(not_self)); // [B, T, S]
-    mask.reshape([batch, 1, 1, queries, keys])
-        .expand([batch, kv_heads, group, queries, keys])
-        .reshape([batch, kv_heads, group * queries, keys])
+    chunked_attention::chunk_mask(&key_valid, queries, 0, queries, kv_heads, group)
 }
 
 /// One pre-norm decoder block.
@@ -306,18 +325,6 @@ impl<B: Backend> Qwen2<B> {
         let mut x = self.embed_tokens.forward(inputs.ids.clone());
         if let Some(dtype) = self.compute {
             x = proj::to_dtype(x, dtype.burn());
-        }
-        if !AttnMask::<B>::is_fused(x.dtype()) {
-            // The dense mask and burn's attention scores are `[B, H, T, S]` (bool and f32):
-            // refuse what the device cannot hold rather than fail on its thread.
-            let [batch, keys] = key_valid.dims();
-            let heads = self.config.num_attention_heads;
-            kiln_backends::device::ensure_fits::<B>(
-                &key_valid.device(),
-                (batch * heads * queries * keys * 4) as u64,
-                || format!("attention scores [{batch}, {heads}, {queries}, {keys}] f32"),
-                "use a shorter sequence or a smaller batch",
-            );
         }
         let mask = AttnMask::new(key_valid, queries, kv_heads, group, x.dtype());
         for (i, layer) in self.layers.iter().enumerate() {

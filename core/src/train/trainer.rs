@@ -257,6 +257,8 @@ where
     B: AutodiffBackend,
     O: Objective<B>,
 {
+    // Attention with its own chunked backward pass (memory linear in the sequence length).
+    crate::model::custom_op::install::<B>();
     let Start { mut model, mut optimizer, mut step, mut loss_scale } = dist::sync_start(replica, start, objective)?;
     let main = replica.is_main();
     let began = Instant::now();

@@ -1,0 +1,110 @@
+//! Operations with their own backward pass on any backend under burn's `Autodiff` (the pattern
+//! of burn's `examples/custom-cubecl-kernel`, written once for every inner backend): the
+//! forward pass runs on the inner backend, the backward pass is a burn-autodiff [`Backward`].
+//! Used by the chunked LM head ([`super::head_loss`]) and chunked attention
+//! ([`super::chunked_attention`]).
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::sync::{OnceLock, RwLock};
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, CheckpointStrategy, NoCheckpointing};
+use burn::backend::autodiff::ops::{Backward, OpsKind};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Int, Tensor, TensorPrimitive};
+
+/// The backend under autodiff.
+pub type Inner<B> = <B as AutodiffBackend>::InnerBackend;
+
+/// A float tensor of burn's `Autodiff<Inner<B>>`: the inner value and its graph node.
+pub type Tracked<B> = FloatTensor<Autodiff<Inner<B>>>;
+
+/// `value` as type `T` when it is one (a backend's primitive, by type identity).
+pub fn cast<T: 'static>(value: impl Any) -> Option<T> {
+    let boxed: Box<dyn Any> = Box::new(value);
+    boxed.downcast::<T>().ok().map(|b| *b)
+}
+
+/// Which checkpointing strategy `B` is burn's `Autodiff` with; `None` for any other backend.
+fn strategy<B: AutodiffBackend>() -> Option<bool> {
+    let is = |c: TypeId| TypeId::of::<B>() == c;
+    if is(TypeId::of::<Autodiff<Inner<B>, NoCheckpointing>>()) {
+        Some(false)
+    } else if is(TypeId::of::<Autodiff<Inner<B>, BalancedCheckpointing>>()) {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+/// The tracked primitive of `t` when `B` is burn's `Autodiff` (either strategy).
+pub fn tracked<B: AutodiffBackend, const D: usize>(t: Tensor<B, D>) -> Option<Tracked<B>> {
+    strategy::<B>()?;
+    cast(t.into_primitive().tensor())
+}
+
+/// The inner value of a tracked primitive as a tensor.
+pub fn value<I: Backend, const D: usize>(t: &FloatTensor<Autodiff<I>>) -> Tensor<I, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(t.primitive.clone()))
+}
+
+/// Records `op` with parents `inputs` and output `output` (computed on the inner backend);
+/// `state()` (what the backward pass needs) is only built when a parent needs a gradient.
+pub fn record<B: AutodiffBackend, O: Backward<Inner<B>, N>, const N: usize, const D: usize>(
+    op: O,
+    inputs: &[Tracked<B>; N],
+    state: impl FnOnce() -> O::State,
+    output: Tensor<Inner<B>, D>,
+) -> Option<Tensor<B, D>> {
+    fn finish<I: Backend, O: Backward<I, N>, C: CheckpointStrategy, const N: usize>(
+        op: O,
+        inputs: &[FloatTensor<Autodiff<I>>; N],
+        state: impl FnOnce() -> O::State,
+        output: FloatTensor<I>,
+    ) -> FloatTensor<Autodiff<I>> {
+        let nodes = inputs.clone().map(|t| t.node);
+        match op.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish(state(), output),
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        }
+    }
+    let output = output.into_primitive().tensor();
+    let out = match strategy::<B>()? {
+        false => finish::<Inner<B>, O, NoCheckpointing, N>(op, inputs, state, output),
+        true => finish::<Inner<B>, O, BalancedCheckpointing, N>(op, inputs, state, output),
+    };
+    Some(Tensor::from_primitive(TensorPrimitive::Float(cast::<B::FloatTensorPrimitive>(out)?)))
+}
+
+/// The operations above for one backend `B` under autodiff, as plain function pointers, so
+/// that code generic over any backend (the model) can call them once [`install`]ed.
+pub struct Kernels<B: Backend> {
+    /// [`super::chunked_attention::attention`].
+    pub attention: fn(Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>, &Tensor<B, 2, Int>, usize) -> Option<Tensor<B, 4>>,
+}
+
+type Registry = RwLock<HashMap<TypeId, &'static (dyn Any + Send + Sync)>>;
+
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+/// Makes [`Kernels`] of `B` available to [`kernels`] (once per backend type; the training loop
+/// does it before its first step).
+pub fn install<B: AutodiffBackend>() {
+    let id = TypeId::of::<B>();
+    if registry().read().expect("kernel registry").contains_key(&id) {
+        return;
+    }
+    let kernels: &'static Kernels<B> = Box::leak(Box::new(Kernels { attention: super::chunked_attention::attention::<B> }));
+    registry().write().expect("kernel registry").entry(id).or_insert(kernels);
+}
+
+/// The [`Kernels`] installed for backend `B`, if any.
+pub fn kernels<B: Backend>() -> Option<&'static Kernels<B>> {
+    let found = *registry().read().expect("kernel registry").get(&TypeId::of::<B>())?;
+    found.downcast_ref::<Kernels<B>>()
+}
