@@ -171,6 +171,101 @@ pub fn head_logprobs<B: AutodiffBackend>(hidden: Tensor<B, 2>, weight: Tensor<B,
         .unwrap_or_else(|| scores(hidden, weight, targets, rows, false).logprobs)
 }
 
+/// Per-token reverse KL `Σ_v p_S(v) (log p_S(v) − log p_T(v))` `[N]` (f32) of the student's head
+/// (hidden `[N, D]`, weight `[D, V]`) against the teacher's (hidden `[N, D_T]`, weight
+/// `[D_T, V]`, the same vocabulary), `rows` tokens at a time. Any backend, no gradient of its
+/// own (see [`head_reverse_kl`]).
+pub fn reverse_kl<B: Backend>(hidden: Tensor<B, 2>, weight: Tensor<B, 2>, teacher_hidden: Tensor<B, 2>, teacher_weight: Tensor<B, 2>, rows: usize) -> Tensor<B, 1> {
+    let n = hidden.dims()[0];
+    let mut out = Vec::new();
+    for start in (0..n).step_by(rows.max(1)) {
+        let len = rows.max(1).min(n - start);
+        let (log_s, log_t) = kl_chunk(&hidden, &weight, &teacher_hidden, &teacher_weight, start, len);
+        out.push((log_s.clone().exp() * (log_s - log_t)).sum_dim(1).squeeze_dim(1));
+    }
+    Tensor::cat(out, 0)
+}
+
+/// Student and teacher log-softmax `[c, V]` (f32) of tokens `start..start + len`.
+fn kl_chunk<B: Backend>(h: &Tensor<B, 2>, w: &Tensor<B, 2>, th: &Tensor<B, 2>, tw: &Tensor<B, 2>, start: usize, len: usize) -> (Tensor<B, 2>, Tensor<B, 2>) {
+    let log_softmax = |logits: Tensor<B, 2>| logits.clone() - log_sum_exp(logits);
+    let student = chunk_logits(h.clone().narrow(0, start, len), w.clone());
+    let teacher = chunk_logits(th.clone().narrow(0, start, len), tw.clone());
+    (log_softmax(student), log_softmax(teacher))
+}
+
+/// What the reverse KL's backward pass keeps: the inputs and the per-token KL.
+#[derive(Clone, Debug)]
+struct KlSaved<B: Backend> {
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    teacher_hidden: Tensor<B, 2>,
+    teacher_weight: Tensor<B, 2>,
+    kl: Tensor<B, 1>,
+    rows: usize,
+}
+
+#[derive(Debug)]
+struct KlBackward;
+
+impl<B: Backend> Backward<B, 2> for KlBackward {
+    type State = KlSaved<B>;
+
+    fn backward(self, ops: Ops<KlSaved<B>, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let grad = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(grads.consume::<B>(&ops.node)));
+        let s = ops.state;
+        let [hidden_node, weight_node] = ops.parents;
+        let [n, d] = s.hidden.dims();
+        let (dtype, weight_dtype) = (s.hidden.dtype(), s.weight.dtype());
+        let mut dhidden = Vec::new();
+        let mut dweight = weight_node.is_some().then(|| Tensor::<B, 2>::zeros([d, s.weight.dims()[1]], (&s.hidden.device(), DType::F32)));
+        for start in (0..n).step_by(s.rows.max(1)) {
+            let len = s.rows.max(1).min(n - start);
+            let (log_s, log_t) = kl_chunk(&s.hidden, &s.weight, &s.teacher_hidden, &s.teacher_weight, start, len);
+            // d KL / d student logits = p_S ∘ (log p_S − log p_T − KL), times the output's gradient.
+            let kl = s.kl.clone().narrow(0, start, len).unsqueeze_dim::<2>(1);
+            let g = grad.clone().narrow(0, start, len).unsqueeze_dim::<2>(1);
+            let dlogits = (log_s.clone().exp() * (log_s - log_t - kl) * g).cast(dtype);
+            if hidden_node.is_some() {
+                dhidden.push(dlogits.clone().matmul(s.weight.clone().transpose()));
+            }
+            if let Some(acc) = dweight.take() {
+                dweight = Some(acc + s.hidden.clone().narrow(0, start, len).transpose().matmul(dlogits).cast(DType::F32));
+            }
+        }
+        if let Some(node) = hidden_node {
+            grads.register::<B>(node.id, Tensor::cat(dhidden, 0).into_primitive().tensor());
+        }
+        if let (Some(node), Some(dw)) = (weight_node, dweight) {
+            grads.register::<B>(node.id, dw.cast(weight_dtype).into_primitive().tensor());
+        }
+    }
+}
+
+/// The reverse KL op under burn's `Autodiff`, `None` on other backends.
+fn kl_recorded<B: AutodiffBackend>(hidden: &Tensor<B, 2>, weight: &Tensor<B, 2>, teacher_hidden: &Tensor<Inner<B>, 2>, teacher_weight: &Tensor<Inner<B>, 2>, rows: usize) -> Option<Tensor<B, 1>> {
+    let inputs = [custom_op::tracked(hidden.clone())?, custom_op::tracked(weight.clone())?];
+    let (h, w): (Tensor<Inner<B>, 2>, _) = (custom_op::value(&inputs[0]), custom_op::value(&inputs[1]));
+    let (th, tw) = (teacher_hidden.clone(), teacher_weight.clone());
+    let kl = reverse_kl(h.clone(), w.clone(), th.clone(), tw.clone(), rows);
+    let saved = || KlSaved { hidden: h, weight: w, teacher_hidden: th, teacher_weight: tw, kl: kl.clone(), rows };
+    custom_op::record(KlBackward, &inputs, saved, kl.clone())
+}
+
+/// [`reverse_kl`] with gradients for the student's hidden states and head weight (the teacher's
+/// are constants on the inner backend), through the chunked backward pass; on autodiff backends
+/// other than burn's `Autodiff`, the same chunks under that backend's own autodiff.
+pub fn head_reverse_kl<B: AutodiffBackend>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    teacher_hidden: Tensor<Inner<B>, 2>,
+    teacher_weight: Tensor<Inner<B>, 2>,
+    rows: usize,
+) -> Tensor<B, 1> {
+    let recorded = kl_recorded(&hidden, &weight, &teacher_hidden, &teacher_weight, rows);
+    recorded.unwrap_or_else(|| reverse_kl(hidden, weight, Tensor::from_inner(teacher_hidden), Tensor::from_inner(teacher_weight), rows))
+}
+
 #[cfg(test)]
 mod tests {
     //! The chunked head against log-softmax and gather on whole logits (burn's plain ops), values
@@ -244,6 +339,34 @@ mod tests {
         let err = compare::<NoCheckpointing>(40, 32, 157, 16, DType::BF16);
         assert!(err[0] < 1e-5, "log-probs: relative max |Δ| = {}", err[0]);
         assert!(err[1] < 1.0 / 128.0 && err[2] < 1.0 / 128.0, "gradients: relative max |Δ| (dh, dw) = {:?}", &err[1..]);
+    }
+
+    #[test]
+    fn chunked_reverse_kl_matches_whole_logits_in_values_and_gradients() {
+        type Ad = Autodiff<Flex>;
+        let device = Default::default();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let (n, d, dt, v) = (23, 16, 12, 97);
+        let (h0, w0) = (Tensor::<Flex, 2>::random([n, d], normal, &device), Tensor::<Flex, 2>::random([d, v], normal, &device));
+        let (th, tw) = (Tensor::<Flex, 2>::random([n, dt], normal, &device), Tensor::<Flex, 2>::random([dt, v], normal, &device));
+        let g = Tensor::<Ad, 1>::random([n], normal, &device);
+        let run = |fused: bool| {
+            let h = Tensor::<Ad, 2>::from_inner(h0.clone()).require_grad();
+            let w = Tensor::<Ad, 2>::from_inner(w0.clone()).require_grad();
+            let kl = match fused {
+                true => super::kl_recorded(&h, &w, &th, &tw, 5).expect("the custom op on Autodiff<Flex>"),
+                false => {
+                    let student = log_softmax(h.clone().matmul(w.clone()), 1);
+                    let teacher = log_softmax(Tensor::<Ad, 2>::from_inner(th.clone().matmul(tw.clone())), 1);
+                    (student.clone().exp() * (student - teacher)).sum_dim(1).squeeze_dim(1)
+                }
+            };
+            let grads = (kl.clone() * g.clone()).sum().backward();
+            (kl.inner(), h.grad(&grads).unwrap(), w.grad(&grads).unwrap())
+        };
+        let (ours, theirs) = (run(true), run(false));
+        let err = [relative(ours.0, theirs.0), relative(ours.1, theirs.1), relative(ours.2, theirs.2)];
+        assert!(err.iter().all(|&e| e < 2e-5), "relative max |Δ| (kl, dh, dw) = {err:?}");
     }
 
     #[test]

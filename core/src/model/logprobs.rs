@@ -41,6 +41,28 @@ pub fn target_logprobs<B: AutodiffBackend>(model: &Qwen2<B>, hidden: Tensor<B, 3
     head_loss::head_logprobs(hidden.flatten(0, 1), weight, targets.flatten(0, 1), rows).reshape([batch, seq])
 }
 
+/// Per-position reverse KL `Σ_v p_S(v) (log p_S(v) − log p_T(v))` `[B, T]` (f32) of `model` on
+/// final hidden states `[B, T, D]` against `teacher` on its own `[B, T, D_T]` (over the vocabulary
+/// both share), with gradients for the student, chunked as [`target_logprobs`]; `None` where
+/// whole logits are used instead (Flex in f32, a head with a bias).
+pub fn target_reverse_kl<B: AutodiffBackend>(
+    model: &Qwen2<B>,
+    hidden: Tensor<B, 3>,
+    teacher: &Qwen2<B::InnerBackend>,
+    teacher_hidden: Tensor<B::InnerBackend, 3>,
+) -> Option<Tensor<B, 2>> {
+    if whole_logits(model, hidden.dtype()) || whole_logits(teacher, teacher_hidden.dtype()) {
+        return None;
+    }
+    let [batch, seq, _] = hidden.dims();
+    let vocab = model.config().vocab_size.min(teacher.config().vocab_size);
+    let weight = model.head(hidden.dtype()).0.narrow(1, 0, vocab);
+    let teacher_weight = teacher.head(teacher_hidden.dtype()).0.narrow(1, 0, vocab);
+    let rows = head_loss::chunk_rows::<B>(&hidden.device(), batch * seq, vocab);
+    let kl = head_loss::head_reverse_kl(hidden.flatten(0, 1), weight, teacher_hidden.flatten(0, 1), teacher_weight, rows);
+    Some(kl.reshape([batch, seq]))
+}
+
 /// `log p(targets[b, t])` `[B, T]` (f32) for final hidden states `[B, T, D]` without gradients
 /// (evaluation, RL's old, reference and teacher log-probs), and with `entropy` each position's
 /// entropy `[B, T]`; chunked as [`target_logprobs`].
@@ -109,4 +131,50 @@ pub fn check_sequences<B: Backend>(model: &Qwen2<B>, sequences: &[Vec<u32>]) -> 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::{Autodiff, Flex};
+    use burn::module::AutodiffModule;
+    use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+
+    use super::{target_logprobs, target_reverse_kl, token_logprobs};
+    use crate::model::{Dtype, HostBatch, Qwen2, Qwen2Config};
+
+    type B = Autodiff<Flex>;
+
+    fn model(vocab: usize, hidden: usize, seed: u64) -> Qwen2<B> {
+        let config: Qwen2Config = serde_json::from_str(&format!(
+            r#"{{"vocab_size": {vocab}, "hidden_size": {hidden}, "intermediate_size": 32, "num_hidden_layers": 1,
+                "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 64, "tie_word_embeddings": {}}}"#,
+            seed % 2 == 0
+        ))
+        .unwrap();
+        Qwen2::random(&config, seed, &Default::default()).unwrap().with_compute_dtype(Dtype::BF16)
+    }
+
+    fn max_diff(a: Tensor<B, 2>, b: Tensor<B, 2>) -> f32 {
+        (a - b).abs().max().into_scalar().elem::<f32>()
+    }
+
+    /// In bf16 (so the chunked head, not the CPU's whole-logit kernel): the model-level log-probs
+    /// and the reverse KL to a teacher with a larger (padded) vocabulary and another width equal
+    /// those computed from whole logits.
+    #[test]
+    fn chunked_log_probs_and_reverse_kl_match_whole_logits_through_the_model() {
+        let (student, teacher) = (model(61, 16, 2), model(64, 24, 3));
+        let device = Default::default();
+        let batch = HostBatch::right_padded(&[vec![5, 9, 3, 7, 1], vec![2, 8]], 0).unwrap().to_device::<B>(&device);
+        let targets = Tensor::<B, 2, Int>::from_data(TensorData::new(vec![9i64, 3, 7, 1, 0, 8, 0, 0, 0, 0], [2, 5]), &device);
+        let hidden = student.forward_hidden(&batch, None);
+        let teacher = teacher.valid();
+        let teacher_hidden = teacher.forward_hidden(&HostBatch::right_padded(&[vec![5, 9, 3, 7, 1], vec![2, 8]], 0).unwrap().to_device(&device), None);
+        let chunked = target_logprobs(&student, hidden.clone(), targets.clone());
+        let whole = token_logprobs(student.logits(hidden.clone()), targets);
+        assert!(max_diff(chunked, whole) < 1e-4);
+        let kl = target_reverse_kl(&student, hidden.clone(), &teacher, teacher_hidden.clone()).expect("chunked in bf16");
+        let reference = crate::rl::loss::reverse_kl(student.logits(hidden), Tensor::from_inner(teacher.logits(teacher_hidden)));
+        assert!(max_diff(kl, reference) < 1e-4);
+    }
 }

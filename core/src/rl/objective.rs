@@ -19,14 +19,14 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::{Map, Value, json};
 
 use super::advantage::{RewardScaling, distillation_advantages, grpo_advantages, zero_std_fraction};
-use super::batch::{ResponseBatch, ResponseLayout, response_hidden, response_logits};
+use super::batch::{ResponseBatch, ResponseLayout, response_hidden};
 use super::loss::{Clip, KlEstimator, LossAgg, aggregate, kl_penalty, policy_loss, reverse_kl};
 use super::prompts::PromptSet;
 use super::reward::Reward;
 use super::rollout::{Response, RolloutSettings, rollout};
 use crate::error::{Error, Result};
 use crate::model::Qwen2;
-use crate::model::logprobs::{target_logprobs, target_scores};
+use crate::model::logprobs::{target_logprobs, target_reverse_kl, target_scores};
 use crate::tasks::Item;
 use crate::tokenizer::Tokenizer;
 use crate::train::Objective;
@@ -287,15 +287,10 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
     fn loss(&mut self, model: &Qwen2<B>, micro: &Self::Micro) -> Result<(Tensor<B, 1>, Map<String, Value>)> {
         let s = &self.settings;
         let batch = &micro.batch;
-        // The full-vocabulary distillation loss needs the logits; otherwise only the targets'
-        // log-probabilities, without `[rows, R, V]` logits.
-        let (log_prob, logits) = match &self.signal {
-            Signal::Teacher { full_vocab: true, .. } => {
-                let logits = response_logits(model, batch);
-                (crate::model::logprobs::token_logprobs(logits.clone(), batch.targets.clone()), Some(logits))
-            }
-            _ => (target_logprobs(model, response_hidden(model, batch), batch.targets.clone()), None),
-        };
+        // The targets' log-probabilities and OPD's full-vocabulary reverse KL, both through the
+        // chunked head (no `[rows, R, V]` logits) where the backend takes it.
+        let hidden = response_hidden(model, batch);
+        let log_prob = target_logprobs(model, hidden.clone(), batch.targets.clone());
         let max_length = s.rollout.max_response_length;
         let mut metrics = Map::new();
         let weighted = |metrics: &mut Map<String, Value>, key: &str, value: Tensor<B, 1>| {
@@ -304,9 +299,12 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         let mut loss = match &self.signal {
             Signal::Teacher { model: teacher, full_vocab: true, .. } => {
                 let inner = micro.layout.to_device::<B::InnerBackend>(&teacher.device());
-                let teacher_logits = Tensor::from_inner(response_logits(teacher, &inner));
-                let logits = logits.expect("computed for the full-vocabulary loss");
-                let kl = aggregate(reverse_kl(logits, teacher_logits), &batch.mask, s.agg, max_length);
+                let teacher_hidden = response_hidden(teacher, &inner);
+                let per_token = match target_reverse_kl(model, hidden, teacher, teacher_hidden.clone()) {
+                    Some(kl) => kl,
+                    None => reverse_kl(model.logits(response_hidden(model, batch)), Tensor::from_inner(teacher.logits(teacher_hidden))),
+                };
+                let kl = aggregate(per_token, &batch.mask, s.agg, max_length);
                 weighted(&mut metrics, "teacher_kl_full", kl.clone().detach());
                 kl
             }
@@ -434,6 +432,7 @@ mod tests {
     use crate::generate::Sampler;
     use crate::model::Qwen2Config;
     use crate::model::logprobs::token_logprobs;
+    use crate::rl::batch::response_logits;
     use crate::rl::reward::Task;
     use crate::train::{AdamW, AdamWConfig};
 
