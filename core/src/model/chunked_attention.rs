@@ -19,7 +19,7 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Bool, Int, Tensor, TensorPrimitive};
+use burn::tensor::{Bool, Int, Tensor};
 
 use super::custom_op::{self, Inner};
 
@@ -183,14 +183,7 @@ impl<B: Backend> Backward<B, 3> for AttentionBackward {
     type State = Saved<B>;
 
     fn backward(self, ops: Ops<Saved<B>, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let dout = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(grads.consume::<B>(&ops.node)));
-        let s = ops.state;
-        let gradients = backward(&s.q, &s.k, &s.v, &s.key_valid, &s.out, &s.lse, dout, s.rows);
-        for (parent, g) in ops.parents.into_iter().zip(gradients) {
-            if let Some(parent) = parent {
-                grads.register::<B>(parent.id, g.into_primitive().tensor());
-            }
-        }
+        custom_op::backward(ops, grads, |s: Saved<B>, dout, _| backward(&s.q, &s.k, &s.v, &s.key_valid, &s.out, &s.lse, dout, s.rows).map(Some));
     }
 }
 

@@ -10,7 +10,8 @@ use std::sync::{OnceLock, RwLock};
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, CheckpointStrategy, NoCheckpointing};
-use burn::backend::autodiff::ops::{Backward, OpsKind};
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Int, Tensor, TensorPrimitive};
@@ -78,11 +79,31 @@ pub fn record<B: AutodiffBackend, O: Backward<Inner<B>, N>, const N: usize, cons
     Some(Tensor::from_primitive(TensorPrimitive::Float(cast::<B::FloatTensorPrimitive>(out)?)))
 }
 
+/// The backward pass of an op with `N` parents: the output's gradient (rank `E`) in, the
+/// parents' gradients (rank `D`) from `gradients(state, output gradient, which parents need
+/// one)` registered for those that do.
+pub fn backward<B: Backend, S, const N: usize, const E: usize, const D: usize>(
+    ops: Ops<S, N>,
+    grads: &mut Gradients,
+    gradients: impl FnOnce(S, Tensor<B, E>, [bool; N]) -> [Option<Tensor<B, D>>; N],
+) {
+    let grad = Tensor::<B, E>::from_primitive(TensorPrimitive::Float(grads.consume::<B>(&ops.node)));
+    let wanted = ops.parents.clone().map(|p| p.is_some());
+    for (node, g) in ops.parents.into_iter().zip(gradients(ops.state, grad, wanted)) {
+        if let (Some(node), Some(g)) = (node, g) {
+            grads.register::<B>(node.id, g.into_primitive().tensor());
+        }
+    }
+}
+
+/// [`super::chunked_attention::attention`] as a function pointer.
+pub type AttentionFn<B> = fn(Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>, &Tensor<B, 2, Int>, usize) -> Option<Tensor<B, 4>>;
+
 /// The operations above for one backend `B` under autodiff, as plain function pointers, so
 /// that code generic over any backend (the model) can call them once [`install`]ed.
 pub struct Kernels<B: Backend> {
     /// [`super::chunked_attention::attention`].
-    pub attention: fn(Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>, &Tensor<B, 2, Int>, usize) -> Option<Tensor<B, 4>>,
+    pub attention: AttentionFn<B>,
 }
 
 type Registry = RwLock<HashMap<TypeId, &'static (dyn Any + Send + Sync)>>;

@@ -16,7 +16,7 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorPrimitive};
+use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor};
 
 use super::custom_op::{self, Inner};
 
@@ -65,8 +65,7 @@ pub struct Scores<B: Backend> {
 pub fn scores<B: Backend>(hidden: Tensor<B, 2>, weight: Tensor<B, 2>, targets: Tensor<B, 1, Int>, rows: usize, entropy: bool) -> Scores<B> {
     let n = hidden.dims()[0];
     let (mut logprobs, mut lses, mut entropies) = (Vec::new(), Vec::new(), Vec::new());
-    for start in (0..n).step_by(rows.max(1)) {
-        let len = rows.max(1).min(n - start);
+    for (start, len) in chunks(n, rows) {
         let logits = chunk_logits(hidden.clone().narrow(0, start, len), weight.clone());
         let lse = log_sum_exp(logits.clone());
         let target = logits.clone().gather(1, targets.clone().narrow(0, start, len).unsqueeze_dim(1));
@@ -85,41 +84,36 @@ pub fn scores<B: Backend>(hidden: Tensor<B, 2>, weight: Tensor<B, 2>, targets: T
     }
 }
 
-/// The gradients of hidden states `[N, D]` and head weight `[D, V]` given the output gradient
-/// `grad` `[N]` (f32) of [`scores`]' log-probabilities; `None` where not `wanted`. The weight's
+/// `(first token, tokens)` of each chunk of `rows` tokens among `n`.
+fn chunks(n: usize, rows: usize) -> impl Iterator<Item = (usize, usize)> {
+    let rows = rows.max(1);
+    (0..n).step_by(rows).map(move |start| (start, rows.min(n - start)))
+}
+
+/// The gradients of hidden states `[N, D]` and head weight `[D, V]` from the gradient of each
+/// chunk's f32 logits, `dlogits(first, tokens)` `[c, V]`; `None` where not `wanted`. The weight's
 /// gradient is summed over chunks in f32 and returned in the weight's dtype.
-fn gradients<B: Backend>(
-    hidden: Tensor<B, 2>,
-    weight: Tensor<B, 2>,
-    targets: Tensor<B, 1, Int>,
-    lse: Tensor<B, 1>,
-    grad: Tensor<B, 1>,
+fn head_gradients<B: Backend>(
+    hidden: &Tensor<B, 2>,
+    weight: &Tensor<B, 2>,
     rows: usize,
     wanted: [bool; 2],
-) -> (Option<Tensor<B, 2>>, Option<Tensor<B, 2>>) {
+    mut dlogits: impl FnMut(usize, usize) -> Tensor<B, 2>,
+) -> [Option<Tensor<B, 2>>; 2] {
     let [n, d] = hidden.dims();
-    let vocab = weight.dims()[1];
-    let (dtype, weight_dtype) = (hidden.dtype(), weight.dtype());
-    let device = hidden.device();
+    let dtype = hidden.dtype();
     let mut dhidden = Vec::new();
-    let mut dweight = wanted[1].then(|| Tensor::<B, 2>::zeros([d, vocab], (&device, DType::F32)));
-    for start in (0..n).step_by(rows.max(1)) {
-        let len = rows.max(1).min(n - start);
-        let h = hidden.clone().narrow(0, start, len);
-        let logits = chunk_logits(h.clone(), weight.clone());
-        let g = grad.clone().narrow(0, start, len).unsqueeze_dim::<2>(1); // [c, 1]
-        let p = (logits - lse.clone().narrow(0, start, len).unsqueeze_dim(1)).exp();
-        // d log p(t) / d logits = onehot(t) − softmax, times the output's gradient.
-        let t = targets.clone().narrow(0, start, len).unsqueeze_dim(1);
-        let dlogits = (-p * g.clone()).scatter(1, t, g, IndexingUpdateOp::Add).cast(dtype);
+    let mut dweight = wanted[1].then(|| Tensor::<B, 2>::zeros([d, weight.dims()[1]], (&hidden.device(), DType::F32)));
+    for (start, len) in chunks(n, rows) {
+        let dlogits = dlogits(start, len).cast(dtype);
         if wanted[0] {
             dhidden.push(dlogits.clone().matmul(weight.clone().transpose()));
         }
         if let Some(acc) = dweight.take() {
-            dweight = Some(acc + h.transpose().matmul(dlogits).cast(DType::F32));
+            dweight = Some(acc + hidden.clone().narrow(0, start, len).transpose().matmul(dlogits).cast(DType::F32));
         }
     }
-    (wanted[0].then(|| Tensor::cat(dhidden, 0)), dweight.map(|w| w.cast(weight_dtype)))
+    [wanted[0].then(|| Tensor::cat(dhidden, 0)), dweight.map(|w| w.cast(weight.dtype()))]
 }
 
 /// What the backward pass keeps: the inputs (no logits) and the log-sum-exp.
@@ -139,16 +133,16 @@ impl<B: Backend> Backward<B, 2> for HeadBackward {
     type State = Saved<B>;
 
     fn backward(self, ops: Ops<Saved<B>, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(grads.consume::<B>(&ops.node)));
-        let s = ops.state;
-        let [hidden_node, weight_node] = ops.parents;
-        let wanted = [hidden_node.is_some(), weight_node.is_some()];
-        let (dhidden, dweight) = gradients(s.hidden, s.weight, s.targets, s.lse, grad, s.rows, wanted);
-        for (node, g) in [(hidden_node, dhidden), (weight_node, dweight)] {
-            if let (Some(node), Some(g)) = (node, g) {
-                grads.register::<B>(node.id, g.into_primitive().tensor());
-            }
-        }
+        custom_op::backward(ops, grads, |s: Saved<B>, grad: Tensor<B, 1>, wanted| {
+            head_gradients(&s.hidden, &s.weight, s.rows, wanted, |start, len| {
+                let logits = chunk_logits(s.hidden.clone().narrow(0, start, len), s.weight.clone());
+                let g = grad.clone().narrow(0, start, len).unsqueeze_dim::<2>(1); // [c, 1]
+                let p = (logits - s.lse.clone().narrow(0, start, len).unsqueeze_dim(1)).exp();
+                // d log p(t) / d logits = onehot(t) − softmax, times the output's gradient.
+                let t = s.targets.clone().narrow(0, start, len).unsqueeze_dim(1);
+                (-p * g.clone()).scatter(1, t, g, IndexingUpdateOp::Add)
+            })
+        });
     }
 }
 
@@ -178,8 +172,7 @@ pub fn head_logprobs<B: AutodiffBackend>(hidden: Tensor<B, 2>, weight: Tensor<B,
 pub fn reverse_kl<B: Backend>(hidden: Tensor<B, 2>, weight: Tensor<B, 2>, teacher_hidden: Tensor<B, 2>, teacher_weight: Tensor<B, 2>, rows: usize) -> Tensor<B, 1> {
     let n = hidden.dims()[0];
     let mut out = Vec::new();
-    for start in (0..n).step_by(rows.max(1)) {
-        let len = rows.max(1).min(n - start);
+    for (start, len) in chunks(n, rows) {
         let (log_s, log_t) = kl_chunk(&hidden, &weight, &teacher_hidden, &teacher_weight, start, len);
         out.push((log_s.clone().exp() * (log_s - log_t)).sum_dim(1).squeeze_dim(1));
     }
@@ -212,33 +205,15 @@ impl<B: Backend> Backward<B, 2> for KlBackward {
     type State = KlSaved<B>;
 
     fn backward(self, ops: Ops<KlSaved<B>, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let grad = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(grads.consume::<B>(&ops.node)));
-        let s = ops.state;
-        let [hidden_node, weight_node] = ops.parents;
-        let [n, d] = s.hidden.dims();
-        let (dtype, weight_dtype) = (s.hidden.dtype(), s.weight.dtype());
-        let mut dhidden = Vec::new();
-        let mut dweight = weight_node.is_some().then(|| Tensor::<B, 2>::zeros([d, s.weight.dims()[1]], (&s.hidden.device(), DType::F32)));
-        for start in (0..n).step_by(s.rows.max(1)) {
-            let len = s.rows.max(1).min(n - start);
-            let (log_s, log_t) = kl_chunk(&s.hidden, &s.weight, &s.teacher_hidden, &s.teacher_weight, start, len);
-            // d KL / d student logits = p_S ∘ (log p_S − log p_T − KL), times the output's gradient.
-            let kl = s.kl.clone().narrow(0, start, len).unsqueeze_dim::<2>(1);
-            let g = grad.clone().narrow(0, start, len).unsqueeze_dim::<2>(1);
-            let dlogits = (log_s.clone().exp() * (log_s - log_t - kl) * g).cast(dtype);
-            if hidden_node.is_some() {
-                dhidden.push(dlogits.clone().matmul(s.weight.clone().transpose()));
-            }
-            if let Some(acc) = dweight.take() {
-                dweight = Some(acc + s.hidden.clone().narrow(0, start, len).transpose().matmul(dlogits).cast(DType::F32));
-            }
-        }
-        if let Some(node) = hidden_node {
-            grads.register::<B>(node.id, Tensor::cat(dhidden, 0).into_primitive().tensor());
-        }
-        if let (Some(node), Some(dw)) = (weight_node, dweight) {
-            grads.register::<B>(node.id, dw.cast(weight_dtype).into_primitive().tensor());
-        }
+        custom_op::backward(ops, grads, |s: KlSaved<B>, grad: Tensor<B, 1>, wanted| {
+            head_gradients(&s.hidden, &s.weight, s.rows, wanted, |start, len| {
+                let (log_s, log_t) = kl_chunk(&s.hidden, &s.weight, &s.teacher_hidden, &s.teacher_weight, start, len);
+                // d KL / d student logits = p_S ∘ (log p_S − log p_T − KL), times the output's gradient.
+                let kl = s.kl.clone().narrow(0, start, len).unsqueeze_dim::<2>(1);
+                let g = grad.clone().narrow(0, start, len).unsqueeze_dim::<2>(1);
+                log_s.clone().exp() * (log_s - log_t - kl) * g
+            })
+        });
     }
 }
 

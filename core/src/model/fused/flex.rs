@@ -2,7 +2,7 @@
 //! backward pass is the kernel's own (burn-autodiff's `Backward`), recorded only when a parent
 //! tracks gradients.
 
-use std::any::{Any, TypeId};
+use std::any::TypeId;
 use std::sync::Arc;
 
 use burn::backend::Autodiff;
@@ -15,6 +15,7 @@ use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive, backend::Backend}
 use burn_flex::{Flex, FlexTensor};
 
 use super::KeyMask;
+use crate::model::custom_op::cast;
 use super::attention::{self as attn, Dims};
 use super::elementwise as ew;
 
@@ -47,14 +48,11 @@ fn checkpointing<B: Backend>() -> Option<Strategy> {
 
 /// The primitive of `t` as type `P` (the backend's own primitive type when `B` is as checked).
 fn primitive<B: Backend, P: 'static, const D: usize>(t: Tensor<B, D>) -> Option<P> {
-    let any: Box<dyn Any> = Box::new(t.into_primitive().tensor());
-    any.downcast::<P>().ok().map(|p| *p)
+    cast(t.into_primitive().tensor())
 }
 
 fn tensor<B: Backend, P: 'static, const D: usize>(p: P) -> Tensor<B, D> {
-    let any: Box<dyn Any> = Box::new(p);
-    let p = any.downcast::<B::FloatTensorPrimitive>().expect("primitive of backend B");
-    Tensor::from_primitive(TensorPrimitive::Float(*p))
+    Tensor::from_primitive(TensorPrimitive::Float(cast(p).expect("primitive of backend B")))
 }
 
 /// `t` as a contiguous f32 tensor (a cheap clone when it already is one).
