@@ -60,5 +60,6 @@ pub(crate) fn run(
     let child = cmd
         .spawn()
         .map_err(|e| SandboxError::Spawn(format!("{}: {e}", python.display())))?;
-    supervise(child, stdin, limits, start, None).map_err(|e| SandboxError::Spawn(e.to_string()))
+    supervise(child, stdin, limits, start, None, crate::run::Kill::Group)
+        .map_err(|e| SandboxError::Spawn(e.to_string()))
 }

@@ -59,6 +59,16 @@
 //!   surface.
 //! - **Namespaces**: an empty network namespace (plus IPC and UTS) and a user namespace, where the
 //!   kernel allows them (as root directly; otherwise inside a user namespace).
+//! - **PID namespace** (same condition): the program is pid 2 under a minimal init (pid 1, which
+//!   only reaps), with a fresh `/proc` (`hidepid=2`, `subset=pid` where the kernel has them; an
+//!   empty read-only one where the kernel refuses proc, as under a container's masked `/proc`).
+//!   It cannot name any process outside, so no signal reaches one (`kill(-1)` included), and it
+//!   leads a session of its own, so its process group holds only itself and its children. When
+//!   the program ends, the init hands its status to a proxy outside (kiln's child, which ends the
+//!   same way) and exits, and the kernel kills everything left in the namespace: nothing outlives
+//!   a run even without seccomp, a cgroup or a uid to sweep. kiln's kill at the deadline is a
+//!   `SIGTERM` to the proxy, which kills the init and exits once the namespace is empty.
+//!   Protects other processes and the process table.
 //! - **Unprivileged uid per slot** when kiln runs as root (`uid_base + slot`, no groups), so a run
 //!   has no root rights even if every other layer failed.
 //! - **No capabilities**: every run drops them all (as root also the bounding set, with

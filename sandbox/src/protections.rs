@@ -53,6 +53,8 @@ pub struct Protections {
     pub net_namespace: Layer,
     /// A user namespace.
     pub user_namespace: Layer,
+    /// A PID namespace: the run sees and signals only its own processes, all killed when it ends.
+    pub pid_namespace: Layer,
     /// An unprivileged uid/gid per slot (when kiln runs as root).
     pub uid: Layer,
     /// cgroup memory and process limits per slot.
@@ -94,7 +96,7 @@ impl Containment {
             (
                 "signals out",
                 &self.signals,
-                "seccomp, or landlock with signal scoping (ABI 6, kernel 6.12)",
+                "seccomp, or landlock with signal scoping (ABI 6, kernel 6.12), or pid_namespace",
             ),
             (
                 "filesystem reads and writes outside the scratch",
@@ -105,8 +107,8 @@ impl Containment {
                 "tasks",
                 &self.tasks,
                 "a bound: cgroup or uid as root, user_namespace, cgroup or RLIMIT_NPROC on \
-                 kiln's uid unprivileged; and none left after a run: seccomp (no fork), cgroup \
-                 or uid",
+                 kiln's uid unprivileged; and none left after a run: seccomp (no fork), cgroup, \
+                 uid or pid_namespace",
             ),
             ("memory", &self.memory, "rlimits, cgroup, seccomp"),
             (
@@ -130,7 +132,7 @@ impl Containment {
 
 impl Protections {
     /// The layers by name, in a fixed order.
-    pub fn layers(&self) -> [(&'static str, &Layer); 14] {
+    pub fn layers(&self) -> [(&'static str, &Layer); 15] {
         [
             ("rlimits", &self.rlimits),
             ("process_group", &self.process_group),
@@ -140,6 +142,7 @@ impl Protections {
             ("seccomp", &self.seccomp),
             ("net_namespace", &self.net_namespace),
             ("user_namespace", &self.user_namespace),
+            ("pid_namespace", &self.pid_namespace),
             ("uid", &self.uid),
             ("cgroup", &self.cgroup),
             ("capabilities", &self.capabilities),

@@ -79,8 +79,23 @@ pub struct RunOutput {
     pub exited: Option<Duration>,
 }
 
-/// Feeds `input`, collects output and waits, killing the process group at `limits.wall` or when
-/// stdout overflows. The child must lead its own process group.
+/// How the processes of a run are killed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kill {
+    /// `SIGKILL` to the child and its process group.
+    Group,
+    /// The child is the proxy outside a PID namespace: `SIGTERM` makes it kill the namespace's
+    /// init, and it exits once the kernel has killed and reaped everything in the namespace, so
+    /// nothing of the run is left when the child is reaped. Should it not exit within
+    /// [`PROXY_GRACE`], its process group (it and the init) is killed.
+    Proxy,
+}
+
+/// How long a proxy may take to exit after `SIGTERM` before its group is killed.
+const PROXY_GRACE: Duration = Duration::from_secs(2);
+
+/// Feeds `input`, collects output and waits, killing the run (see [`Kill`]) at `limits.wall` or
+/// when stdout overflows. The child must lead its own process group.
 /// With `quota`, the scratch directory is measured every [`CHECK_EVERY`] and the group killed
 /// when it is over.
 pub(crate) fn supervise(
@@ -89,8 +104,20 @@ pub(crate) fn supervise(
     limits: &RunLimits,
     start: Instant,
     quota: Option<&Quota>,
+    how: Kill,
 ) -> std::io::Result<RunOutput> {
     let pid = child.id() as libc::pid_t;
+    let (mut killed, mut escalated): (Option<Instant>, bool) = (None, false);
+    let kill = |killed: &mut Option<Instant>| {
+        match how {
+            Kill::Group => kill_group(pid),
+            // SAFETY: a signal to our own child, not reaped yet.
+            Kill::Proxy => unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            },
+        }
+        killed.get_or_insert_with(Instant::now);
+    };
     let deadline = start + limits.wall;
     let mut stdin = child.stdin.take();
     let mut stdout = child.stdout.take();
@@ -119,13 +146,21 @@ pub(crate) fn supervise(
         let now = Instant::now();
         if now >= deadline && !timed_out {
             timed_out = true;
+            kill(&mut killed);
+        }
+        if how == Kill::Proxy
+            && !exited
+            && !escalated
+            && killed.is_some_and(|t| now.duration_since(t) >= PROXY_GRACE)
+        {
+            escalated = true;
             kill_group(pid);
         }
         if let Some(q) = quota.filter(|_| !exited && !disk_exceeded && now >= next_check) {
             next_check = now + CHECK_EVERY;
             if q.exceeded() {
                 disk_exceeded = true;
-                kill_group(pid);
+                kill(&mut killed);
             }
         }
         let mut fds = [
@@ -141,7 +176,7 @@ pub(crate) fn supervise(
                 libc::POLLIN,
             ),
         ];
-        let wait = if timed_out {
+        let wait = if timed_out || killed.is_some() {
             Duration::from_millis(20)
         } else {
             deadline.saturating_duration_since(now)
@@ -193,7 +228,7 @@ pub(crate) fn supervise(
             if seen_out > limits.stdout_bytes && !overflow {
                 overflow = true;
                 stdout = None;
-                kill_group(pid);
+                kill(&mut killed);
             }
         }
         if ready(2) {
@@ -209,8 +244,11 @@ pub(crate) fn supervise(
             exited = true;
             exited_at = Some(start.elapsed());
             // Still a zombie, so the pid (= process group id) cannot be reused: kill anything
-            // left in the group (only possible when unconfined), then reap below.
-            kill_group(pid);
+            // left in the group (only possible when unconfined), then reap below. (A proxy
+            // exits only when its namespace is empty.)
+            if how == Kill::Group {
+                kill_group(pid);
+            }
         }
         if exited && (timed_out || disk_exceeded) {
             // after a kill, give up on pipes a hostile program may have passed on

@@ -11,6 +11,8 @@ use crate::SandboxError;
 use crate::fresh::HarnessDir;
 use crate::protections::{Layer, Protections};
 use crate::python::{self, Interpreter};
+#[cfg(target_os = "linux")]
+use crate::run::Kill;
 use crate::run::{RunLimits, RunOutput, supervise};
 
 #[cfg(target_os = "linux")]
@@ -47,7 +49,7 @@ impl Default for SandboxOptions {
 }
 
 /// The layers [`SandboxOptions::skip_layers`] can leave off, by their [`Protections::layers`] name.
-pub const SKIPPABLE_LAYERS: [&str; 7] = [
+pub const SKIPPABLE_LAYERS: [&str; 8] = [
     "landlock",
     "seccomp",
     "user_namespace",
@@ -55,6 +57,7 @@ pub const SKIPPABLE_LAYERS: [&str; 7] = [
     "scratch",
     "uid",
     "cgroup",
+    "pid_namespace",
 ];
 
 /// Runs untrusted Python programs confined. See the crate docs for the layers.
@@ -147,6 +150,7 @@ impl Sandbox {
                 seccomp: p.seccomp.clone(),
                 net_namespace: p.net_ns.clone(),
                 user_namespace: p.user_ns.clone(),
+                pid_namespace: p.pid_ns.clone(),
                 uid: p.uid.clone(),
                 cgroup: p.cgroup.clone(),
                 capabilities: p.capabilities.clone(),
@@ -170,6 +174,7 @@ impl Sandbox {
             seccomp: off("Linux only"),
             net_namespace: off("Linux only"),
             user_namespace: off("Linux only"),
+            pid_namespace: off("Linux only"),
             uid: off("Linux only"),
             cgroup: off("Linux only"),
             capabilities: off("Linux only"),
@@ -283,7 +288,12 @@ impl Sandbox {
             bytes: limits.file_bytes,
             entries: TMPFS_INODES,
         });
-        let out = supervise(child, stdin, limits, start, quota.as_ref());
+        let kill = if self.linux.layers.pid_ns {
+            Kill::Proxy
+        } else {
+            Kill::Group
+        };
+        let out = supervise(child, stdin, limits, start, quota.as_ref(), kill);
         linux::sweep::sweep(&self.linux.layers, res);
         let mut out = out.map_err(|e| SandboxError::Spawn(e.to_string()))?;
         if let Some(g) = &res.cgroup {
@@ -441,6 +451,7 @@ mod tests {
             seccomp: l(()),
             net_namespace: l(()),
             user_namespace: l(()),
+            pid_namespace: l(()),
             uid: l(()),
             cgroup: l(()),
             capabilities: l(()),

@@ -9,6 +9,8 @@ mod bounds;
 mod common;
 #[path = "adversarial/degraded.rs"]
 mod degraded;
+#[path = "adversarial/pid_namespace.rs"]
+mod pid_namespace;
 #[path = "adversarial/unprivileged.rs"]
 mod unprivileged;
 

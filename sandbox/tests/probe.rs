@@ -17,6 +17,17 @@ fn probe_reports_layers() {
     let scoped = p.landlock.active && common::landlock_abi() >= 6;
     assert_eq!(c.signals.contains(&"landlock"), scoped, "{p}");
     assert_eq!(c.tasks.contains(&"cgroup"), p.cgroup.active, "{p}");
+    // the PID namespace keeps signals in and leaves nothing after a run
+    assert_eq!(
+        c.signals.contains(&"pid_namespace"),
+        p.pid_namespace.active,
+        "{p}"
+    );
+    assert_eq!(
+        c.tasks.contains(&"pid_namespace"),
+        p.pid_namespace.active,
+        "{p}"
+    );
     assert!(p.skipped.is_empty(), "{p}");
     for (name, layer) in p.layers() {
         if common::expect_layer(name) {

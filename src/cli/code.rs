@@ -37,8 +37,8 @@ pub struct SandboxArgs {
     #[arg(long)]
     pub unsafe_no_sandbox: bool,
     /// Leave sandbox layers off as if the kernel lacked them (landlock, seccomp, user_namespace,
-    /// net_namespace, scratch, uid, cgroup); recorded with the protections. kiln still refuses
-    /// when the layers left cannot contain a run.
+    /// net_namespace, scratch, uid, cgroup, pid_namespace); recorded with the protections. kiln
+    /// still refuses when the layers left cannot contain a run.
     #[arg(long, value_name = "LAYER[,LAYER...]", value_delimiter = ',', value_parser = parse_layer)]
     pub sandbox_without: Vec<String>,
     /// Per-test time limit in seconds, CPU and wall (LiveCodeBench: 6).

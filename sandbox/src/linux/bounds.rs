@@ -135,6 +135,7 @@ pub(crate) fn containment(
         (!root && layers.user_ns, "user_namespace"),
         (!root && !layers.user_ns, "rlimits"),
         (layers.seccomp, "seccomp"),
+        (layers.pid_ns, "pid_namespace"),
     ]);
     // writes stay in the scratch (Landlock), which a tmpfs bounds, or a measurement that only
     // fallocate (denied by seccomp) could overshoot in one call
@@ -143,10 +144,12 @@ pub(crate) fn containment(
         signals: pick(&[
             (layers.seccomp, "seccomp"),
             (layers.landlock && signal_scope, "landlock"),
+            (layers.pid_ns, "pid_namespace"),
         ]),
         filesystem: pick(&[(layers.landlock, "landlock")]),
-        // bounded, and nothing left after a run: no fork (seccomp) or a sweep (`sweep`)
-        tasks: if tasks && (layers.seccomp || layers.cgroup || layers.drop_uid) {
+        // bounded, and nothing left after a run: no fork (seccomp), a sweep (`sweep`), or the
+        // namespace's init gone
+        tasks: if tasks && (layers.seccomp || layers.cgroup || layers.drop_uid || layers.pid_ns) {
             task_layers
         } else {
             Vec::new()

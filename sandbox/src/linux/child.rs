@@ -10,6 +10,9 @@
 //!    others), then network + mount (+ IPC/UTS) namespaces;
 //! 4. a private, size-limited tmpfs over the scratch directory (mounts made private first, so
 //!    nothing propagates to the host);
+//! 4½. with a PID namespace (see [`ChildPlan::pid_namespace`]) this process stays outside as a
+//!    proxy and forks the namespace's init (pid 1), which mounts a fresh `/proc` and forks the
+//!    process that goes on with the steps below (pid 2, in a new session of its own);
 //! 5. as root: drop to the slot's unprivileged uid/gid, no supplementary groups, then a user
 //!    namespace;
 //! 6. `PR_SET_PDEATHSIG(SIGKILL)` (after the uid change, which clears it), then check that kiln
@@ -25,6 +28,7 @@
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use super::seccomp::Filters;
 
@@ -37,6 +41,7 @@ pub(crate) enum Step {
     UserNamespace,
     Namespaces,
     Tmpfs,
+    PidNamespace,
     DropUid,
     DeathSignal,
     Rlimit,
@@ -58,6 +63,7 @@ impl Step {
             UserNamespace,
             Namespaces,
             Tmpfs,
+            PidNamespace,
             DropUid,
             DeathSignal,
             Rlimit,
@@ -111,6 +117,9 @@ pub(crate) struct ChildPlan {
     pub unshare_flags: libc::c_int,
     /// Mount point and mount options of the private tmpfs.
     pub tmpfs: Option<(CString, CString)>,
+    /// A PID namespace (`unshare_flags` has `CLONE_NEWPID | CLONE_NEWNS`): the run is forked into
+    /// it under a minimal init.
+    pub pid_ns: bool,
     /// Unprivileged (uid, gid) to switch to (root only).
     pub drop_to: Option<(libc::uid_t, libc::gid_t)>,
     /// A user namespace after dropping the uid (root).
@@ -169,13 +178,20 @@ impl ChildPlan {
             if self.unshare_flags != 0 {
                 check(Step::Namespaces, libc::unshare(self.unshare_flags).into())?;
             }
-            if let Some((target, options)) = &self.tmpfs {
+            if self.tmpfs.is_some() || self.pid_ns {
                 let private = libc::MS_REC | libc::MS_PRIVATE;
                 let none = std::ptr::null::<libc::c_char>();
+                let step = if self.tmpfs.is_some() {
+                    Step::Tmpfs
+                } else {
+                    Step::PidNamespace
+                };
                 check(
-                    Step::Tmpfs,
+                    step,
                     libc::mount(none, c"/".as_ptr(), none, private, std::ptr::null()).into(),
                 )?;
+            }
+            if let Some((target, options)) = &self.tmpfs {
                 let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
                 let rc = libc::mount(
                     c"tmpfs".as_ptr(),
@@ -185,6 +201,9 @@ impl ChildPlan {
                     options.as_ptr().cast(),
                 );
                 check(Step::Tmpfs, rc.into())?;
+            }
+            if self.pid_ns {
+                self.pid_namespace()?;
             }
             if let Some((uid, gid)) = self.drop_to {
                 check(Step::DropUid, libc::setgroups(0, std::ptr::null()).into())?;
@@ -248,6 +267,278 @@ impl ChildPlan {
             libc::execve(self.exec_path, self.argv_ptrs.as_ptr(), envp.as_ptr());
             Err((Step::Exec, io::Error::last_os_error()))
         }
+    }
+}
+
+impl ChildPlan {
+    /// Enters the PID namespace made by `unshare(CLONE_NEWPID)`: only children are born in it, so
+    /// this process (P, kiln's child, outside) forks its init Q (pid 1), and Q forks R (pid 2),
+    /// which returns to go on with the remaining steps and become the interpreter. Only R returns.
+    ///
+    /// - P keeps the host's view: it waits for Q and ends as R did (exit code, or the same signal
+    ///   raised on itself, non-dumpable and without a core), so kiln sees R's status and, through
+    ///   `wait4`, the CPU time of everything the namespace reaped. kiln kills a run with `SIGTERM`
+    ///   to P (`Kill::Proxy`), whose handler kills Q; Q's death kills everything in the namespace
+    ///   (the kernel's rule for an init), whatever sessions it made, and P's `waitpid` returns
+    ///   only after that, so nothing is left once kiln has reaped P.
+    /// - Q mounts a fresh `/proc` (only the namespace's processes; `hidepid=2`, `subset=pid` where
+    ///   the kernel has them), or, where the kernel refuses, hides `/proc` under an empty
+    ///   read-only tmpfs; then forks R, drops every capability, and reaps until R ends, when it
+    ///   hands R's status to P and exits, taking every other process of the namespace with it.
+    ///   Signals from inside reach Q only with a handler, and it has none.
+    /// - R starts a new session, so its process group (the one `kill(0)` reaches) holds only R
+    ///   and its own children, never P or Q.
+    ///
+    /// P and Q close every descriptor they do not need at once (std's exec-status pipe among
+    /// them, so `spawn` returns when R execs), reset every signal handler inherited from kiln,
+    /// and are non-dumpable (their memory is a copy of kiln's). Q dies with P
+    /// (`PR_SET_PDEATHSIG`, checked through a pipe P holds).
+    ///
+    /// # Safety
+    /// Only system calls on memory prepared before the fork.
+    unsafe fn pid_namespace(&mut self) -> StepResult {
+        // SAFETY: system calls on stack memory and prepared descriptors only.
+        unsafe {
+            // P: dies with kiln (it keeps its credentials, so this stays set)
+            check(
+                Step::DeathSignal,
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong).into(),
+            )?;
+            if libc::getppid() != self.parent {
+                return Err((Step::DeathSignal, io::Error::from_raw_os_error(libc::ESRCH)));
+            }
+            default_signals();
+            // kiln's SIGTERM: kill the init (see `on_term`), held until the init's pid is known
+            let mut term: libc::sigaction = std::mem::zeroed();
+            term.sa_sigaction = on_term as *const () as libc::sighandler_t;
+            term.sa_flags = libc::SA_RESTART;
+            check(
+                Step::PidNamespace,
+                libc::sigaction(libc::SIGTERM, &term, std::ptr::null_mut()).into(),
+            )?;
+            let mut held: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut held);
+            libc::sigaddset(&mut held, libc::SIGTERM);
+            libc::sigprocmask(libc::SIG_BLOCK, &held, std::ptr::null_mut());
+            check(
+                Step::PidNamespace,
+                libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong).into(),
+            )?;
+            let mut alive: [RawFd; 2] = [-1; 2];
+            let mut status: [RawFd; 2] = [-1; 2];
+            check(
+                Step::PidNamespace,
+                libc::pipe2(alive.as_mut_ptr(), libc::O_CLOEXEC).into(),
+            )?;
+            check(
+                Step::PidNamespace,
+                libc::pipe2(status.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK).into(),
+            )?;
+            let q = libc::fork();
+            check(Step::PidNamespace, q.into())?;
+            if q > 0 {
+                INIT.store(q, Ordering::Relaxed);
+                libc::sigprocmask(libc::SIG_UNBLOCK, &held, std::ptr::null_mut());
+                proxy(q, alive[1], status[0]);
+            }
+            // Q, pid 1 of the namespace: no handler of P's
+            default_signals();
+            libc::close(alive[1]);
+            libc::close(status[0]);
+            check(
+                Step::PidNamespace,
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong).into(),
+            )?;
+            let mut p = libc::pollfd {
+                fd: alive[0],
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            if libc::poll(&mut p, 1, 0) != 0 {
+                // P is gone (all write ends closed) before the death signal was set
+                libc::_exit(1);
+            }
+            libc::close(alive[0]);
+            mount_proc()?;
+            let r = libc::fork();
+            check(Step::PidNamespace, r.into())?;
+            if r > 0 {
+                init(r, status[1]);
+            }
+            // R, pid 2
+            libc::close(status[1]);
+            check(Step::Session, libc::setsid().into())?;
+            // the interpreter's own files in /proc stay its own (the uid drop relies on it)
+            check(
+                Step::PidNamespace,
+                libc::prctl(libc::PR_SET_DUMPABLE, 1 as libc::c_ulong).into(),
+            )?;
+            self.parent = 1;
+            Ok(())
+        }
+    }
+}
+
+/// The namespace's init, in the proxy (P) only.
+static INIT: AtomicI32 = AtomicI32::new(0);
+
+/// The proxy's `SIGTERM` handler: kiln's kill. The init's death kills every process of the
+/// namespace; the proxy's `waitpid` returns once they are all gone.
+extern "C" fn on_term(_: libc::c_int) {
+    let q = INIT.load(Ordering::Relaxed);
+    if q > 0 {
+        // SAFETY: kill is async-signal-safe; `q` is our unreaped child.
+        unsafe { libc::kill(q, libc::SIGKILL) };
+    }
+}
+
+/// Every signal handler back to the default, none blocked (kiln's handlers are not for its
+/// forks).
+unsafe fn default_signals() {
+    // SAFETY: sigaction/sigprocmask with structures on the stack.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = libc::SIG_DFL;
+        for sig in 1..=64 {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::sigaction(sig, &action, std::ptr::null_mut());
+            }
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    }
+}
+
+/// A fresh `/proc` for the PID namespace (only its processes; other uids' hidden; no system
+/// files where the kernel has `subset=pid`), else an empty read-only tmpfs over it (a kernel that
+/// refuses proc in a user namespace, e.g. under a container's masked `/proc`).
+unsafe fn mount_proc() -> StepResult {
+    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    // SAFETY: mount with static strings.
+    unsafe {
+        for options in [c"subset=pid,hidepid=2", c"hidepid=2", c""] {
+            let rc = libc::mount(
+                c"proc".as_ptr(),
+                c"/proc".as_ptr(),
+                c"proc".as_ptr(),
+                flags,
+                options.as_ptr().cast(),
+            );
+            if rc == 0 {
+                return Ok(());
+            }
+        }
+        let rc = libc::mount(
+            c"tmpfs".as_ptr(),
+            c"/proc".as_ptr(),
+            c"tmpfs".as_ptr(),
+            flags | libc::MS_RDONLY,
+            c"size=4096,nr_inodes=16,mode=0555".as_ptr().cast(),
+        );
+        check(Step::PidNamespace, rc.into())
+    }
+}
+
+/// P, outside the namespace: waits for Q and ends as R did (R's status from Q, else Q's own).
+unsafe fn proxy(q: libc::pid_t, alive: RawFd, status: RawFd) -> ! {
+    // SAFETY: system calls on stack memory; never returns.
+    unsafe {
+        close_all_but(&[alive, status]);
+        let mut st: libc::c_int = 0;
+        loop {
+            let rc = libc::waitpid(q, &mut st, 0);
+            if rc == q {
+                break;
+            }
+            if rc < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                libc::_exit(1);
+            }
+        }
+        let mut buf = [0u8; 4];
+        if libc::read(status, buf.as_mut_ptr().cast(), 4) == 4 {
+            st = libc::c_int::from_ne_bytes(buf);
+        }
+        if libc::WIFSIGNALED(st) {
+            let sig = libc::WTERMSIG(st);
+            // die of the same signal, leaving no core (this memory is kiln's)
+            libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong);
+            let none = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            libc::setrlimit(libc::RLIMIT_CORE, &none);
+            default_signals();
+            libc::kill(libc::getpid(), sig);
+            libc::_exit(128 + sig);
+        }
+        libc::_exit(if libc::WIFEXITED(st) {
+            libc::WEXITSTATUS(st)
+        } else {
+            1
+        })
+    }
+}
+
+/// Q, pid 1: reaps every process of the namespace until R ends, then hands R's status to P and
+/// exits (the kernel then kills what is left in the namespace).
+unsafe fn init(r: libc::pid_t, status: RawFd) -> ! {
+    // SAFETY: system calls on stack memory; never returns.
+    unsafe {
+        close_all_but(&[status]);
+        let _ = super::caps::drop_all();
+        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0);
+        let mut st: libc::c_int = 0;
+        loop {
+            let rc = libc::waitpid(-1, &mut st, libc::__WALL);
+            if rc == r {
+                libc::write(status, (&raw const st).cast(), 4);
+                libc::_exit(0);
+            }
+            if rc < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                libc::_exit(1);
+            }
+        }
+    }
+}
+
+/// Closes every descriptor but those in `keep` (`close_range`, or one by one on old kernels).
+unsafe fn close_all_but(keep: &[RawFd]) {
+    let mut keep: [RawFd; 2] = [
+        keep.first().copied().unwrap_or(-1),
+        keep.get(1).copied().unwrap_or(-1),
+    ];
+    keep.sort_unstable();
+    // SAFETY: closing descriptors of this process only.
+    unsafe {
+        let close = |from: RawFd, to: RawFd| {
+            if from > to {
+                return;
+            }
+            let rc = libc::syscall(
+                libc::SYS_close_range,
+                from as libc::c_uint,
+                to as libc::c_uint,
+                0 as libc::c_uint,
+            );
+            if rc != 0 {
+                let mut lim = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+                let end = (lim.rlim_cur.min(65536) as RawFd).min(to.saturating_add(1));
+                for fd in from..end.max(from) {
+                    libc::close(fd);
+                }
+            }
+        };
+        let mut from = 0;
+        for k in keep.into_iter().filter(|&k| k >= 0) {
+            close(from, k - 1);
+            from = k + 1;
+        }
+        close(from, RawFd::MAX);
     }
 }
 

@@ -30,6 +30,8 @@ pub(crate) struct Layers {
     pub net_ns: bool,
     /// A mount namespace with a private tmpfs as scratch directory.
     pub tmpfs: bool,
+    /// A PID namespace (and a mount namespace for its `/proc`), the run under a minimal init.
+    pub pid_ns: bool,
     /// Switch to the slot's uid/gid (root only).
     pub drop_uid: bool,
     pub landlock: bool,
@@ -103,6 +105,9 @@ impl Platform {
         if layers.tmpfs {
             unshare_flags |= libc::CLONE_NEWNS;
         }
+        if layers.pid_ns {
+            unshare_flags |= libc::CLONE_NEWPID | libc::CLONE_NEWNS;
+        }
         let tmpfs = if layers.tmpfs {
             let mut opts = format!(
                 "size={},nr_inodes={},mode=0700",
@@ -166,6 +171,7 @@ impl Platform {
             userns_first: (layers.user_ns && !self.is_root).then(own),
             unshare_flags,
             tmpfs,
+            pid_ns: layers.pid_ns,
             drop_to: layers.drop_uid.then_some((slot.uid, slot.gid)),
             userns_after: (layers.user_ns && self.is_root).then(maps),
             rlimits,

@@ -12,7 +12,7 @@ use super::{Layers, Platform, SlotResources, bounds, cgroup, landlock, seccomp};
 use crate::SandboxError;
 use crate::protections::{Containment, Layer};
 use crate::python::Interpreter;
-use crate::run::{RunLimits, supervise};
+use crate::run::{Kill, RunLimits, supervise};
 
 /// What the probe found.
 pub(crate) struct Probed {
@@ -21,6 +21,7 @@ pub(crate) struct Probed {
     pub slots: Vec<SlotResources>,
     pub user_ns: Layer,
     pub net_ns: Layer,
+    pub pid_ns: Layer,
     pub scratch: Layer,
     pub uid: Layer,
     pub cgroup: Layer,
@@ -240,6 +241,35 @@ pub(crate) fn probe(
             layer
         }
     };
+    // after Landlock's trial, whose signal goes to a process outside (unreachable from inside)
+    let mut pid_ns = if needs_userns {
+        Layer::off("needs a user namespace (not root)")
+    } else {
+        let (uid, gid) = platform.run_ids(&t.layers, slot0);
+        let target = Target::spawn(uid, gid, is_root)?;
+        let check = PIDNS_CHECK.replace("PID", &target.0.to_string());
+        let mut layer = t.add(
+            "pid_namespace",
+            |l| l.pid_ns = true,
+            slot0,
+            &check,
+            |o| o.starts_with("1 none none ") && !o.ends_with("host"),
+            "",
+        );
+        if layer.active {
+            let proc_fs = match t.last.rsplit(' ').next() {
+                Some("own") => "a fresh /proc with only the namespace's processes",
+                Some("hidden") => "/proc hidden (the kernel refused a fresh one here: empty tmpfs)",
+                _ => "/proc denied by Landlock (fresh, or hidden where the kernel refuses one)",
+            };
+            layer.detail = format!(
+                "own PID namespace: the run is pid 2 under a minimal init (pid 1), sees and \
+                 signals no process outside it (kill(-1) included; a process outside under the \
+                 run's uid checked), everything in it killed when the run ends; {proc_fs}"
+            );
+        }
+        layer
+    };
     let mut seccomp = match seccomp_err {
         Some(e) => Layer::off(e),
         None => {
@@ -262,6 +292,7 @@ pub(crate) fn probe(
     for (name, layer) in [
         ("user_namespace", &mut user_ns),
         ("net_namespace", &mut net_ns),
+        ("pid_namespace", &mut pid_ns),
         ("scratch", &mut scratch),
         ("uid", &mut uid),
         ("cgroup", &mut cgroup),
@@ -283,6 +314,7 @@ pub(crate) fn probe(
         slots,
         user_ns,
         net_ns,
+        pid_ns,
         scratch,
         uid,
         cgroup,
@@ -305,6 +337,16 @@ const USERNS_CHECK: &str = "print(open('/proc/self/uid_map').read().split()[2])"
 const NETNS_CHECK: &str = "import socket; print(','.join(n for _, n in socket.if_nameindex()))";
 /// The working directory is writable and no larger than the file-size limit.
 const TMPFS_CHECK: &str = "import os; s = os.statvfs('.'); open('w', 'w').write('x'); print(s.f_blocks * s.f_frsize <= SIZE)";
+/// Under a PID namespace: the parent is the namespace's init (1); `kill(-1, 0)` and a signal to
+/// PID (a process outside, under the run's uid) find no process ("none"); `/proc` lists only the
+/// run (and its init, unless hidden by `hidepid`): "own", is empty ("hidden") or denied.
+const PIDNS_CHECK: &str = "import os\n\
+def reach(pid):\n    try:\n        os.kill(pid, 0)\n        return 'reached'\n    \
+except ProcessLookupError:\n        return 'none'\n    except PermissionError:\n        return 'denied'\n\
+try:\n    procs = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n    \
+proc = 'own' if procs in ([2], [1, 2]) else 'hidden' if procs == [] else 'host'\n\
+except PermissionError:\n    proc = 'denied'\n\
+print(os.getppid(), reach(-1), reach(PID), proc)";
 const UID_CHECK: &str = "import os; print(os.getuid(), os.getgid(), os.getgroups())";
 const CGROUP_CHECK: &str = "print(open('/proc/self/cgroup').read())";
 /// Reading /etc/passwd (world-readable) and writing OUTSIDE (in the world-writable temporary
@@ -449,7 +491,12 @@ pub(crate) fn run_check(
     let child = platform
         .spawn(layers, slot, &args, &limits)
         .map_err(|e| e.to_string())?;
-    let out = supervise(child, b"", &limits, start, None).map_err(|e| e.to_string())?;
+    let kill = if layers.pid_ns {
+        Kill::Proxy
+    } else {
+        Kill::Group
+    };
+    let out = supervise(child, b"", &limits, start, None, kill).map_err(|e| e.to_string())?;
     if out.exit != crate::run::Exit::Code(0) {
         let err = String::from_utf8_lossy(&out.stderr);
         let last = err.trim().lines().last().unwrap_or("").to_string();

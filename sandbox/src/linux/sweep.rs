@@ -1,8 +1,9 @@
 //! After a run that could fork (seccomp off), whatever of it is left is killed: a child in a new
 //! session escapes the kill of the run's process group. With a cgroup, every process in the
 //! slot's group; else, with the uid drop, every process of the slot's uid (`kill(-1)` from a
-//! helper under that uid). Without either, nothing finds them: the refusal rule then counts the
-//! run's tasks as not contained.
+//! helper under that uid). With a PID namespace nothing is left to find (its init's exit killed
+//! it all before kiln reaped the run). Without any of these, nothing finds them: the refusal rule
+//! then counts the run's tasks as not contained.
 
 use super::{Layers, SlotResources};
 

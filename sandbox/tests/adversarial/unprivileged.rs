@@ -55,7 +55,14 @@ fn the_adversarial_tests_pass_as_an_unprivileged_user() {
     std::fs::create_dir(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let exe = dir.join("adversarial");
-    std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+    // copied by `cp`, so no fork of this process (the sandboxes of the tests running meanwhile)
+    // holds it open for writing when it is executed ("Text file busy")
+    let copied = Command::new("cp")
+        .arg(std::env::current_exe().unwrap())
+        .arg(&exe)
+        .status()
+        .unwrap();
+    assert!(copied.success(), "cp: {copied}");
     std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = Command::new(setpriv())
         .args([

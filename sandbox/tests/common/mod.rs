@@ -124,7 +124,7 @@ pub fn expect_layer(name: &str) -> bool {
     match name {
         "landlock" => landlock_abi() >= 1,
         "seccomp" => read("/proc/self/status").contains("Seccomp:"),
-        "net_namespace" | "user_namespace" | "scratch" => userns,
+        "net_namespace" | "user_namespace" | "pid_namespace" | "scratch" => userns,
         "uid" => root,
         "cgroup" => root && std::path::Path::new("/sys/fs/cgroup/memory/tasks").exists(),
         _ => true,
