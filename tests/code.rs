@@ -1,7 +1,10 @@
 //! Code post-training from outside the library: `kiln code grade` on the committed mini
 //! LiveCodeBench release and its right and wrong solutions, `kiln eval code` on a tiny random
 //! model (files, counts, a resumed run giving the same files), the evaluation's records on known
-//! completions, and the code task driving RL prompts and rewards.
+//! completions, and the code task driving RL prompts and rewards; LiveCodeBench's own files (the
+//! custom-evaluator input kiln writes, `kiln eval code compare` against an `_eval_all.json`, both
+//! as `tests/fixtures/code/make_lcb_files.py` writes them from lcb_runner's source) and Parquet
+//! rows in each codec (`make_codec_fixtures.py`, pyarrow).
 #![cfg(feature = "code")]
 
 mod common;
@@ -20,7 +23,7 @@ use kiln::tasks::code::evaluation::SampleRecord;
 use kiln::tasks::code::sandbox::{Sandbox, SandboxOptions, Verdict};
 use kiln::tasks::code::task::limits;
 use kiln::tasks::code::{CodeEvaluation, CodeProblem, CodeTask, CodeTaskConfig, Extraction, PromptTemplate, read_code_problems};
-use kiln::tasks::{Completion, Evaluation, RewardConfig, Task};
+use kiln::tasks::{Completion, Evaluation, FinishedRun, RewardConfig, Task};
 use kiln::tokenizer::Tokenizer;
 use serde_json::{Value, json};
 
@@ -207,6 +210,14 @@ fn eval_code_writes_records_and_summaries() {
         assert!(r["completion"].is_string() && r["code"].is_string() && r["tests"].is_array() && r["tokens"].as_u64().unwrap() <= 12, "{r}");
         assert_eq!(r["verdict"] == "no_code", r["code"] == "", "{r}");
     }
+    // LiveCodeBench's custom-evaluator input: every problem, each sample's code in order.
+    let custom: Value = serde_json::from_str(&std::fs::read_to_string(out.join("model_code_lcb_custom_output.json")).unwrap()).unwrap();
+    let custom = custom.as_array().unwrap();
+    assert_eq!(custom.iter().map(|e| e["question_id"].as_str().unwrap()).collect::<Vec<_>>(), ids);
+    for (p, entry) in custom.iter().enumerate() {
+        assert_eq!(entry.as_object().unwrap().keys().collect::<Vec<_>>(), ["code_list", "question_id"], "{entry}");
+        assert_eq!(entry["code_list"], json!([records[2 * p]["code"], records[2 * p + 1]["code"]]));
+    }
     let summary: Value = serde_json::from_str(&std::fs::read_to_string(out.join("model_code_summary.json")).unwrap()).unwrap();
     assert_eq!((summary["overall"]["problems"].as_u64(), summary["overall"]["samples"].as_u64()), (Some(5), Some(10)));
     assert!(summary["pass@1"].is_number() && summary["pass@5"].is_null(), "n = 2: pass@1 only");
@@ -272,7 +283,7 @@ fn an_interrupted_code_evaluation_resumes_to_the_same_files() {
     };
     run(None).unwrap();
     let complete = snapshot(&out);
-    assert_eq!(complete.keys().collect::<Vec<_>>(), ["m_code_generations.jsonl", "m_code_summary.json", "summary.json"]);
+    assert_eq!(complete.keys().collect::<Vec<_>>(), ["m_code_generations.jsonl", "m_code_lcb_custom_output.json", "m_code_summary.json", "summary.json"]);
     std::fs::remove_dir_all(&out).unwrap();
 
     assert!(run(Some(5)).is_err());
@@ -317,6 +328,111 @@ fn evaluation_records_grade_known_completions() {
     assert!(records[0].code.starts_with("class Solution:") && records[2].code.is_empty());
     assert_eq!((records[0].tokens, records[0].passed, records[0].total, records[0].tests.len()), (7, 4, 4, 4));
     assert_eq!(records[0].completion, samples[1][0].text);
+}
+
+/// `tests/fixtures/code/lcb_files/<name>` (made by `make_lcb_files.py`).
+fn lcb_file(name: &str) -> PathBuf {
+    let path = fixture("code/lcb_files").join(name);
+    assert!(path.exists(), "{} is missing: run `python3 tests/fixtures/code/make_lcb_files.py` from the repository root", path.display());
+    path
+}
+
+/// The mini v6 problems' fixture completions graded by kiln: `<dir>/m_code_generations.jsonl`
+/// and the files `finish` writes.
+fn graded_fixture_completions(dir: &Path) -> PathBuf {
+    let problems = read_code_problems(&fixture("code/lcb_mini/test6.jsonl")).unwrap();
+    let evaluation = code_evaluation(problems, Arc::new(Sandbox::new(SandboxOptions::default()).unwrap()));
+    let completions = lines(&lcb_file("completions.jsonl"));
+    let samples: Vec<Vec<Completion>> = evaluation
+        .problems()
+        .iter()
+        .map(|p| {
+            let row = completions.iter().find(|c| c["question_id"] == p.id.as_str()).unwrap();
+            row["completions"].as_array().unwrap().iter().map(|t| Completion { text: t.as_str().unwrap().into(), tokens: 5 }).collect()
+        })
+        .collect();
+    let generations = dir.join("m_code_generations.jsonl");
+    std::fs::write(&generations, evaluation.records(0, 0, &samples).unwrap().join("\n") + "\n").unwrap();
+    let run = FinishedRun { generations: std::slice::from_ref(&generations), samples: 3, losses: None, keep_generations: true };
+    evaluation.finish("m", dir, &run, &mut |_| {}).unwrap();
+    generations
+}
+
+#[test]
+fn the_custom_output_is_what_lcb_runner_reads_and_compare_reads_what_it_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let generations = graded_fixture_completions(tmp.path());
+    // The custom-evaluator input equals the one made from lcb_runner's extract_code.
+    let ours: Value = serde_json::from_str(&std::fs::read_to_string(tmp.path().join("m_code_lcb_custom_output.json")).unwrap()).unwrap();
+    let theirs: Value = serde_json::from_str(&std::fs::read_to_string(lcb_file("m_code_lcb_custom_output.json")).unwrap()).unwrap();
+    assert_eq!(ours, theirs);
+
+    // kiln's grading against lcb_runner's _eval_all.json of the same programs.
+    let eval_all = lcb_file("m_code_lcb_custom_output_codegeneration_output_eval_all.json");
+    let out = tmp.path().join("compare.json");
+    let run = kiln(&["eval", "code", "compare", s(&generations), s(&eval_all), "--resamples", "200", "--out", s(&out)]);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    // kiln: each problem 1 of 3; LiveCodeBench: 2070B 2 of 3, 9001 and 9003 0 of 3, the rest 1 of 3.
+    assert!(stdout.contains("pass@1 0.333333, 5 correct, 10 extracted"), "{stdout}");
+    assert!(stdout.contains("pass@1 0.266667, 4 correct, 10 extracted"), "{stdout}");
+    for line in ["9001\t1/3\t0/3\t-0.3333", "2070B\t1/3\t2/3\t+0.3333", "9003\t1/3\t0/3\t-0.3333"] {
+        assert!(stdout.lines().any(|l| l == line), "{line:?} in {stdout}");
+    }
+    let sample_lines: Vec<&str> = stdout.lines().skip_while(|l| !l.starts_with("sample\t")).skip(1).take_while(|l| !l.starts_with("B - A")).collect();
+    assert_eq!(sample_lines, [
+        "9001 #0\taccepted\tTime Limit Exceeded\tsame",
+        "2070B #1\twrong_answer\tpassed\tsame",
+        "9003 #0\taccepted\tRuntime Error\tsame",
+        "samples: 12 of 15 verdicts agree; A passes and B fails 2, B passes and A fails 1; the same code in every sample",
+    ]);
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!((report["samples"]["samples"].as_u64(), report["samples"]["differences"].as_array().unwrap().len()), (Some(15), 3));
+
+    assert!(stdout.lines().last().unwrap().starts_with("B - A: pass@1 -0.066667 (-1 correct samples)"), "{stdout}");
+
+    // Two kiln files compare sample by sample with --samples (by default only counts).
+    let run = kiln(&["eval", "code", "compare", s(&generations), s(&generations), "--resamples", "200"]);
+    assert!(run.status.success() && !String::from_utf8_lossy(&run.stdout).contains("sample\t"));
+    let run = kiln(&["eval", "code", "compare", s(&generations), s(&generations), "--resamples", "200", "--samples"]);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(stdout.contains("samples: 15 of 15 verdicts agree; A passes and B fails 0, B passes and A fails 0; the same code in every sample"), "{stdout}");
+    let summary = tmp.path().join("m_code_summary.json");
+    let bad = kiln(&["eval", "code", "compare", s(&generations), s(&summary), "--samples"]);
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && stderr.lines().count() == 1 && stderr.contains("--samples needs"), "{stderr}");
+
+    // Another program in one sample: listed, and the summary says so.
+    let mut edited: Value = serde_json::from_str(&std::fs::read_to_string(&eval_all).unwrap()).unwrap();
+    edited[3]["code_list"][1] = json!("print(0)");
+    let other = tmp.path().join("other_eval_all.json");
+    std::fs::write(&other, serde_json::to_string_pretty(&edited).unwrap()).unwrap();
+    let run = kiln(&["eval", "code", "compare", s(&generations), s(&other), "--resamples", "200"]);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success() && stdout.contains("9003 #1\twrong_answer\tWrong Answer\tdiffers") && stdout.contains("DIFFERENT code in 1 samples"), "{stdout}");
+
+    // Bad input: one line naming the file and the entry.
+    edited[2]["graded_list"] = json!([true, false]);
+    std::fs::write(&other, serde_json::to_string_pretty(&edited).unwrap()).unwrap();
+    let bad = kiln(&["eval", "code", "compare", s(&generations), s(&other)]);
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && stderr.lines().count() == 1 && stderr.contains("other_eval_all.json") && stderr.contains("entry 3 (question_id \"9002\")") && stderr.contains("graded_list has 2 verdicts but code_list 3"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn parquet_rows_in_each_codec_are_read() {
+    for codec in ["zstd", "lz4", "gzip"] {
+        let rows = fixture(&format!("code/cots_codecs/cots_{codec}.parquet"));
+        assert!(rows.exists(), "{} is missing: run `/tmp/pqenv/bin/python tests/fixtures/code/make_codec_fixtures.py` (pyarrow) from the repository root", rows.display());
+        let problems = fixture("code/lcb_mini/test6.jsonl");
+        let run = kiln(&["data", "decontaminate", "--rows", s(&rows), "--id-column", "id", "--problems", s(&problems)]);
+        let stdout = String::from_utf8_lossy(&run.stdout);
+        assert!(run.status.success(), "{codec}: {}", String::from_utf8_lossy(&run.stderr));
+        assert!(stdout.contains("0 of 5 rows share a word 8-gram with 0 of 5 problems"), "{codec}: {stdout}");
+    }
 }
 
 #[test]

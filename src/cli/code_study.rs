@@ -1,24 +1,30 @@
 //! `kiln eval code compare A B`: the paired per-question comparison of two code evaluations
-//! (the code-SFT study's significance check, spec code-sft.md §9).
+//! (the code-SFT study's significance check, spec code-sft.md §9), and, where both files record
+//! every sample's verdict (kiln's generations or `kiln code grade` output, LiveCodeBench's
+//! `*_eval_all.json`), the samples whose verdicts differ: kiln's grading of a run against
+//! LiveCodeBench's grading of the same programs.
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
 use kiln::io::write_atomic;
+use kiln::tasks::code::lcb_files::{compare_samples, is_eval_all_file, read_sample_verdicts};
 use kiln::tasks::code::study::{Bootstrap, compare, read_counts};
 
 #[derive(Debug, Subcommand)]
 pub enum CodeEvalCommand {
     /// Compare run B with run A question by question: per-question differences of pass@1,
-    /// their mean with a paired standard error and a seeded bootstrap confidence interval.
+    /// their mean with a paired standard error and a seeded bootstrap confidence interval; with
+    /// per-sample files on both sides (e.g. kiln's generations and LiveCodeBench's
+    /// `*_eval_all.json` of the same run), the samples whose verdicts differ.
     Compare(CompareArgs),
 }
 
 #[derive(Debug, Args)]
 pub struct CompareArgs {
-    /// Run A (the baseline): a `<model>_code_summary.json`, a `<model>_code_generations.jsonl`
-    /// or a `kiln code grade` output.
+    /// Run A (the baseline): a `<model>_code_summary.json`, a `<model>_code_generations.jsonl`,
+    /// a `kiln code grade` output or LiveCodeBench's `*_eval_all.json`.
     a: PathBuf,
     /// Run B (the candidate), in any of these forms; it must cover the same questions.
     b: PathBuf,
@@ -34,6 +40,11 @@ pub struct CompareArgs {
     /// Write the comparison (with every question's counts and difference) to this JSON file.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Also compare sample by sample (on by default when A or B is LiveCodeBench's
+    /// `*_eval_all.json`): the samples whose verdicts or extracted codes differ. Both files must
+    /// record every sample (not a summary) of the same programs.
+    #[arg(long)]
+    samples: bool,
 }
 
 pub fn run(command: CodeEvalCommand) -> Result<()> {
@@ -41,11 +52,41 @@ pub fn run(command: CodeEvalCommand) -> Result<()> {
     let (a_name, b_name) = (args.a.display().to_string(), args.b.display().to_string());
     let bootstrap = Bootstrap { resamples: args.resamples, seed: args.seed, level: args.level };
     let c = compare(&read_counts(&args.a)?, &read_counts(&args.b)?, bootstrap, &a_name, &b_name)?;
+    let samples = if args.samples || is_eval_all_file(&args.a)? || is_eval_all_file(&args.b)? {
+        match (read_sample_verdicts(&args.a)?, read_sample_verdicts(&args.b)?) {
+            (Some(a), Some(b)) => Some(compare_samples(&a, &b, &a_name, &b_name)?),
+            _ if args.samples => bail!("--samples needs every sample's verdict on both sides (generations, kiln code grade output or *_eval_all.json), not a summary file"),
+            _ => None,
+        }
+    } else {
+        None
+    };
     println!("A {a_name}: {}", c.a);
     println!("B {b_name}: {}", c.b);
     println!("question\tA correct/n\tB correct/n\tB-A");
     for d in c.per_question.iter().filter(|d| d.diff != 0.0) {
         println!("{}\t{}/{}\t{}/{}\t{:+.4}", d.question_id, d.correct_a, d.n_a, d.correct_b, d.n_b, d.diff);
+    }
+    if let Some(s) = &samples {
+        println!("sample\tA verdict\tB verdict\tcode");
+        for d in &s.differences {
+            let code = match d.same_code {
+                Some(true) => "same",
+                Some(false) => "differs",
+                None => "-",
+            };
+            println!("{} #{}\t{}\t{}\t{code}", d.question_id, d.index, d.a, d.b);
+        }
+        let code = match (s.code_differs, s.code_compared) {
+            (0, 0) => "code not recorded on both sides".to_owned(),
+            (0, n) if n == s.samples => "the same code in every sample".to_owned(),
+            (0, n) => format!("the same code in the {n} samples both record"),
+            (n, _) => format!("DIFFERENT code in {n} samples (not the same programs there)"),
+        };
+        println!(
+            "samples: {} of {} verdicts agree; A passes and B fails {}, B passes and A fails {}; {code}",
+            s.agree, s.samples, s.only_a_passes, s.only_b_passes
+        );
     }
     let stderr = c.paired_stderr.map_or("-".into(), |s| format!("{s:.5}"));
     println!(
@@ -62,7 +103,13 @@ pub fn run(command: CodeEvalCommand) -> Result<()> {
         c.per_question.len()
     );
     if let Some(out) = &args.out {
-        let text = serde_json::to_string_pretty(&serde_json::json!({ "a": a_name, "b": b_name, "comparison": c }))? + "\n";
+        let text = {
+            let mut report = serde_json::json!({ "a": a_name, "b": b_name, "comparison": c });
+            if let Some(s) = &samples {
+                report["samples"] = serde_json::to_value(s)?;
+            }
+            serde_json::to_string_pretty(&report)?
+        } + "\n";
         write_atomic(out, &text)?;
         eprintln!("wrote {}", out.display());
     }

@@ -2,7 +2,10 @@
 //!
 //! Only the named top-level columns are read (a projection: other columns are never decoded),
 //! with nested lists and structs as JSON arrays and objects. Built on the `parquet` crate's row
-//! reader with Snappy decompression (what `datasets` writes); files compressed otherwise fail
+//! reader with the Snappy (what `datasets` writes), Zstandard, LZ4 (`LZ4_RAW`, as pyarrow
+//! writes it; the deprecated Hadoop-framed `LZ4` goes through the same codec but has no
+//! fixture) and gzip codecs, each checked against a file pyarrow wrote
+//! (`tests/fixtures/code/make_codec_fixtures.py`); files compressed otherwise (Brotli, LZO) fail
 //! with an error naming the codec.
 
 use std::fs::File;
@@ -71,6 +74,50 @@ mod tests {
         }
         assert_eq!(rows[0]["messages"][1]["role"], "assistant");
         assert_eq!(rows[2]["note"], Value::Null);
+    }
+
+    /// The codec every column chunk of `path` records.
+    fn codecs(path: &Path) -> Vec<parquet::basic::Compression> {
+        let reader = SerializedFileReader::new(File::open(path).unwrap()).unwrap();
+        let mut codecs: Vec<_> = reader.metadata().row_groups().iter().flat_map(|g| g.columns().iter().map(|c| c.compression())).collect();
+        codecs.dedup();
+        codecs
+    }
+
+    /// Each codec's file (the cots_mini rows, written by pyarrow) reads to the JSONL copy.
+    fn reads_the_codec(codec: &str, recorded: parquet::basic::Compression) {
+        let path = fixture("cots_codecs").join(format!("cots_{codec}.parquet"));
+        assert!(
+            path.exists(),
+            "{} is missing: run `python3 -m venv /tmp/pqenv && /tmp/pqenv/bin/pip install pyarrow && /tmp/pqenv/bin/python tests/fixtures/code/make_codec_fixtures.py` from the repository root",
+            path.display()
+        );
+        assert_eq!(codecs(&path), [recorded], "{codec}: the fixture is not compressed with the codec under test");
+        let columns = ["id", "messages", "examples", "aliases", "api_metadata", "time_limit", "contest_start", "note", "finish_reason", "generation"];
+        let rows = read_parquet_columns(&path, &columns).unwrap_or_else(|e| panic!("{codec}: {e}"));
+        let jsonl = std::fs::read_to_string(fixture("cots_mini.jsonl")).unwrap();
+        let expected: Vec<Map<String, Value>> = jsonl.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(rows.len(), expected.len());
+        for (row, want) in rows.iter().zip(&expected) {
+            for column in columns {
+                assert_eq!(row[column], want[column], "{codec}: {} column {column}", want["id"]);
+            }
+        }
+    }
+
+    #[test]
+    fn reads_zstd_files() {
+        reads_the_codec("zstd", parquet::basic::Compression::ZSTD(Default::default()));
+    }
+
+    #[test]
+    fn reads_lz4_files() {
+        reads_the_codec("lz4", parquet::basic::Compression::LZ4_RAW);
+    }
+
+    #[test]
+    fn reads_gzip_files() {
+        reads_the_codec("gzip", parquet::basic::Compression::GZIP(Default::default()));
     }
 
     #[test]

@@ -14,6 +14,10 @@
 //!   averaged over problems; `per_problem` lists every problem's `n`, `correct` and `no_code` in
 //!   problem order, which is what standard errors and paired comparisons of two runs need;
 //!   `protections` are the sandbox layers the programs ran under;
+//! - `m_code_lcb_custom_output.json`: LiveCodeBench's custom-evaluator input,
+//!   `[{"question_id", "code_list": [code, …]}, …]` (problem order, sample order; see
+//!   [`super::lcb_files`]): `python -m lcb_runner.runner.custom_evaluator --custom_output_file
+//!   m_code_lcb_custom_output.json` grades the same programs with LiveCodeBench's own evaluator;
 //! - `summary.json`: one record per model of the run (`model` and its overall figures).
 
 use std::collections::HashMap;
@@ -28,6 +32,7 @@ use sha2::{Digest, Sha256};
 use super::code_problem::CodeProblem;
 use super::extract::Extraction;
 use super::grade::{Submission, TestRecord, grade_submissions};
+use super::lcb_files::{CustomOutput, custom_output_path, custom_output_text};
 use super::summary::{CodeSummary, ProblemOutcome, SampleOutcome, summarize};
 use crate::error::{Error, Result};
 use crate::io::pyjson::{self, Json, Style};
@@ -123,14 +128,16 @@ impl CodeEvaluation {
         })
     }
 
-    /// The outcomes per problem, in problem order, from a generations file.
-    fn outcomes(&self, path: &Path, samples: usize) -> Result<Vec<ProblemOutcome>> {
+    /// The outcomes per problem, in problem order, from a generations file, and each problem's
+    /// extracted codes in sample order (LiveCodeBench's custom-evaluator input).
+    fn outcomes(&self, path: &Path, samples: usize) -> Result<(Vec<ProblemOutcome>, Vec<CustomOutput>)> {
         let position: HashMap<&str, usize> = self.problems.iter().enumerate().map(|(i, p)| (p.id.as_str(), i)).collect();
         let mut outcomes: Vec<ProblemOutcome> = self
             .problems
             .iter()
             .map(|p| ProblemOutcome { question_id: p.id.clone(), difficulty: p.difficulty.clone(), platform: p.platform.clone(), samples: Vec::new() })
             .collect();
+        let mut codes: Vec<Vec<Option<String>>> = vec![vec![None; samples]; self.problems.len()];
         for record in jsonl_records(path)? {
             let record = record?;
             let sample = SampleRecord::deserialize(Value::Object(record.fields)).map_err(|e| Error::json(path, Some(record.line), e))?;
@@ -138,11 +145,21 @@ impl CodeEvaluation {
                 .get(sample.question_id.as_str())
                 .ok_or_else(|| Error::data(path, Some(record.line), format!("question_id {:?} is not a problem of this run", sample.question_id)))?;
             outcomes[i].samples.push(SampleOutcome { verdict: sample.verdict });
+            match codes[i].get_mut(sample.index) {
+                Some(slot @ None) => *slot = Some(sample.code),
+                _ => return Err(Error::data(path, Some(record.line), format!("{} sample {} is repeated or beyond {samples}", sample.question_id, sample.index))),
+            }
         }
         if let Some(o) = outcomes.iter().find(|o| o.samples.len() != samples) {
             return Err(Error::data(path, None, format!("{} has {} samples, not {samples}", o.question_id, o.samples.len())));
         }
-        Ok(outcomes)
+        let custom = self
+            .problems
+            .iter()
+            .zip(codes)
+            .map(|(p, codes)| CustomOutput { question_id: p.id.clone(), code_list: codes.into_iter().map(Option::unwrap_or_default).collect() })
+            .collect();
+        Ok((outcomes, custom))
     }
 }
 
@@ -244,7 +261,9 @@ impl Evaluation for CodeEvaluation {
     fn finish(&self, model: &str, out: &Path, run: &FinishedRun<'_>, stage: &mut dyn FnMut(&'static str)) -> Result<()> {
         stage("summary");
         let generations = run.generations.first().ok_or_else(|| Error::InvalidInput("no generations file".into()))?;
-        let summary = summarize(&self.outcomes(generations, run.samples)?, &self.ks);
+        let (outcomes, custom) = self.outcomes(generations, run.samples)?;
+        let summary = summarize(&outcomes, &self.ks);
+        write_atomic(&custom_output_path(out, model), &custom_output_text(&custom))?;
         let file = SummaryFile {
             model,
             pass_at_k: PassAtK(&summary.overall.pass_at_k),

@@ -16,6 +16,8 @@
 //!   [`crate::eval::evaluate`]).
 //! - [`summary`]: pass@k overall, per difficulty and per platform, per-problem counts, and
 //!   `no_code` counts.
+//! - [`lcb_files`]: LiveCodeBench's own files: the custom evaluator's input (written by
+//!   `kiln eval code`) and its `_eval_all.json` (read by `kiln eval code compare`).
 //! - [`decontaminate`]: 8-gram overlap of training rows with evaluation problems.
 //! - [`study`]: the code-SFT study's statistics: standard errors across problems and paired
 //!   comparisons of two runs with a bootstrap interval.
@@ -25,6 +27,7 @@ pub mod decontaminate;
 pub mod evaluation;
 pub mod extract;
 pub mod grade;
+pub mod lcb_files;
 pub mod private;
 pub mod problem;
 pub mod prompt;

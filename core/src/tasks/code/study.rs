@@ -95,9 +95,10 @@ fn rate(count: &ProblemCount) -> f64 {
 }
 
 /// Per-problem counts of a run from its `<model>_code_summary.json` (`per_problem`), its
-/// `<model>_code_generations.jsonl`, or a `kiln code grade` output (one graded sample per line,
+/// `<model>_code_generations.jsonl`, a `kiln code grade` output (one graded sample per line,
 /// `{"question_id", "verdict", …}`; problems in order of first appearance; a `{"summary"}` line
-/// is skipped). Errors name the file and line.
+/// is skipped), or LiveCodeBench's `*_eval_all.json` (a JSON list, see
+/// [`super::lcb_files::read_eval_all`]). Errors name the file and line or entry.
 pub fn read_counts(path: &Path) -> Result<Vec<ProblemCount>> {
     #[derive(serde::Deserialize)]
     struct Graded {
@@ -128,6 +129,9 @@ pub fn read_counts(path: &Path) -> Result<Vec<ProblemCount>> {
         return Ok(counts);
     }
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    if super::lcb_files::is_eval_all(&text) {
+        return Ok(super::lcb_files::eval_all_counts(&super::lcb_files::parse_eval_all(path, &text)?));
+    }
     #[derive(serde::Deserialize)]
     struct Summary {
         per_problem: Vec<ProblemCount>,
