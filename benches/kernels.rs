@@ -1,6 +1,6 @@
 //! Criterion benches of the CPU kernels, each next to the plain burn ops it replaces, at the
 //! 100M config's sizes (hidden 768, 12 heads on 2 KV heads of 64, MLP 3072; batch 8):
-//! decode projection (8 rows), prefill GEMM (8 × 64 rows), attention (8 × 64 queries), RoPE,
+//! decode projection (8 rows; also with bf16 weights and the tied LM head), prefill GEMM (8 × 64 rows), attention (8 × 64 queries), RoPE,
 //! RMSNorm, SwiGLU gating and one AdamW step of a 768 × 3072 weight.
 //!
 //! `cargo bench --bench kernels` (`-- attention` for one group). The kernels dispatch on CPU
@@ -36,6 +36,27 @@ fn projections(c: &mut Criterion) {
         g.throughput(Throughput::Elements((2 * BATCH * rows * D * FF) as u64));
         g.bench_function("kiln", |b| b.iter(|| proj::project(x.clone(), w.clone(), None).into_data()));
         g.bench_function("burn", |b| b.iter(|| linear(x.clone(), w.clone(), None).into_data()));
+        g.finish();
+    }
+}
+
+/// bf16 weights (a bf16 model): the decode projection (row-major `[768, 3072]`) and the tied LM
+/// head (the transpose of the `[vocab, 768]` embedding, vocab 2200 as in the 100M config), bf16
+/// activations, 8 rows: kiln (the AVX512-BF16 kernel where the CPU has it, else the fallback),
+/// burn's bf16 matmul, and kiln on f32 weights of the same shape for comparison.
+fn bf16_projections(c: &mut Criterion) {
+    use burn::tensor::DType::{BF16, F32};
+    const VOCAB: usize = 2200;
+    let w = (normal([D, FF]) * 0.02).cast(BF16);
+    let head = (normal([VOCAB, D]) * 0.02).cast(BF16);
+    let x = normal([BATCH, 1, D]).cast(BF16);
+    for (name, w, n) in [("decode_projection_bf16_8x768x3072", w, FF), ("lm_head_bf16_8x768x2200_tied", head.transpose(), VOCAB)] {
+        let mut g = c.benchmark_group(name);
+        g.throughput(Throughput::Elements((2 * BATCH * D * n) as u64));
+        g.bench_function("kiln", |b| b.iter(|| proj::project(x.clone(), w.clone(), None).into_data()));
+        g.bench_function("burn", |b| b.iter(|| linear(x.clone(), w.clone(), None).into_data()));
+        let (x32, w32) = (x.clone().cast(F32), w.clone().cast(F32));
+        g.bench_function("kiln_f32_weights", |b| b.iter(|| proj::project(x32.clone(), w32.clone(), None).into_data()));
         g.finish();
     }
 }
@@ -126,5 +147,5 @@ fn adamw(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, projections, attention_bench, rowwise, adamw);
+criterion_group!(benches, projections, bf16_projections, attention_bench, rowwise, adamw);
 criterion_main!(benches);

@@ -89,7 +89,7 @@ fn settings(samples: usize, max_new_tokens: usize) -> EvalSettings {
     EvalSettings {
         samples,
         max_new_tokens,
-        sampler: Sampler { temperature: 0.7, top_k: 0, top_p: 1.0 },
+        sampler: Sampler { temperature: 0.7, top_k: 0, top_p: 1.0, min_p: 0.0 },
         shard_prompts: 2,
         batch_size: 64,
         keep_generations: true,

@@ -50,7 +50,7 @@ fn settings() -> EvalSettings {
     EvalSettings {
         samples: 2,
         max_new_tokens: 6,
-        sampler: Sampler { temperature: 0.7, top_k: 0, top_p: 1.0 },
+        sampler: Sampler { temperature: 0.7, top_k: 0, top_p: 1.0, min_p: 0.0 },
         shard_prompts: 1,
         batch_size: 4,
         id_op_threshold: Some(2),

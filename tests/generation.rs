@@ -97,7 +97,7 @@ fn n_samples_are_seeded_and_reproducible() {
     let prompts = [prompt(&tokenizer), tokenizer.encode("<question> How many").unwrap()];
     let params = |seed| SamplingParams {
         n: 4,
-        sampler: Sampler { temperature: 1.0, top_k: 50, top_p: 0.95 },
+        sampler: Sampler { temperature: 1.0, top_k: 50, top_p: 0.95, min_p: 0.0 },
         max_new_tokens: 12,
         seed,
         ..Default::default()
@@ -189,5 +189,42 @@ fn finished_rows_are_replaced_by_waiting_prompts() {
     assert_eq!(steps, 40, "the long row decodes while the short ones take turns beside it");
     for (a, b) in together.iter().zip(&paired) {
         assert_eq!(a[0].token_ids, b[0].token_ids);
+    }
+}
+
+/// Same seed, same samples on the CPU (host sampling, f64) and on wgpu (sampling on the device,
+/// `generate::device_sampler`): temperature 1, top-p 0.9, n = 4, and on wgpu the same samples
+/// again with another batch size (rows join and leave the batch at other steps).
+#[cfg(feature = "wgpu")]
+#[test]
+fn same_seed_same_samples_on_the_cpu_and_wgpu() {
+    use kiln::backends::Wgpu;
+    let (cpu_model, tokenizer) = setup();
+    let device = common::wgpu_device();
+    let config = cpu_model.config().clone();
+    let gpu_model: Qwen2<Wgpu> = Qwen2::random(&config, 42, &device).unwrap();
+    let prompts = [prompt(&tokenizer), tokenizer.encode("<question> How many").unwrap(), tokenizer.encode("<solution> Define").unwrap()];
+    let params = SamplingParams {
+        n: 4,
+        sampler: Sampler { temperature: 1.0, top_p: 0.9, ..Sampler::default() },
+        max_new_tokens: 16,
+        seed: 7,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let cpu = run(&cpu_model, &tokenizer, &prompts, &params);
+    let mut engine = Engine::new(&gpu_model, Some(&tokenizer));
+    let gpu = engine.generate(&prompts, &params, |_| {}).unwrap();
+    engine.max_batch_size = 5;
+    let gpu_small_batches = engine.generate(&prompts, &params, |_| {}).unwrap();
+    let ids = |r: &Vec<Vec<Completion>>| -> Vec<Vec<u32>> { r.iter().flatten().map(|s| s.token_ids.clone()).collect() };
+    assert_eq!(ids(&cpu), ids(&gpu), "the CPU's and wgpu's samples");
+    assert_eq!(ids(&gpu), ids(&gpu_small_batches), "wgpu's samples at batch 64 and 5");
+    let distinct: std::collections::HashSet<_> = ids(&cpu).into_iter().collect();
+    assert!(distinct.len() > 8, "samples differ from one another: {distinct:?}");
+    for (c, g) in cpu.iter().flatten().zip(gpu.iter().flatten()) {
+        for (a, b) in c.logprobs.iter().zip(&g.logprobs).chain(c.raw_logprobs.iter().zip(&g.raw_logprobs)) {
+            assert!((a - b).abs() < 1e-3, "log-probs {:?} vs {:?}", c.logprobs, g.logprobs);
+        }
     }
 }

@@ -57,10 +57,11 @@
 //! | Qwen2: config (= HF `config.json`), RMSNorm, attention, MLP, decoder block, the model | [`model::config`] `model/config.rs`, [`model::qwen2`] `model/qwen2.rs` |
 //! | construction by tensor name; projections (weight layout and matmul, the CPU decode kernel) | `model/weights.rs`, [`model::proj`] `model/proj.rs`, `model/cpu_decode.rs` |
 //! | RoPE, KV cache, padded inputs | `model/rope.rs`, `model/kv_cache.rs`, [`model::inputs`] `model/inputs.rs` |
+//! | the kernel seam: one table of kernels per backend (the CPU's fused kernels or the burn-ops reference) | [`model::kernels`] `model/kernels.rs` |
 //! | Hugging Face load and save (safetensors, sharded, bf16/f16) | [`model::hf`] `model/hf.rs` |
 //! | log-probs of given sequences | [`model::logprobs`] `model/logprobs.rs` |
 //! | tokenizer (`tokenizer.json`) | [`tokenizer`] `tokenizer.rs` |
-//! | generation engine, sampler, stop conditions | [`generate::engine`] `generate/engine.rs`, [`generate::sampler`] `generate/sampler.rs`, `generate/stop.rs` |
+//! | generation engine, sampler (host and device), stop conditions | [`generate::engine`] `generate/engine.rs`, [`generate::sampler`] `generate/sampler.rs`, [`generate::device_sampler`] `generate/device_sampler.rs`, `generate/stop.rs` |
 //! | the training loop, checkpoints, metrics | [`train::trainer`] `train/trainer.rs`, [`train::checkpoint`] `train/checkpoint.rs`, `train/metrics.rs` |
 //! | objectives: the trait, next-token loss (pre-training, SFT) | [`train::objective`] `train/objective.rs` |
 //! | AdamW (HF Trainer's groups, clipping), LR schedules | [`train::adamw`] `train/adamw.rs`, [`train::schedule`] `train/schedule.rs` |

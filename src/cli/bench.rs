@@ -12,7 +12,7 @@ use burn::tensor::backend::AutodiffBackend;
 use kiln::backends::{DeviceSpec, Job, TrainJob};
 use kiln::data::Sample;
 use kiln::train::{AdamWConfig, Decay, LoopConfig, NextTokenLoss, Precision, SavePolicy, Schedule, Start, train};
-use kiln::generate::{Engine, Sampler, SamplingParams};
+use kiln::generate::{Engine, Sampler, SamplingParams, StepTimes};
 use kiln::model::{Dtype, Qwen2, Qwen2Config, hf};
 use rand::{Rng, SeedableRng};
 
@@ -189,7 +189,7 @@ impl TrainJob for RolloutBenchJob {
     fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<()> {
         let args = self.0;
         let model: Qwen2<B> = bench_model(&args, &device)?;
-        let sampler = Sampler { temperature: 1.0, top_k: 0, top_p: 1.0 };
+        let sampler = Sampler { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0 };
         let samples = args.samples.max(1);
         let figures = generation_figures(&model.valid(), &args, sampler, samples, "rollout")?;
         kiln::backends::device::check::<B>(&device)?;
@@ -218,19 +218,25 @@ fn generation_figures<B: Backend>(model: &Qwen2<B>, args: &BenchArgs, sampler: S
     let sequences = prompts.len() * samples;
     let mut engine = Engine::new(model, None);
     engine.max_batch_size = sequences;
-    let time = |new_tokens: usize| -> Result<f64> {
+    let time = |new_tokens: usize| -> Result<(f64, StepTimes)> {
         let params = SamplingParams { n: samples, sampler, max_new_tokens: new_tokens, ignore_eos: true, ..Default::default() };
         let start = Instant::now();
         let out = engine.generate(&prompts, &params, |_| {})?;
         assert!(out.iter().flatten().all(|c| c.token_ids.len() == new_tokens));
-        Ok(start.elapsed().as_secs_f64())
+        Ok((start.elapsed().as_secs_f64(), engine.step_times()))
     };
     time(args.new_tokens)?; // warm-up
-    let (mut prefill, mut total) = (f64::INFINITY, f64::INFINITY);
+    let (mut prefill, mut total, mut steps) = (f64::INFINITY, f64::INFINITY, StepTimes::default());
     for _ in 0..args.repeats.max(1) {
-        prefill = prefill.min(time(1)?);
-        total = total.min(time(args.new_tokens)?);
+        prefill = prefill.min(time(1)?.0);
+        let (t, s) = time(args.new_tokens)?;
+        if t < total {
+            (total, steps) = (t, s);
+        }
     }
+    // On the CPU backend the host does everything; elsewhere, the share of a decoding step the
+    // host was busy (not waiting for the device's sampled tokens): the goal is under 10%.
+    let host_share = (args.backend != DeviceSpec::Cpu).then(|| steps.host_share());
     let decoded = (sequences * (args.new_tokens - 1)) as f64;
     Ok(serde_json::json!({
         "engine": "kiln",
@@ -248,6 +254,8 @@ fn generation_figures<B: Backend>(model: &Qwen2<B>, args: &BenchArgs, sampler: S
         "prefill_tokens_per_s": (prompts.len() * args.prompt_len) as f64 / prefill,
         "decode_tokens_per_s": decoded / (total - prefill),
         "end_to_end_tokens_per_s": (sequences * args.new_tokens) as f64 / total,
+        "decode_step_ms": 1e3 * steps.total_s / steps.steps.max(1) as f64,
+        "host_share_of_step": host_share,
         "autotune": autotune(args.backend),
     }))
 }

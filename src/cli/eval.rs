@@ -73,6 +73,9 @@ struct InterplayArgs {
     /// Keep only the k most likely tokens (0 disables).
     #[arg(long, default_value_t = 0)]
     top_k: usize,
+    /// Keep only tokens at least this fraction as likely as the most likely one (0 disables).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
     #[arg(long, default_value_t = 1024)]
     max_new_tokens: usize,
     /// Stop string (repeatable), excluded from the text as vLLM does.
@@ -185,7 +188,7 @@ fn interplay(args: InterplayArgs) -> Result<()> {
     let data = EvalData::load(&args.data, threshold)?;
     let settings = EvalSettings {
         samples: args.samples,
-        sampler: Sampler { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p },
+        sampler: Sampler { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, min_p: args.min_p },
         max_new_tokens: args.max_new_tokens,
         stop: args.stop.clone(),
         seed: args.seed,

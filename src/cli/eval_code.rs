@@ -168,7 +168,7 @@ pub fn run(mut args: CodeEvalArgs) -> Result<()> {
         .with_progress(move |done, of| grading_bar.set_message(format!("grading {done}/{of}")));
     let settings = EvalSettings {
         samples: args.n,
-        sampler: Sampler { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p },
+        sampler: Sampler { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, min_p: 0.0 },
         max_new_tokens: args.max_new_tokens,
         stop,
         seed: args.seed,

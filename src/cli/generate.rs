@@ -46,6 +46,9 @@ pub struct GenerateArgs {
     /// Keep only the k most likely tokens (0 disables).
     #[arg(long, default_value_t = 0)]
     top_k: usize,
+    /// Keep only tokens at least this fraction as likely as the most likely one (0 disables).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
     #[arg(long, default_value_t = 256)]
     max_new_tokens: usize,
     /// Stop string (repeatable); excluded from the returned text.
@@ -66,6 +69,10 @@ pub struct GenerateArgs {
     /// Sequences decoded together.
     #[arg(long, default_value_t = 64)]
     batch_size: usize,
+    /// GiB of KV cache: decode at most as many sequences together as fit (the longest prompt
+    /// plus --max-new-tokens each), and at most --batch-size.
+    #[arg(long)]
+    kv_memory: Option<f64>,
     /// Print one JSON object per sample.
     #[arg(long)]
     json: bool,
@@ -148,7 +155,7 @@ impl Job for GenerateJob {
         });
         let params = SamplingParams {
             n: args.n,
-            sampler: Sampler { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p },
+            sampler: Sampler { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, min_p: args.min_p },
             max_new_tokens: args.max_new_tokens,
             stop: StopCriteria { token_ids, strings: args.stop.clone() },
             ignore_eos: args.ignore_eos,
@@ -157,6 +164,11 @@ impl Job for GenerateJob {
         };
         let mut engine = Engine::new(&model, tokenizer.as_ref());
         engine.max_batch_size = args.batch_size.max(1);
+        if let Some(gib) = args.kv_memory {
+            let longest = prompt_ids.iter().map(Vec::len).max().unwrap_or(0) + args.max_new_tokens;
+            let rows = engine.rows_within((gib * (1u64 << 30) as f64) as u64, longest.min(model.context_len()))?;
+            engine.max_batch_size = engine.max_batch_size.min(rows);
+        }
 
         let bar = progress::bar((prompt_ids.len() * args.n) as u64, "samples");
         let results = engine.generate(&prompt_ids, &params, |p| {

@@ -147,7 +147,7 @@ impl TrainJob for QuickstartJob {
         let data = EvalData::load(&data.join("test"), Some(10))?;
         let settings = EvalSettings {
             samples: 2,
-            sampler: Sampler { temperature: 0.7, top_k: 0, top_p: 1.0 },
+            sampler: Sampler { temperature: 0.7, top_k: 0, top_p: 1.0, min_p: 0.0 },
             max_new_tokens: 384,
             batch_size: 128,
             ..EvalSettings::default()

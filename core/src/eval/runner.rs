@@ -67,7 +67,7 @@ impl Default for EvalSettings {
     fn default() -> Self {
         Self {
             samples: 128,
-            sampler: Sampler { temperature: 0.7, top_k: 0, top_p: 1.0 },
+            sampler: Sampler { temperature: 0.7, top_k: 0, top_p: 1.0, min_p: 0.0 },
             max_new_tokens: 1024,
             stop: vec!["</answer>".to_owned()],
             seed: 0,
@@ -98,7 +98,11 @@ impl EvalSettings {
             ("shard_prompts", Json::from(self.shard_prompts)),
             ("data_sha256", Json::from(fingerprint)),
         ];
-        // Shards sampled in f32 (written before the setting existed) stay valid.
+        // Shards sampled in f32 and without min-p (written before those settings existed) stay
+        // valid.
+        if self.sampler.min_p > 0.0 {
+            fields.push(("min_p", Json::Float(f64::from(self.sampler.min_p))));
+        }
         if self.dtype != Dtype::F32 {
             fields.push(("dtype", Json::from(self.dtype.name())));
         }

@@ -5,17 +5,18 @@
 //! [`SamplingParams::ignore_eos`] is set, at the request's own stop tokens and strings, and at the
 //! length limit.
 //!
-//! Reproducibility: every sample draws from its own ChaCha8 stream keyed by
-//! (seed, prompt index, sample index), so a sample does not depend on how prompts were batched.
+//! Sampling: on the CPU backend from the host's logits, elsewhere on the device
+//! ([`super::device_sampler`]: only the chosen ids and their log-probs are read back). Either
+//! way the uniform of token `t` of sample `s` of prompt `p` is [`uniform`]`(seed, p, s, t)`, so a
+//! sample depends neither on how prompts were batched nor on the backend.
 
 use std::collections::{HashMap, VecDeque};
 
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use super::sampler::Sampler;
+use super::device_sampler;
+use super::sampler::{Sampled, Sampler, uniform};
 use super::stop::{FinishReason, StopCriteria, StopReason};
 use crate::error::{Error, Result};
 use crate::model::{HostBatch, Inputs, KvCache, Qwen2};
@@ -80,6 +81,33 @@ pub struct Progress {
     pub total: usize,
 }
 
+/// Where the decoding steps of the last [`Engine::generate`] call spent their time.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTimes {
+    /// Decoding steps (one token for every row of the batch).
+    pub steps: usize,
+    /// Wall time of those steps, seconds.
+    pub total_s: f64,
+    /// Of which the host waited for the device to hand back the sampled tokens. The rest is host
+    /// work: stop checks, batch bookkeeping, building inputs and launching the next step's
+    /// kernels. On the CPU backend everything is host work.
+    pub wait_s: f64,
+}
+
+impl StepTimes {
+    /// Counts a step that began at `start` and restarts the clock.
+    fn lap(&mut self, start: &mut std::time::Instant) {
+        self.steps += 1;
+        self.total_s += start.elapsed().as_secs_f64();
+        *start = std::time::Instant::now();
+    }
+
+    /// The share of a step the host was busy rather than waiting on the device.
+    pub fn host_share(&self) -> f64 {
+        if self.total_s > 0.0 { 1.0 - self.wait_s / self.total_s } else { 0.0 }
+    }
+}
+
 /// Generates from a model; see the module docs.
 pub struct Engine<'a, B: Backend> {
     model: &'a Qwen2<B>,
@@ -90,6 +118,7 @@ pub struct Engine<'a, B: Backend> {
     pub eos_ids: Vec<u32>,
     /// Largest number of sequences decoded together.
     pub max_batch_size: usize,
+    times: std::cell::Cell<StepTimes>,
 }
 
 /// Per-sample decoding state.
@@ -98,7 +127,6 @@ struct Sequence {
     sample_index: usize,
     prompt_len: usize,
     limit: usize,
-    rng: ChaCha8Rng,
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
     raw_logprobs: Vec<f32>,
@@ -113,7 +141,33 @@ impl<'a, B: Backend> Engine<'a, B> {
         eos_ids.extend(tokenizer.and_then(Tokenizer::eos_id));
         eos_ids.sort_unstable();
         eos_ids.dedup();
-        Self { model, tokenizer, pad_id, eos_ids, max_batch_size: 64 }
+        Self { model, tokenizer, pad_id, eos_ids, max_batch_size: 64, times: Default::default() }
+    }
+
+    /// Bytes of KV cache one cached position of one sequence takes: keys and values of every
+    /// layer, in the dtype activations are computed in.
+    pub fn kv_bytes_per_position(&self) -> u64 {
+        let c = self.model.config();
+        (2 * c.num_hidden_layers * c.num_kv_heads() * c.head_dim() * self.model.compute_dtype().size()) as u64
+    }
+
+    /// The most sequences of `positions` positions (prompt and new tokens) whose KV cache fits
+    /// `bytes`, counting the half a full buffer may grow by at once; at least 1 if one fits.
+    pub fn rows_within(&self, bytes: u64, positions: usize) -> Result<usize> {
+        let per_row = self.kv_bytes_per_position() * (positions + positions / 2) as u64;
+        match bytes / per_row.max(1) {
+            0 => Err(Error::InvalidInput(format!(
+                "{} of KV cache does not hold one sequence of {positions} positions ({} needed)",
+                kiln_backends::device::bytes_text(bytes as f64),
+                kiln_backends::device::bytes_text(per_row as f64)
+            ))),
+            rows => Ok(rows as usize),
+        }
+    }
+
+    /// Where the decoding steps of the last [`Engine::generate`] call spent their time.
+    pub fn step_times(&self) -> StepTimes {
+        self.times.get()
     }
 
     /// Samples `params.n` completions for every prompt; `result[i]` holds prompt `i`'s samples.
@@ -158,14 +212,11 @@ impl<'a, B: Backend> Engine<'a, B> {
         let mut sequences: Vec<Sequence> = Vec::with_capacity(prompts.len() * n);
         for (prompt_index, prompt) in prompts.iter().enumerate() {
             for sample_index in 0..n {
-                let mut rng = ChaCha8Rng::seed_from_u64(params.seed);
-                rng.set_stream((prompt_index * n + sample_index) as u64);
                 sequences.push(Sequence {
                     prompt_index,
                     sample_index,
                     prompt_len: prompt.len(),
                     limit: params.max_new_tokens.min(context - prompt.len()),
-                    rng,
                     tokens: Vec::new(),
                     logprobs: Vec::new(),
                     raw_logprobs: Vec::new(),
@@ -173,6 +224,7 @@ impl<'a, B: Backend> Engine<'a, B> {
                 });
             }
         }
+        self.times.set(StepTimes::default());
         if params.max_new_tokens > 0 {
             let mut state = Progress { total: sequences.len(), ..Progress::default() };
             self.run(&order, prompts, &params, &mut sequences, &mut state, &mut progress)?;
@@ -220,6 +272,8 @@ impl<'a, B: Backend> Engine<'a, B> {
         let mut waiting: VecDeque<(usize, usize, usize)> = order.iter().map(|&p| (p, 0, n)).collect();
         let mut prefilled = Prefilled::default();
         let mut batch: Option<Running<B>> = None;
+        let mut times = StepTimes::default();
+        let mut step_start = std::time::Instant::now();
         loop {
             // Refill free rows once enough are free (or the batch is empty, or all that waits fits).
             let rows = batch.as_ref().map_or(0, |b| b.slots.len());
@@ -234,18 +288,18 @@ impl<'a, B: Backend> Engine<'a, B> {
             }
             let Some(running) = batch.as_mut() else { break };
 
-            let host: Vec<f32> = running.logits.clone().into_data().convert::<f32>().into_vec().expect("f32 logits");
-            // Logits read back after a device failure are not sampled from.
+            let (picked, waited) = self.sample(&running.logits, &running.slots, sequences, params);
+            times.wait_s += waited;
+            // Samples read back after a device failure are not used.
             if let Some(err) = kiln_backends::device::fault() {
                 return Err(err.into());
             }
             let mut newly_finished = 0;
-            for (row, &s) in running.slots.iter().enumerate() {
+            for (&s, sampled) in running.slots.iter().zip(picked) {
                 let seq = &mut sequences[s];
                 if seq.finished.is_some() {
                     continue;
                 }
-                let sampled = params.sampler.sample(&host[row * vocab..(row + 1) * vocab], &mut seq.rng);
                 seq.tokens.push(sampled.token);
                 seq.logprobs.push(sampled.logprob);
                 seq.raw_logprobs.push(sampled.raw_logprob);
@@ -267,6 +321,8 @@ impl<'a, B: Backend> Engine<'a, B> {
             let free_after = capacity.saturating_sub(active.len());
             if active.is_empty() {
                 batch = None;
+                times.lap(&mut step_start);
+                self.times.set(times);
                 continue;
             }
             if done * 4 >= running.slots.len() || (left > 0 && done > 0 && free_after >= refill_at(capacity).min(left)) {
@@ -277,8 +333,33 @@ impl<'a, B: Backend> Engine<'a, B> {
             let step = self.decode_inputs(&running.slots, sequences, &device);
             let hidden = model.forward_hidden(&step, Some(&mut running.cache));
             running.logits = model.logits(hidden).reshape([running.slots.len(), vocab]);
+            times.lap(&mut step_start);
+            self.times.set(times);
         }
         Ok(())
+    }
+
+    /// One token for every row of `logits` `[rows, V]` (rows already finished get one too, unused):
+    /// sampled from the host's copy on the CPU backend (its tensors are host memory), on the
+    /// device elsewhere.
+    /// Also returns the seconds spent waiting for the device's answer.
+    fn sample(&self, logits: &Tensor<B, 2>, slots: &[usize], sequences: &[Sequence], params: &SamplingParams) -> (Vec<Sampled>, f64) {
+        let u: Vec<f32> = slots
+            .iter()
+            .map(|&s| {
+                let seq = &sequences[s];
+                uniform(params.seed, seq.prompt_index, seq.sample_index, seq.tokens.len())
+            })
+            .collect();
+        if !crate::model::kernels::kernels::<B>().host_memory {
+            let picked = device_sampler::sample(logits.clone(), &params.sampler, &u);
+            let start = std::time::Instant::now();
+            let picked = device_sampler::read(picked);
+            return (picked, start.elapsed().as_secs_f64());
+        }
+        let vocab = logits.dims()[1];
+        let host: Vec<f32> = logits.clone().into_data().convert::<f32>().into_vec().expect("f32 logits");
+        (host.chunks_exact(vocab).zip(u).map(|(row, u)| params.sampler.sample(row, u)).collect(), 0.0)
     }
 
     /// Takes up to `free` waiting samples (whole prompts' worth where possible), prefills the
@@ -392,4 +473,48 @@ impl<B: Backend> Running<B> {
 fn index_tensor<B: Backend>(indices: &[usize], device: &B::Device) -> Tensor<B, 1, Int> {
     let data: Vec<i64> = indices.iter().map(|&i| i as i64).collect();
     Tensor::from_data(TensorData::new(data, [indices.len()]), device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+
+    #[test]
+    fn step_times_count_every_decoding_step() {
+        let config = serde_json::from_str(
+            r#"{"vocab_size": 40, "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 1,
+                "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 64}"#,
+        )
+        .unwrap();
+        let model = Qwen2::<Flex>::random(&config, 1, &Default::default()).unwrap();
+        let engine = Engine::new(&model, None);
+        let params = SamplingParams { n: 3, max_new_tokens: 9, ignore_eos: true, ..SamplingParams::default() };
+        engine.generate(&[vec![1, 2, 3], vec![4, 5]], &params, |_| {}).unwrap();
+        let times = engine.step_times();
+        // Six rows decode together: one step per token.
+        assert_eq!(times.steps, 9);
+        assert!(times.total_s > 0.0 && times.wait_s <= times.total_s);
+        assert!((0.0..=1.0).contains(&times.host_share()));
+        // A new call starts the count again.
+        engine.generate(&[vec![1]], &SamplingParams { max_new_tokens: 2, ignore_eos: true, ..params }, |_| {}).unwrap();
+        assert_eq!(engine.step_times().steps, 2);
+    }
+
+    #[test]
+    fn kv_memory_bounds_the_batch() {
+        let config = serde_json::from_str(
+            r#"{"vocab_size": 40, "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 3,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}"#,
+        )
+        .unwrap();
+        let model = Qwen2::<Flex>::random(&config, 1, &Default::default()).unwrap();
+        let engine = Engine::new(&model, None);
+        // Keys and values, 3 layers, 2 KV heads of 4, f32: 192 bytes a position.
+        assert_eq!(engine.kv_bytes_per_position(), 2 * 3 * 2 * 4 * 4);
+        // 20 positions and the half a buffer may grow by: 30 × 192 = 5,760 bytes a sequence.
+        assert_eq!(engine.rows_within(10 * 5760 + 5759, 20).unwrap(), 10);
+        let err = engine.rows_within(5759, 20).unwrap_err().to_string();
+        assert!(err.contains("does not hold one sequence of 20 positions"), "{err}");
+    }
 }

@@ -1,12 +1,13 @@
 //! Batched generation: the engine, the sampler and stop conditions; [`stream`] generates one
 //! sample token by token for hosts that read logits back asynchronously (the browser).
 
+pub mod device_sampler;
 pub mod engine;
 pub mod sampler;
 pub mod stop;
 pub mod stream;
 
-pub use engine::{Completion, Engine, Progress, SamplingParams};
-pub use sampler::{Sampled, Sampler};
+pub use engine::{Completion, Engine, Progress, SamplingParams, StepTimes};
+pub use sampler::{Sampled, Sampler, uniform};
 pub use stop::{FinishReason, StopCriteria, StopReason, model_eos_ids};
 pub use stream::Stream;

@@ -20,6 +20,13 @@
 //! or with AVX2 and FMA (`cpu_decode_avx2.rs`; chosen at run time, `KILN_SIMD` caps it as for the
 //! fused kernels); otherwise [`matmul`] declines and the caller uses burn's ops. Without the
 //! `flex` feature it always declines.
+//!
+//! **bf16 weights** (a bf16 checkpoint) on CPUs with AVX512-BF16 take a kernel of their own
+//! (`cpu_decode_bf16.rs`: the weight streams as bf16, half the bytes, products of bf16 pairs
+//! accumulated in f32 by `VDPBF16PS`; bf16 or f32 input rows, output in their dtype), in both
+//! layouts, under the same conditions ([`bf16_available`]; `KILN_SIMD=avx512` caps it off).
+//! Without the feature [`matmul`] declines bf16 weights, as before: burn multiplies them
+//! (converting both operands to f32).
 
 use burn::tensor::{Tensor, backend::Backend};
 
@@ -34,8 +41,20 @@ pub fn available<B: Backend>() -> bool {
     false
 }
 
-/// `x · w` for `x` `[m, k]` and an f32 `w` `[k, n]` in either layout of the module docs;
-/// `None` when the kernel does not apply (see the module docs).
+/// Whether bf16 weights are multiplied by the bf16 kernel (`cpu_decode_bf16.rs`: AVX512-BF16,
+/// not capped by `KILN_SIMD`) on backend `B` on this CPU; otherwise [`matmul`] declines bf16
+/// weights and the caller casts them (the path every CPU without the feature keeps).
+pub fn bf16_available<B: Backend>() -> bool {
+    #[cfg(all(feature = "flex", target_arch = "x86_64"))]
+    return flex::available::<B>() && bf16::available();
+    #[cfg(not(all(feature = "flex", target_arch = "x86_64")))]
+    false
+}
+
+/// `x · w` for `x` `[m, k]` and `w` `[k, n]` in either layout of the module docs: `x` and `w`
+/// f32, or `w` bf16 and `x` bf16 or f32 (rounded to bf16; products accumulated in f32, the
+/// output in `x`'s dtype) where [`bf16_available`]; `None` when the kernel does not apply (see
+/// the module docs).
 pub fn matmul<B: Backend>(x: &Tensor<B, 2>, w: &Tensor<B, 2>) -> Option<Tensor<B, 2>> {
     #[cfg(all(feature = "flex", target_arch = "x86_64"))]
     if x.dims()[0] <= MAX_ROWS && flex::available::<B>() {
@@ -45,9 +64,32 @@ pub fn matmul<B: Backend>(x: &Tensor<B, 2>, w: &Tensor<B, 2>) -> Option<Tensor<B
     None
 }
 
+/// Runs `$body` with the const `$r` set to `rows` (1..=8): the AVX-512 tiles' row counts, for
+/// the f32 kernels below and the bf16 ones (`cpu_decode_bf16.rs`); the AVX2 file has its own
+/// (1..=4).
+#[cfg(all(feature = "flex", target_arch = "x86_64"))]
+macro_rules! with_rows {
+    ($rows:expr, $r:ident => $body:expr) => {
+        match $rows {
+            1 => { const $r: usize = 1; $body }
+            2 => { const $r: usize = 2; $body }
+            3 => { const $r: usize = 3; $body }
+            4 => { const $r: usize = 4; $body }
+            5 => { const $r: usize = 5; $body }
+            6 => { const $r: usize = 6; $body }
+            7 => { const $r: usize = 7; $body }
+            _ => { const $r: usize = 8; $body }
+        }
+    };
+}
+
 #[cfg(all(feature = "flex", target_arch = "x86_64"))]
 #[path = "cpu_decode_avx2.rs"]
 mod avx2;
+
+#[cfg(all(feature = "flex", target_arch = "x86_64"))]
+#[path = "cpu_decode_bf16.rs"]
+mod bf16;
 
 #[cfg(all(feature = "flex", target_arch = "x86_64"))]
 mod flex {
@@ -99,9 +141,8 @@ mod flex {
         let [m, k] = x.dims();
         let n = w.dims()[1];
         let (x, w) = (unwrap(x)?, unwrap(w)?);
-        let xs = x.as_slice::<f32>()?;
         let layout = w.layout();
-        if layout.start_offset() != 0 || w.dtype() != DType::F32 {
+        if layout.start_offset() != 0 || !matches!(w.dtype(), DType::F32 | DType::BF16) {
             return None;
         }
         let kind = match layout.strides() {
@@ -109,6 +150,22 @@ mod flex {
             [1, s] if *s == k as isize => Layout::Transposed,
             _ => return None,
         };
+        if w.dtype() == DType::BF16 {
+            if !super::bf16::available() {
+                return None;
+            }
+            let ws = &w.storage::<half::bf16>()[..n * k];
+            let transposed = matches!(kind, Layout::Transposed);
+            return match x.dtype() {
+                DType::F32 => Some(wrap(super::bf16::matmul(super::bf16::Input::F32(x.as_slice()?), m, k, ws, n, transposed), [m, n])),
+                DType::BF16 => {
+                    let y = super::bf16::matmul(super::bf16::Input::Bf16(x.as_slice()?), m, k, ws, n, transposed);
+                    Some(wrap(y.into_iter().map(half::bf16::from_f32).collect::<Vec<_>>(), [m, n]))
+                }
+                _ => None,
+            };
+        }
+        let xs = x.as_slice::<f32>()?;
         let ws = &w.storage::<f32>()[..n * k];
         let y = match kind {
             Layout::Transposed => by_columns(xs, m, k, ws, n),
@@ -176,7 +233,7 @@ mod flex {
         primitive.downcast::<FlexTensor>().ok().map(|b| *b)
     }
 
-    fn wrap<B: Backend, const D: usize>(values: Vec<f32>, shape: [usize; D]) -> Tensor<B, D> {
+    fn wrap<B: Backend, E: burn::tensor::Element, const D: usize>(values: Vec<E>, shape: [usize; D]) -> Tensor<B, D> {
         let primitive: Box<dyn Any> = Box::new(FlexTensor::from_data(TensorData::new(values, shape)));
         let primitive = primitive.downcast::<B::FloatTensorPrimitive>().expect("B is Flex");
         Tensor::from_primitive(TensorPrimitive::Float(*primitive))
@@ -192,22 +249,6 @@ mod flex {
     #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
     mod kernels {
         use std::arch::x86_64::*;
-
-        /// Runs `$body` with the const `$r` set to `rows` (1..=8).
-        macro_rules! with_rows {
-            ($rows:expr, $r:ident => $body:expr) => {
-                match $rows {
-                    1 => { const $r: usize = 1; $body }
-                    2 => { const $r: usize = 2; $body }
-                    3 => { const $r: usize = 3; $body }
-                    4 => { const $r: usize = 4; $body }
-                    5 => { const $r: usize = 5; $body }
-                    6 => { const $r: usize = 6; $body }
-                    7 => { const $r: usize = 7; $body }
-                    _ => { const $r: usize = 8; $body }
-                }
-            };
-        }
 
         /// Transposed layout: `y[r·ys + j] = x[r] · wt[j]` for `r < rows ≤ 8` and `j` in `cols`,
         /// `wt` row-major `[n, k]`.

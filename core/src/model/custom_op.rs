@@ -5,8 +5,6 @@
 //! ([`super::chunked_attention`]).
 
 use std::any::{Any, TypeId};
-use std::collections::HashMap;
-use std::sync::{OnceLock, RwLock};
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, CheckpointStrategy, NoCheckpointing};
@@ -14,7 +12,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Int, Tensor, TensorPrimitive};
+use burn::tensor::{Tensor, TensorPrimitive};
 
 /// The backend under autodiff.
 pub type Inner<B> = <B as AutodiffBackend>::InnerBackend;
@@ -96,36 +94,11 @@ pub fn backward<B: Backend, S, const N: usize, const E: usize, const D: usize>(
     }
 }
 
-/// [`super::chunked_attention::attention`] as a function pointer.
-pub type AttentionFn<B> = fn(Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>, &Tensor<B, 2, Int>, usize) -> Option<Tensor<B, 4>>;
-
-/// The operations above for one backend `B` under autodiff, as plain function pointers, so
-/// that code generic over any backend (the model) can call them once [`install`]ed.
-pub struct Kernels<B: Backend> {
-    /// [`super::chunked_attention::attention`].
-    pub attention: AttentionFn<B>,
-}
-
-type Registry = RwLock<HashMap<TypeId, &'static (dyn Any + Send + Sync)>>;
-
-fn registry() -> &'static Registry {
-    static REGISTRY: OnceLock<Registry> = OnceLock::new();
-    REGISTRY.get_or_init(Default::default)
-}
-
-/// Makes [`Kernels`] of `B` available to [`kernels`] (once per backend type; the training loop
-/// does it before its first step).
+/// Adds the chunked attention with its own backward pass to backend `B`'s kernel table
+/// ([`super::kernels`]; once per backend type: the training loop does it before its first step).
 pub fn install<B: AutodiffBackend>() {
-    let id = TypeId::of::<B>();
-    if registry().read().expect("kernel registry").contains_key(&id) {
-        return;
+    let table = super::kernels::kernels::<B>();
+    if table.chunked_attention.is_none() {
+        super::kernels::set(super::kernels::Kernels { chunked_attention: Some(super::chunked_attention::attention::<B>), ..table.clone() });
     }
-    let kernels: &'static Kernels<B> = Box::leak(Box::new(Kernels { attention: super::chunked_attention::attention::<B> }));
-    registry().write().expect("kernel registry").entry(id).or_insert(kernels);
-}
-
-/// The [`Kernels`] installed for backend `B`, if any.
-pub fn kernels<B: Backend>() -> Option<&'static Kernels<B>> {
-    let found = *registry().read().expect("kernel registry").get(&TypeId::of::<B>())?;
-    found.downcast_ref::<Kernels<B>>()
 }

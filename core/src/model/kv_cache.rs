@@ -7,15 +7,39 @@
 
 use burn::tensor::{Int, Tensor, backend::Backend};
 
-/// Cached keys and values of one decoder layer.
+/// Cached keys and values of one decoder layer: buffers with room to grow along the sequence
+/// axis, of which the first `len` positions are filled. A decoding step writes its keys in
+/// place (`slice_assign` on a buffer nothing else holds), so a token costs O(1) copies, not the
+/// O(cached) of concatenating; a full buffer grows by half (amortised O(1) per token).
 #[derive(Debug, Clone)]
 pub struct LayerCache<B: Backend> {
     kv: Option<(Tensor<B, 4>, Tensor<B, 4>)>,
+    /// Filled positions of `kv` along `seq_dim`.
+    len: usize,
     /// The sequence axis of `kv` (see [`LayerCache::append_along`]).
     seq_dim: usize,
 }
 
+/// Positions a buffer grows by at least (and rounds its size up to).
+const GROW: usize = 64;
+
 impl<B: Backend> LayerCache<B> {
+    fn empty(seq_dim: usize) -> Self {
+        Self { kv: None, len: 0, seq_dim }
+    }
+
+    /// A cache holding exactly `k` and `v` (no spare room).
+    fn holding(kv: Option<(Tensor<B, 4>, Tensor<B, 4>)>, seq_dim: usize) -> Self {
+        let len = kv.as_ref().map_or(0, |(k, _)| k.dims()[seq_dim]);
+        Self { kv, len, seq_dim }
+    }
+
+    /// The filled part of the buffers (views, no copy).
+    fn filled(&self) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
+        let (dim, len) = (self.seq_dim, self.len);
+        self.kv.as_ref().map(|(k, v)| (k.clone().narrow(dim, 0, len), v.clone().narrow(dim, 0, len)))
+    }
+
     /// Appends new keys/values `[batch, kv_heads, new, head_dim]` and returns the full ones.
     pub fn append(&mut self, k: Tensor<B, 4>, v: Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>) {
         self.append_along(k, v, 2)
@@ -23,16 +47,37 @@ impl<B: Backend> LayerCache<B> {
 
     /// Appends new keys/values along axis `dim` (the sequence axis of the layout in use: 2 for
     /// `[batch, kv_heads, seq, head_dim]`, 1 for the fused CPU path's `[batch, seq, kv_heads,
-    /// head_dim]`) and returns the full ones.
+    /// head_dim]`) and returns the full ones (views of the buffers).
     pub fn append_along(&mut self, k: Tensor<B, 4>, v: Tensor<B, 4>, dim: usize) -> (Tensor<B, 4>, Tensor<B, 4>) {
-        let (k, v) = match self.kv.take() {
-            None => (k, v),
-            Some((k0, v0)) => (Tensor::cat(vec![k0, k], dim), Tensor::cat(vec![v0, v], dim)),
+        let Some((kb, vb)) = self.kv.take() else {
+            *self = Self::holding(Some((k.clone(), v.clone())), dim);
+            return (k, v);
         };
-        self.kv = Some((k.clone(), v.clone()));
-        self.seq_dim = dim;
-        (k, v)
+        let (len, needed) = (self.len, self.len + k.dims()[dim]);
+        let (kb, vb) = if needed > kb.dims()[dim] {
+            let capacity = needed.max(len + len / 2).next_multiple_of(GROW);
+            (grow(kb, dim, len, capacity), grow(vb, dim, len, capacity))
+        } else {
+            (kb, vb)
+        };
+        let ranges = |t: &Tensor<B, 4>| {
+            let mut r = t.dims().map(|n| 0..n);
+            r[dim] = len..needed;
+            r
+        };
+        let (rk, rv) = (ranges(&kb), ranges(&vb));
+        self.kv = Some((kb.slice_assign(rk, k), vb.slice_assign(rv, v)));
+        self.len = needed;
+        self.filled().expect("just filled")
     }
+}
+
+/// The first `len` positions of `buffer` along `dim`, in a buffer of `capacity` positions.
+fn grow<B: Backend>(buffer: Tensor<B, 4>, dim: usize, len: usize, capacity: usize) -> Tensor<B, 4> {
+    let mut shape = buffer.dims();
+    shape[dim] = capacity - len;
+    let spare = Tensor::zeros(shape, (&buffer.device(), buffer.dtype()));
+    Tensor::cat(vec![buffer.narrow(dim, 0, len), spare], dim)
 }
 
 /// The cache of a whole model.
@@ -46,7 +91,7 @@ pub struct KvCache<B: Backend> {
 impl<B: Backend> KvCache<B> {
     /// An empty cache for a model with `num_layers` decoder layers.
     pub fn new(num_layers: usize) -> Self {
-        Self { layers: vec![LayerCache { kv: None, seq_dim: 2 }; num_layers], key_valid: None }
+        Self { layers: vec![LayerCache::empty(2); num_layers], key_valid: None }
     }
 
     /// Number of cached positions.
@@ -65,11 +110,9 @@ impl<B: Backend> KvCache<B> {
         let layers = self
             .layers
             .into_iter()
-            .map(|layer| LayerCache {
-                kv: layer
-                    .kv
-                    .map(|(k, v)| (k.select(0, rows.clone()), v.select(0, rows.clone()))),
-                seq_dim: layer.seq_dim,
+            .map(|layer| {
+                let kv = layer.filled().map(|(k, v)| (k.select(0, rows.clone()), v.select(0, rows.clone())));
+                LayerCache::holding(kv, layer.seq_dim)
             })
             .collect();
         let key_valid = self.key_valid.map(|m| m.select(0, rows));
@@ -88,12 +131,12 @@ impl<B: Backend> KvCache<B> {
         let layers = (0..num_layers)
             .map(|i| {
                 let seq_dim = padded[0].layers[i].seq_dim;
-                let kv: Option<Vec<_>> = padded.iter().map(|c| c.layers[i].kv.clone()).collect();
+                let kv: Option<Vec<_>> = padded.iter().map(|c| c.layers[i].filled()).collect();
                 let kv = kv.map(|kv| {
                     let (k, v): (Vec<_>, Vec<_>) = kv.into_iter().unzip();
                     (Tensor::cat(k, 0), Tensor::cat(v, 0))
                 });
-                LayerCache { kv, seq_dim }
+                LayerCache::holding(kv, seq_dim)
             })
             .collect();
         let key_valid: Option<Vec<_>> = padded.into_iter().map(|c| c.key_valid).collect();
@@ -119,7 +162,7 @@ impl<B: Backend> KvCache<B> {
                     shape[dim] = extra;
                     Tensor::cat(vec![Tensor::zeros(shape, &device), t], dim)
                 };
-                LayerCache { kv: layer.kv.map(|(k, v)| (pad(k), pad(v))), seq_dim: dim }
+                LayerCache::holding(layer.filled().map(|(k, v)| (pad(k), pad(v))), dim)
             })
             .collect();
         let valid = Tensor::cat(vec![Tensor::zeros([batch, extra], &device), valid], 1);
@@ -140,9 +183,63 @@ impl<B: Backend> KvCache<B> {
         let layers = self
             .layers
             .into_iter()
-            .map(|l| LayerCache { kv: l.kv.map(|(k, v)| (k.narrow(l.seq_dim, start, keep), v.narrow(l.seq_dim, start, keep))), seq_dim: l.seq_dim })
+            .map(|l| LayerCache::holding(l.filled().map(|(k, v)| (k.narrow(l.seq_dim, start, keep), v.narrow(l.seq_dim, start, keep))), l.seq_dim))
             .collect();
         Self { layers, key_valid: Some(valid.narrow(1, start, keep)) }
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+    use burn::tensor::{Distribution, TensorData};
+
+    fn chunk(shape: [usize; 4]) -> Tensor<Flex, 4> {
+        Tensor::random(shape, Distribution::Normal(0.0, 1.0), &Default::default())
+    }
+
+    #[test]
+    fn appending_in_place_equals_concatenating() {
+        for dim in [1, 2] {
+            let mut cache = LayerCache::<Flex>::empty(dim);
+            let (mut all_k, mut all_v): (Vec<Tensor<Flex, 4>>, Vec<Tensor<Flex, 4>>) = (vec![], vec![]);
+            let mut grows = 0;
+            let mut capacity = 0;
+            // A prefill of 5, then 300 decoding steps of one position.
+            for step in 0..301 {
+                let new = if step == 0 { 5 } else { 1 };
+                let mut shape = [2, 3, 2, 4];
+                shape[dim] = new;
+                let (k, v) = (chunk(shape), chunk(shape));
+                all_k.push(k.clone());
+                all_v.push(v.clone());
+                let (got_k, got_v) = cache.append_along(k, v, dim);
+                let (want_k, want_v) = (Tensor::cat(all_k.clone(), dim), Tensor::cat(all_v.clone(), dim));
+                assert_eq!(got_k.dims(), want_k.dims());
+                got_k.into_data().assert_eq(&want_k.into_data(), true);
+                got_v.into_data().assert_eq(&want_v.into_data(), true);
+                let now = cache.kv.as_ref().unwrap().0.dims()[dim];
+                grows += (now != capacity) as usize;
+                capacity = now;
+            }
+            // 305 positions: 5 exact, then 64, 128, 192, 320 (by half, in steps of 64).
+            assert_eq!((capacity, grows), (320, 5), "dim {dim}");
+        }
+    }
+
+    #[test]
+    fn rows_selected_and_stacked_keep_only_filled_positions() {
+        let mut a = KvCache::<Flex>::new(1);
+        let device = Default::default();
+        a.layers[0].append(chunk([2, 1, 3, 2]), chunk([2, 1, 3, 2]));
+        a.layers[0].append(chunk([2, 1, 1, 2]), chunk([2, 1, 1, 2])); // grows to 64 positions
+        a.key_valid = Some(Tensor::from_data(TensorData::new(vec![1i64; 8], [2, 4]), &device));
+        let one = a.clone().select_rows(Tensor::from_data(TensorData::new(vec![1i64, 1, 0], [3]), &device));
+        assert_eq!(one.layers[0].filled().unwrap().0.dims(), [3, 1, 4, 2]);
+        let stacked = KvCache::stack(vec![one, a]);
+        assert_eq!(stacked.layers[0].filled().unwrap().0.dims(), [5, 1, 4, 2]);
+        assert_eq!(stacked.len(), 4);
+    }
+}

@@ -11,20 +11,14 @@ use crate::error::{Error, Result};
 
 /// `log p(targets[b, t])` under `logits[b, t, :]`, computed in f32: `[B, T, V]` → `[B, T]`.
 pub fn token_logprobs<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 2> {
-    if super::fused::available::<B>() && logits.dtype() == burn::tensor::DType::F32 {
-        let host: Vec<u32> = targets.clone().into_data().convert::<i64>().iter::<i64>().map(|t| t as u32).collect();
-        if let Some(out) = super::fused::token_logprobs(logits.clone(), &host) {
-            return out;
-        }
-    }
-    log_softmax(logits.cast(DType::F32), 2).gather(2, targets.unsqueeze_dim(2)).squeeze_dim(2)
+    (super::kernels::kernels::<B>().token_logprobs)(logits, targets)
 }
 
 /// Whether `model` on backend `B` scores hidden states of `dtype` through the LM head and
 /// the fused CPU kernel on whole `[B, T, V]` logits (Flex in f32, where memory is the host's and
 /// that kernel is faster) rather than [`head_loss`]'s chunks.
 fn whole_logits<B: Backend>(model: &Qwen2<B>, dtype: DType) -> bool {
-    (super::fused::available::<B>() && dtype == DType::F32) || model.head(dtype).1.is_some()
+    (super::kernels::kernels::<B>().host_memory && dtype == DType::F32) || model.head(dtype).1.is_some()
 }
 
 /// `log p(targets[b, t])` `[B, T]` (f32) for final hidden states `[B, T, D]`, with gradients

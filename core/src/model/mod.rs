@@ -9,6 +9,7 @@ pub mod fused;
 pub mod head_loss;
 pub mod hf;
 pub mod inputs;
+pub mod kernels;
 pub mod kv_cache;
 pub mod logprobs;
 pub mod proj;

@@ -12,7 +12,9 @@
 //! gives bf16 weights, no f32 copy), and [`project`] casts weight and bias to the dtype of the
 //! activations (a no-op when they agree). So an f32 model run on bf16 activations (mixed
 //! precision: f32 master weights) multiplies bf16 copies, and under autodiff the gradient flows
-//! back through the cast to the f32 weight.
+//! back through the cast to the f32 weight. A bf16 weight times bf16 activations (a bf16 model)
+//! reaches the decoding kernel as bf16 on CPUs with AVX512-BF16 (`cpu_decode_bf16.rs`), never
+//! converted to f32.
 
 use burn::module::{Module, Param};
 use burn::tensor::module::linear;

@@ -7,14 +7,13 @@
 
 use burn::module::{Module, ModuleMapper, Param};
 use burn::nn::Embedding;
-use burn::tensor::activation::silu;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Int, Tensor, backend::Backend};
 
 use super::chunked_attention;
 use super::config::Qwen2Config;
-use super::custom_op;
+use super::kernels::kernels;
 use super::dtype::Dtype;
 use super::fused::{self, KeyMask};
 use super::inputs::Inputs;
@@ -37,16 +36,8 @@ impl<B: Backend> RmsNorm<B> {
         Ok(Self { weight: vb.get("weight")?, eps })
     }
 
-    pub fn forward<const N: usize>(&self, x: Tensor<B, N>) -> Tensor<B, N> {
-        if fused::available::<B>()
-            && let Some(y) = fused::rms_norm(x.clone(), self.weight.val(), self.eps)
-        {
-            return y;
-        }
-        let dtype = x.dtype();
-        let x = x.cast(DType::F32);
-        let inv_rms = (x.clone().square().mean_dim(N - 1) + self.eps).sqrt().recip();
-        (x * inv_rms).cast(dtype) * proj::to_dtype(self.weight.val(), dtype).unsqueeze()
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        (kernels::<B>().rms_norm)(x, self.weight.val(), self.eps)
     }
 }
 
@@ -69,11 +60,7 @@ impl<B: Backend> Mlp<B> {
 
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let (gate, up) = (self.gate_proj.forward(x.clone()), self.up_proj.forward(x));
-        let hidden = match fused::available::<B>() {
-            true => fused::swiglu(gate.clone(), up.clone()),
-            false => None,
-        };
-        self.down_proj.forward(hidden.unwrap_or_else(|| silu(gate) * up))
+        self.down_proj.forward((kernels::<B>().swiglu)(gate, up))
     }
 }
 
@@ -138,8 +125,8 @@ impl<B: Backend> Attention<B> {
                 let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: false };
                 attention(q, k, v, Some(mask.clone()), None, options) // [B, K, G·T, d]
             }
-            AttnMask::Chunked { key_valid, rows } => match custom_op::kernels::<B>() {
-                Some(kernels) => (kernels.attention)(q.clone(), k.clone(), v.clone(), key_valid, *rows),
+            AttnMask::Chunked { key_valid, rows } => match kernels::<B>().chunked_attention {
+                Some(attention) => attention(q.clone(), k.clone(), v.clone(), key_valid, *rows),
                 None => None,
             }
             .unwrap_or_else(|| chunked_attention::forward(&q, &k, &v, key_valid, *rows).0), // [B, H, T, d]
@@ -185,7 +172,7 @@ pub enum AttnMask<B: Backend> {
 impl<B: Backend> AttnMask<B> {
     /// Whether activations of `dtype` take the fused CPU kernel (no dense mask or scores).
     pub fn is_fused(dtype: DType) -> bool {
-        fused::available::<B>() && dtype == DType::F32
+        (kernels::<B>().fused_attention)(dtype)
     }
 
     /// The mask for `queries` new tokens over keys `key_valid` `[B, S]` (1 = real token), in the
@@ -201,7 +188,7 @@ impl<B: Backend> AttnMask<B> {
         let heads = kv_heads * group;
         let max_buffer = kiln_backends::device::max_buffer::<B>(&device);
         let rows = chunked_attention::rows_per_chunk(batch, heads, queries, keys, max_buffer);
-        if custom_op::kernels::<B>().is_some() || rows < queries {
+        if kernels::<B>().chunked_attention.is_some() || rows < queries {
             // One chunk's scores must fit the device's buffers even at one query.
             kiln_backends::device::ensure_fits::<B>(
                 &device,

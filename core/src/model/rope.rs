@@ -70,24 +70,12 @@ impl<B: Backend> RotaryEmbedding<B> {
 impl<B: Backend> RopeTables<B> {
     /// Rotates `x` `[batch, seq, heads, head_dim]` (sequence-major, as projections produce it).
     pub fn apply_seq_major(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        if super::fused::available::<B>()
-            && let Some(y) = super::fused::rope(x.clone(), &self.cos, &self.sin)
-        {
-            return y;
-        }
-        let [batch, _, seq, head_dim] = self.cos.dims();
-        let swap = |t: &Tensor<B, 4>| t.clone().reshape([batch, seq, 1, head_dim]);
-        Self { cos: swap(&self.cos), sin: swap(&self.sin) }.apply(x)
+        (super::kernels::kernels::<B>().rope)(x, &self.cos, &self.sin)
     }
 
     /// Rotates `x` `[batch, heads, seq, head_dim]`: `x·cos + rotate_half(x)·sin` (the tables
     /// broadcast over axis 1).
     pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let dtype = x.dtype();
-        let half = x.dims()[3] / 2;
-        let first = x.clone().narrow(3, 0, half);
-        let second = x.clone().narrow(3, half, half);
-        let rotated = Tensor::cat(vec![second.neg(), first], 3);
-        x * self.cos.clone().cast(dtype) + rotated * self.sin.clone().cast(dtype)
+        super::kernels::rotate_half(x, &self.cos, &self.sin)
     }
 }

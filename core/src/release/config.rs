@@ -3,7 +3,7 @@
 //! ```toml
 //! [release]   # out: the release root (full scale; a smaller scale adds "-<scale>")
 //! [data]      # seed; splits = [{ split, ops = "2-20", per_op }], made by `kiln data interplay`
-//! [eval]      # samples, temperature, top_p, top_k, max_new_tokens, seed, id_op_threshold,
+//! [eval]      # samples, temperature, top_p, top_k, min_p, max_new_tokens, seed, id_op_threshold,
 //!             # batch_size, shard_prompts, models = "final" | "all"
 //! [[batch]]   # name; pretrain, rl = [...], opd: run configs; teacher: the OPD teacher's RL run
 //! [scale.mini], [scale.tiny]   # what a smaller scale changes ([`ScaleProfile`])
@@ -128,6 +128,8 @@ pub struct EvalSection {
     pub top_p: f32,
     /// 0 disables.
     pub top_k: usize,
+    /// 0 disables.
+    pub min_p: f32,
     pub max_new_tokens: usize,
     pub seed: u64,
     pub id_op_threshold: i64,
@@ -147,6 +149,7 @@ impl Default for EvalSection {
             temperature: 0.7,
             top_p: 1.0,
             top_k: 0,
+            min_p: 0.0,
             max_new_tokens: 1024,
             seed: 0,
             id_op_threshold: 10,

@@ -195,7 +195,7 @@ impl Plan {
         let e = &self.eval;
         EvalSettings {
             samples: e.samples,
-            sampler: Sampler { temperature: e.temperature, top_k: e.top_k, top_p: e.top_p },
+            sampler: Sampler { temperature: e.temperature, top_k: e.top_k, top_p: e.top_p, min_p: e.min_p },
             max_new_tokens: e.max_new_tokens,
             seed: e.seed,
             id_op_threshold: (e.id_op_threshold >= 0).then_some(e.id_op_threshold),

@@ -211,7 +211,7 @@ impl PgConfig {
         PgSettings {
             rollout: RolloutSettings {
                 n: r.n,
-                sampler: Sampler { temperature: r.temperature, top_k: r.top_k, top_p: r.top_p },
+                sampler: Sampler { temperature: r.temperature, top_k: r.top_k, top_p: r.top_p, min_p: 0.0 },
                 max_response_length: r.max_response_length,
                 batch_size: r.batch_size,
                 dtype: self.model.dtype,

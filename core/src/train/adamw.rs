@@ -209,10 +209,9 @@ impl<B: Backend> AdamW<B> {
     /// scaled by `clip` first).
     fn update_one(&mut self, name: &str, param: Tensor<B, 1>, grad: Tensor<B, 1>, lr: f64, clip: Option<f64>) -> Tensor<B, 1> {
         let c = self.config;
-        #[cfg(feature = "flex")]
-        if crate::model::fused::available::<B>() {
+        {
             let t = (self.step as i32).max(1);
-            let step = crate::model::fused::elementwise::AdamWStep {
+            let step = crate::model::kernels::AdamWStep {
                 clip: clip.map(|c| c as f32),
                 decay: (decays(name) && c.weight_decay != 0.0).then_some((1.0 - lr * c.weight_decay) as f32),
                 w: (1.0 - c.beta1) as f32,
@@ -223,7 +222,7 @@ impl<B: Backend> AdamW<B> {
                 step_size: (lr / (1.0 - c.beta1.powi(t))) as f32,
             };
             let moments = self.moments.remove(name).map(|m| (m.exp_avg, m.exp_avg_sq));
-            if let Some((param, exp_avg, exp_avg_sq)) = crate::model::fused::adamw(param.clone(), grad.clone(), moments.clone(), step) {
+            if let Some((param, exp_avg, exp_avg_sq)) = (crate::model::kernels::kernels::<B>().adamw)(param.clone(), grad.clone(), moments.clone(), step) {
                 self.moments.insert(name.to_string(), Moments { exp_avg, exp_avg_sq });
                 return param;
             }

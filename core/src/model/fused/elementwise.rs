@@ -207,23 +207,7 @@ simd_fn! {
 }
 
 /// The scalars of one AdamW update, each rounded to f32 as burn's scalar ops round them.
-#[derive(Debug, Clone, Copy)]
-pub struct AdamWStep {
-    /// Gradient-clipping coefficient.
-    pub clip: Option<f32>,
-    /// Decoupled weight decay factor `1 - lr·wd`.
-    pub decay: Option<f32>,
-    /// `1 - β1`.
-    pub w: f32,
-    pub beta2: f32,
-    /// `1 - β2`.
-    pub one_minus_beta2: f32,
-    /// `√(1 - β2^t)`.
-    pub bias_correction2_sqrt: f32,
-    pub eps: f32,
-    /// `lr / (1 - β1^t)`.
-    pub step_size: f32,
-}
+pub use crate::model::kernels::AdamWStep;
 
 /// One AdamW update in a single pass: `(param, exp_avg, exp_avg_sq)` after the step, each
 /// element computed with the same f32 operations in the same order as `train::adamw` runs them

@@ -39,7 +39,7 @@ impl CodeSampling {
     pub fn params(&self, eos_ids: Vec<u32>) -> SamplingParams {
         SamplingParams {
             n: self.n,
-            sampler: Sampler { temperature: self.temperature, top_k: self.top_k, top_p: self.top_p },
+            sampler: Sampler { temperature: self.temperature, top_k: self.top_k, top_p: self.top_p, min_p: 0.0 },
             max_new_tokens: self.max_new_tokens,
             stop: StopCriteria { token_ids: eos_ids, strings: self.stop.clone() },
             ignore_eos: false,
