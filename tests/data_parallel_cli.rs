@@ -291,27 +291,54 @@ fn launcher_environment(launcher: &str, rank: usize, port: u16) -> Vec<(&'static
             ("MASTER_ADDR", "127.0.0.1".into()),
             ("MASTER_PORT", port),
         ],
-        "slurm" => vec![
+        "Slurm" => vec![
+            ("SLURM_STEP_ID", "0".into()),
             ("SLURM_PROCID", rank.clone()),
             ("SLURM_LOCALID", rank),
             ("SLURM_NTASKS", "2".into()),
+            ("SLURM_NTASKS_PER_NODE", "2".into()),
             ("SLURM_NODEID", "0".into()),
+            ("SLURM_NNODES", "1".into()),
             ("SLURM_JOB_NODELIST", "127.0.0.1".into()),
             ("MASTER_PORT", port),
         ],
-        "mpirun" => vec![
+        "Open MPI" => vec![
             ("OMPI_COMM_WORLD_RANK", rank.clone()),
             ("OMPI_COMM_WORLD_LOCAL_RANK", rank),
             ("OMPI_COMM_WORLD_SIZE", "2".into()),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2".into()),
             ("MASTER_PORT", port),
         ],
         other => panic!("no launcher {other}"),
     }
 }
 
+/// The launchers' variables removed (an outer launcher's would leak into the children), then
+/// `env` set.
+fn launched_kiln(config: &Path, env: Vec<(&'static str, String)>, extra: &[String]) -> Command {
+    let mut command = kiln();
+    for name in ["TORCHELASTIC_USE_AGENT_STORE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_STEP_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"] {
+        command.env_remove(name);
+    }
+    command.args(["pretrain", "--config", config.to_str().unwrap(), "--dist-timeout", "60"]).args(extra).envs(env);
+    command
+}
+
+/// Two processes, each with its environment and flags, run to the end.
+fn run_launched(config: &Path, process: impl Fn(usize) -> (Vec<(&'static str, String)>, Vec<String>)) -> Vec<Output> {
+    let children: Vec<Child> = (0..2)
+        .map(|rank| {
+            let (env, extra) = process(rank);
+            launched_kiln(config, env, &extra).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap()
+        })
+        .collect();
+    children.into_iter().map(|c| c.wait_with_output().unwrap()).collect()
+}
+
 /// Two processes started the way torchrun, Slurm's srun and Open MPI's mpirun start them — no
 /// kiln launch flag, only each launcher's environment — equal one process with the whole batch,
-/// as the `--nnodes` form does.
+/// as the `--nnodes` form does; so do two whose environment is wrong where flags correct it
+/// (both told RANK=0 and a master port that is taken: --node-rank and --master-addr win).
 #[test]
 fn processes_placed_by_each_launchers_environment_match_one_process() {
     let tmp = tempfile::tempdir().unwrap();
@@ -321,29 +348,90 @@ fn processes_placed_by_each_launchers_environment_match_one_process() {
     let out = kiln().args(["pretrain", "--config", single.to_str().unwrap()]).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let expected = weights(&dir.join(format!("single/checkpoint-{steps}")));
-    for launcher in ["torchrun", "slurm", "mpirun"] {
-        let config = write_config(dir, launcher, 2, steps, "");
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_port = taken.local_addr().unwrap().port();
+    // Recent torchrun's agent of rank 0 listens on MASTER_PORT itself (its workers share its
+    // store): a listener stands in for it, and kiln takes the port after it.
+    let (agent, agent_port) = loop {
+        let agent = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = agent.local_addr().unwrap().port();
+        if port < u16::MAX && TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            break (agent, port);
+        }
+    };
+    for launcher in ["torchrun", "torchrun sharing its store", "Slurm", "Open MPI", "flags over torchrun"] {
+        let name = launcher.replace(' ', "_");
+        let config = write_config(dir, &name, 2, steps, "");
         let port = free_port();
-        let children: Vec<Child> = (0..2)
-            .map(|rank| {
-                kiln()
-                    .args(["pretrain", "--config", config.to_str().unwrap(), "--dist-timeout", "60"])
-                    .envs(launcher_environment(launcher, rank, port))
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .unwrap()
+        let outputs = if launcher == "flags over torchrun" {
+            run_launched(&config, |rank| {
+                (launcher_environment("torchrun", 0, taken_port), vec!["--node-rank".into(), rank.to_string(), "--master-addr".into(), format!("127.0.0.1:{port}")])
             })
-            .collect();
-        let outputs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+        } else if launcher == "torchrun sharing its store" {
+            run_launched(&config, |rank| {
+                let mut env = launcher_environment("torchrun", rank, agent_port);
+                env.push(("TORCHELASTIC_USE_AGENT_STORE", "True".into()));
+                (env, vec![])
+            })
+        } else {
+            run_launched(&config, |rank| (launcher_environment(launcher, rank, port), vec![]))
+        };
         succeed(&outputs);
-        assert!(stderr(&outputs[1]).contains(&format!("process 1 of 2 ({launcher})")), "{}", stderr(&outputs[1]));
-        let difference = max_relative_difference(&weights(&dir.join(format!("{launcher}/checkpoint-{steps}"))), &expected);
+        let (first, second) = (stderr(&outputs[0]), stderr(&outputs[1]));
+        if launcher == "flags over torchrun" {
+            let line = format!("kiln: rank 1 of 2 from torchrun's environment (local rank 0 of 2, machine 0 of 1; master 127.0.0.1:{port} from --master-addr), rank from --node-rank instead of the environment's 0; rank 0 shows progress");
+            assert!(second.contains(&line), "{second}");
+        } else if launcher == "torchrun sharing its store" {
+            let line = format!(
+                "kiln: rank 1 of 2 from torchrun's environment (local rank 1 of 2, machine 0 of 1; master 127.0.0.1:{} from MASTER_ADDR and MASTER_PORT+1 (torchrun's agent serves MASTER_PORT={agent_port}: TORCHELASTIC_USE_AGENT_STORE=True))",
+                agent_port + 1
+            );
+            assert!(second.contains(&line), "{second}");
+        } else {
+            let master = if launcher == "Slurm" { "SLURM_JOB_NODELIST's first host and MASTER_PORT" } else { "MASTER_ADDR and MASTER_PORT" };
+            let master = if launcher == "Open MPI" { "127.0.0.1: all 2 processes are on this machine (OMPI_COMM_WORLD_LOCAL_SIZE) and MASTER_PORT" } else { master };
+            assert!(first.contains(&format!("kiln: rank 0 of 2 from {launcher}'s environment (local rank 0 of 2")), "{first}");
+            assert!(second.contains(&format!("kiln: rank 1 of 2 from {launcher}'s environment (local rank 1 of 2")), "{second}");
+            assert!(second.contains(&format!("master 127.0.0.1:{port} from {master})")), "{second}");
+        }
+        let difference = max_relative_difference(&weights(&dir.join(format!("{name}/checkpoint-{steps}"))), &expected);
         assert!(difference <= 1e-6, "{launcher}: 2 processes × micro-batch 2 vs 1 × 4: weights differ by {difference:e} relative");
-        let (multi, one) = (losses(&dir.join(launcher)), losses(&dir.join("single")));
+        let (multi, one) = (losses(&dir.join(&name)), losses(&dir.join("single")));
         assert_eq!(multi.len(), steps as usize);
         for (x, y) in multi.iter().zip(&one) {
             assert!((x - y).abs() <= 1e-5 * y.abs(), "{launcher}: losses {multi:?} vs {one:?}");
         }
     }
+    drop((taken, agent));
+}
+
+/// A launcher's environment that kiln cannot use is one line naming what is wrong, before any
+/// work; `--nnodes` makes kiln ignore the environment altogether.
+#[test]
+fn launcher_environment_errors_are_one_line_and_nnodes_ignores_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let config = write_config(dir, "run", 2, 1, "");
+    let half = vec![("RANK", "1".to_string()), ("MASTER_ADDR", "127.0.0.1".to_string())];
+    let out = launched_kiln(&config, half.clone(), &[]).output().unwrap();
+    assert!(!out.status.success());
+    assert_eq!(
+        last_line(&out),
+        "error: torchrun's environment is incomplete: RANK, MASTER_ADDR set but WORLD_SIZE, LOCAL_RANK unset (a launched process needs all of RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR; without a launcher use --nnodes, --node-rank and --master-addr)",
+        "{}",
+        stderr(&out)
+    );
+    // Open MPI over several machines needs MASTER_ADDR.
+    let mut spread = launcher_environment("Open MPI", 1, 29500);
+    spread.retain(|(k, _)| *k != "OMPI_COMM_WORLD_LOCAL_SIZE");
+    let out = launched_kiln(&config, spread, &[]).output().unwrap();
+    assert!(last_line(&out).starts_with("error: Open MPI's environment names no master: export MASTER_ADDR"), "{}", stderr(&out));
+    // Two processes on this machine cannot each drive two devices.
+    let out = launched_kiln(&config, launcher_environment("torchrun", 1, 29500), &["--devices".into(), "cpu,cpu".into()]).output().unwrap();
+    assert!(last_line(&out).starts_with("error: torchrun started 2 processes on this machine and --devices names 2 devices for each"), "{}", stderr(&out));
+    // --nnodes 1: one process, whatever the environment says (it would wait for rank 0 otherwise).
+    let out = launched_kiln(&config, half, &["--nnodes".into(), "1".into()]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("kiln: rank"), "{}", stderr(&out));
+    assert!(dir.join("run/checkpoint-1").is_dir());
 }

@@ -35,6 +35,7 @@
 #[cfg(not(target_arch = "wasm32"))]
 mod engine;
 mod group;
+mod launcher;
 mod local;
 mod params;
 mod ring;
@@ -67,6 +68,7 @@ use burn::tensor::{Tensor, TensorData};
 use serde_json::Value;
 
 pub use group::NodeSpec;
+pub use launcher::{DEFAULT_PORT, Launched, Launcher, expand_nodelist};
 pub use params::{reduce_gradients, reduce_records, sync_start};
 
 use self::group::Group;
@@ -300,7 +302,7 @@ pub fn launch<D: Sync, T: Send>(
                 let (replica, device, other, failed) = (replica(local), &devices[local], &other, &failed);
                 s.spawn(move || {
                     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| other(replica, device)))
-                        .unwrap_or_else(|_| Err(Error::Distributed(format!("replica {local} panicked"))));
+                        .unwrap_or_else(|payload| Err(replica_panic(local, payload)));
                     if let Err(e) = &result {
                         failed(local, e);
                     }
@@ -322,6 +324,19 @@ pub fn launch<D: Sync, T: Send>(
     }
     let first = lock(&first_failure).unwrap_or(0);
     results.swap_remove(first)
+}
+
+/// The error of a replica thread that panicked: the device failure it stopped with
+/// (`kiln_backends::device::ensure_fits` panics with one) or one the device threads recorded,
+/// else a panic naming the replica.
+fn replica_panic(local: usize, payload: Box<dyn std::any::Any + Send>) -> Error {
+    match payload.downcast::<kiln_backends::device::DeviceError>() {
+        Ok(err) => (*err).into(),
+        Err(_) => match kiln_backends::device::fault() {
+            Some(err) => err.into(),
+            None => Error::Distributed(format!("replica {local} panicked")),
+        },
+    }
 }
 
 /// A short hash of everything that must agree between the nodes of a run (command, config,

@@ -86,6 +86,26 @@ fn local_replicas_reduce_and_gather() {
     assert_eq!(main[4], vec![3.0 + 6.0; 5]);
 }
 
+/// A replica thread stopped by a device failure (a tensor too large for the device) ends the
+/// run with that failure, named, not with an anonymous panic.
+#[test]
+fn a_device_failure_in_a_replica_thread_is_the_runs_error() {
+    let devices = vec![Default::default(); 2];
+    let main = |replica: Replica, _: &burn::tensor::Device<Flex>| -> Result<()> { replica.gather(json!(0)).map(|_| ()) };
+    let other = |_: Replica, _: &burn::tensor::Device<Flex>| -> Result<()> {
+        std::panic::panic_any(kiln_backends::device::DeviceError::TooLarge {
+            device: "the test device".into(),
+            what: "attention scores [1, 4, 4096, 4096] f32".into(),
+            bytes: 1 << 28,
+            limit: 1 << 27,
+            hint: String::new(),
+        })
+    };
+    let err = launch(&devices, None, "t", main, other).unwrap_err();
+    assert!(matches!(err, Error::Device(_)), "{err:?}");
+    assert!(err.to_string().contains("attention scores [1, 4, 4096, 4096] f32"), "{err}");
+}
+
 /// Runs `body` as node `n` of a group of `nnodes` on 127.0.0.1, one thread per node.
 fn nodes<T: Send>(nnodes: usize, timeout_s: u64, fingerprints: &[&str], body: impl Fn(Arc<Group>) -> T + Sync) -> Vec<Result<T>> {
     let port = free_port();
