@@ -13,8 +13,11 @@ use kiln::backends::Cpu;
 use kiln::model::hf::{self, SaveDtype};
 use kiln::model::{Qwen2, Qwen2Config};
 use kiln::generate::Sampler;
-use kiln::rl::advantage::{RewardScaling, grpo_advantages};
-use kiln::rl::loss::{Clip, KlEstimator, LossAgg, aggregate, kl_penalty, policy_loss, reverse_kl};
+use kiln::rl::advantage::{ADV_ESTIMATORS, AdvEstimator, AdvParams, Outcomes, RewardScaling, grpo_advantages};
+use kiln::rl::loss::{
+    Clip, KlEstimator, LossAgg, POLICY_LOSS_NAMES, PolicyLossConfig, PolicyLossInputs, PolicyLossMode, aggregate, kl_penalty, policy_loss,
+    reverse_kl, tis_weights,
+};
 use kiln::rl::prompts::PromptSet;
 use kiln::rl::reward::{Reward, Task};
 use kiln::rl::rollout::RolloutSettings;
@@ -130,6 +133,110 @@ fn advantages_losses_and_kl_match_verl() {
     };
     let ours = reverse_kl(logits(&rk["student_logits"]), logits(&rk["teacher_logits"]));
     assert_close(&host(ours), &floats(&rk["reverse_kl"]), "full-vocabulary reverse KL");
+}
+
+/// Agreement to `tol` relative to values above 1 (f32 arithmetic on both sides).
+fn near(a: f64, b: f64, tol: f64, what: &str) {
+    assert!((a - b).abs() <= tol * b.abs().max(1.0), "{what}: {a} vs {b}");
+}
+
+/// verl 0.9.1's own `core_algos.py` (and `rollout_corr_helper.py`) on fixed inputs
+/// (`tests/fixtures/make_verl_core_algos.py`): every registered advantage estimator, every
+/// registered policy loss under every aggregation, with and without truncated importance
+/// sampling — losses, metrics and gradients with respect to `log_prob`.
+#[test]
+fn estimators_policy_losses_and_aggregations_match_verl_091() {
+    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(fixture("rl/verl_core_algos.json")).unwrap()).unwrap();
+    let tol = 2e-6;
+
+    // Advantages: kiln's one value per response against verl's [responses, tokens] (the value on
+    // every response token, 0 on padding).
+    let adv = &fixture["advantages"];
+    let scores: Vec<f64> = adv["scores"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let groups: Vec<usize> = adv["groups"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+    let lengths: Vec<usize> = adv["lengths"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+    let width = adv["width"].as_u64().unwrap() as usize;
+    let outcomes = Outcomes::new(&scores, &groups, &lengths).unwrap();
+    let estimators = adv["estimators"].as_object().unwrap();
+    assert_eq!(estimators.len(), ADV_ESTIMATORS.len(), "every registered estimator has a verl reference");
+    for (name, expected) in estimators {
+        let estimator = AdvEstimator::from_name(name).unwrap();
+        let ours = estimator.compute(&outcomes, &AdvParams::default());
+        let expected = floats(expected);
+        for (i, (&a, &n)) in ours.iter().zip(&lengths).enumerate() {
+            for t in 0..width {
+                let want = f64::from(expected[i * width + t]);
+                let got = if t < n { a } else { 0.0 };
+                near(got, want, tol, &format!("{name} advantage [{i}, {t}]"));
+            }
+        }
+    }
+    assert!(Outcomes::new(&scores, &groups[1..], &lengths).is_err(), "mismatched inputs are an error, not a panic");
+
+    // Truncated importance sampling weights.
+    let pl = &fixture["policy_loss"];
+    let (mask, old, advantages, rollout) = (matrix(&pl["mask"]), matrix(&pl["old_log_prob"]), matrix(&pl["advantages"]), matrix(&pl["rollout_log_prob"]));
+    let cap = pl["tis_imp_ratio_cap"].as_f64().unwrap();
+    let weights = tis_weights(old.clone(), rollout, &mask, cap);
+    let expected = floats(&pl["is_weights"]);
+    for (i, (a, b)) in host(weights.clone()).iter().zip(&expected).enumerate() {
+        near(f64::from(*a), f64::from(*b), tol, &format!("TIS weight [{i}]"));
+    }
+    assert!(expected.iter().any(|&w| w == cap as f32) && expected.iter().any(|&w| w > 0.0 && w < 1.0), "the cap and sub-1 weights are exercised");
+
+    // Policy losses: verl 0.9.1's "seq-mean-token-sum-norm" is kiln's "seq-mean-token-sum-norm-dr".
+    let width = mask.dims()[1];
+    let mut seen = std::collections::BTreeSet::new();
+    for case in pl["cases"].as_array().unwrap() {
+        let name = case["policy_loss"].as_str().unwrap();
+        let agg_name = match case["loss_agg_mode"].as_str().unwrap() {
+            "seq-mean-token-sum-norm" => "seq-mean-token-sum-norm-dr",
+            other => other,
+        };
+        seen.insert(name.to_string());
+        let config = PolicyLossConfig {
+            clip: Clip { low: case["clip_low"].as_f64().unwrap(), high: case["clip_high"].as_f64().unwrap(), dual: case["clip_c"].as_f64().unwrap() },
+            agg: agg(agg_name),
+            max_response_length: width,
+        };
+        let tis = case["tis"].as_bool().unwrap();
+        let what = format!("{name} {agg_name} {:?} tis {tis}", config.clip);
+        let log_prob = matrix(&pl["log_prob"]).require_grad();
+        let inputs = PolicyLossInputs {
+            log_prob: log_prob.clone(),
+            old_log_prob: old.clone(),
+            advantages: advantages.clone(),
+            mask: mask.clone(),
+            is_weights: tis.then(|| weights.clone()),
+        };
+        let out = PolicyLossMode::from_name(name).unwrap().compute(inputs, &config);
+        let grads = out.loss.clone().backward();
+        near(scalar(out.loss), case["pg_loss"].as_f64().unwrap(), tol, &format!("pg_loss {what}"));
+        let clipfrac = scalar(out.clipfrac);
+        near(clipfrac, case["pg_clipfrac"].as_f64().unwrap(), tol, &format!("pg_clipfrac {what}"));
+        near(scalar(out.clipfrac_low) + scalar(out.clipfrac_high), clipfrac, tol, &format!("low + high clip {what}"));
+        near(scalar(out.ppo_kl), case["ppo_kl"].as_f64().unwrap(), tol, &format!("ppo_kl {what}"));
+        near(scalar(out.clipfrac_dual), case["pg_clipfrac_lower"].as_f64().unwrap(), tol, &format!("pg_clipfrac_lower {what}"));
+        let grad = host(log_prob.grad(&grads).unwrap());
+        for (i, (a, b)) in grad.iter().zip(&floats(&case["grad_log_prob"])).enumerate() {
+            near(f64::from(*a), f64::from(*b), tol, &format!("d pg_loss / d log_prob [{i}] {what}"));
+        }
+    }
+    assert_eq!(seen.len(), POLICY_LOSS_NAMES.len(), "every registered policy loss has a verl reference: {seen:?}");
+
+    // Aggregations alone.
+    let ag = &fixture["aggregation"];
+    let (losses, mask) = (matrix(&ag["loss_mat"]), matrix(&ag["mask"]));
+    for (name, expected) in ag["losses"].as_object().unwrap() {
+        let ours = if name == "seq-mean-token-sum-norm" { "seq-mean-token-sum-norm-dr" } else { name.as_str() };
+        let value = scalar(aggregate(losses.clone(), &mask, agg(ours), width));
+        near(value, expected.as_f64().unwrap(), tol, &format!("agg_loss {name}"));
+    }
+    // The seed's (verl 0.5.0) seq-mean-token-sum-norm keeps its name: a sum over sequences, the
+    // 0.9.1 mode times the number of sequences.
+    let seed_norm = scalar(aggregate(losses.clone(), &mask, agg("seq-mean-token-sum-norm"), width));
+    let rows = mask.dims()[0] as f64;
+    near(seed_norm, ag["losses"]["seq-mean-token-sum-norm"].as_f64().unwrap() * rows, tol, "the seed's seq-mean-token-sum-norm");
 }
 
 /// A random tiny Qwen2 with the paper's tokenizer (or none) in `dir`.
@@ -257,6 +364,47 @@ fn grpo_end_to_end_writes_release_checkpoints_and_resumes_bit_identically() {
     assert!(weights("whole") == weights("interrupted"), "final weights differ");
 }
 
+/// The methods of the named stages together in one tiny GRPO run: GSPO's loss, truncated
+/// importance sampling, DAPO's overlong shaping and dynamic sampling; the metrics file records
+/// the TIS weights and the filter's generations.
+#[test]
+fn grpo_with_gspo_tis_overlong_buffer_and_filter_groups_runs_and_reports() {
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path();
+    tiny_model(&work.join("base"), 1, Some(&paper_tokenizer()));
+    let text = config_text(work, "dapo", None, "")
+        .replace("steps = 3", "steps = 2")
+        .replace("max_response_length = 12", "max_response_length = 12\n\n[rollout.filter_groups]\nmax_num_gen_batches = 2")
+        .replace(
+            "[output]",
+            "[loss]\npolicy_loss = \"gspo\"\ntis_imp_ratio_cap = 2.0\n\n[loss.overlong_buffer]\nlen = 4\npenalty_factor = 1.0\n\n[output]",
+        );
+    let config = PgConfig::from_toml(&work.join("run.toml"), &text).unwrap();
+    let settings = config.settings();
+    assert_eq!((settings.policy_loss.name(), settings.tis_imp_ratio_cap), ("gspo", Some(2.0)));
+    assert!(settings.overlong_buffer.is_some_and(|o| o.enable && o.len == 4));
+    assert!(settings.filter_groups.is_some_and(|f| f.enable && f.max_num_gen_batches == 2));
+    let summary = run(work, &text, Method::Grpo, false).unwrap();
+    assert_eq!(summary.steps, 2);
+    let records = read_metrics(&work.join("dapo/op2_3_metrics.jsonl")).unwrap();
+    assert_eq!(records.len(), 3, "validation before training, then one record per step");
+    for record in &records[1..] {
+        let number = |k: &str| record.get(k).and_then(Value::as_f64).unwrap_or_else(|| panic!("{k} missing: {record:?}"));
+        // min(pi_old / pi_rollout, 2): positive, at most the cap.
+        let tis = number("tis_weight_mean");
+        assert!(tis > 0.0 && tis <= 2.0, "tis_weight_mean {tis}");
+        let generations = number("filter_groups_generations");
+        assert!((1.0..=2.0).contains(&generations), "filter_groups_generations {generations}");
+        let informative = number("filter_groups_informative");
+        assert!((0.0..=8.0).contains(&informative), "filter_groups_informative {informative}");
+        assert_eq!(record["prompts"], 4, "the step keeps prompts_per_step groups");
+        // The overlong shaping only lowers rewards: the outcome reward is in [0, 1], the
+        // penalty in [-1, 0].
+        let reward = number("reward_mean");
+        assert!((-1.0..=1.0).contains(&reward), "reward_mean {reward}");
+    }
+}
+
 #[test]
 fn opd_distils_and_refuses_a_teacher_with_another_tokenizer() {
     let tmp = tempfile::tempdir().unwrap();
@@ -314,6 +462,16 @@ fn bad_configs_are_errors_naming_the_file() {
         (good.replace("micro_batch = 2", "micro_batch = 3"), "must be a multiple of micro_batch"),
         (good.replace("steps = 3", "steps = 3\nepochs = 1.0"), "exactly one of `steps` or `epochs`"),
         (good.replace("[output]", "[loss]\nagg = \"token-sum\"\n\n[output]"), "token-sum"),
+        (
+            good.replace("[output]", "[loss]\nadv_estimator = \"gae\"\n\n[output]"),
+            "unknown adv_estimator \"gae\"; valid names: grpo, dr_grpo, rloo, reinforce_plus_plus",
+        ),
+        (good.replace("[output]", "[loss]\npolicy_loss = \"ppo\"\n\n[output]"), "unknown policy_loss \"ppo\"; valid names: vanilla, gspo, cispo"),
+        (good.replace("[output]", "[loss]\nloss_agg_mode = \"token-sum\"\n\n[output]"), "seq-mean-token-sum-norm-dr"),
+        (good.replace("[output]", "[loss]\ntis_imp_ratio_cap = 0.0\n\n[output]"), "tis_imp_ratio_cap must be positive"),
+        (good.replace("[output]", "[loss]\nadv_estimator = \"rloo\"\nreward_scaling = \"batch\"\n\n[output]"), "reward_scaling applies to"),
+        (good.replace("[output]", "[loss.overlong_buffer]\nlen = 13\n\n[output]"), "0 < len <= max_response_length (12)"),
+        (good.replace("max_response_length = 12", "max_response_length = 12\n[rollout.filter_groups]\nmax_num_gen_batches = 0"), "at least 1"),
     ];
     let path = work.join("bad.toml");
     for (text, message) in cases {
@@ -385,10 +543,14 @@ fn a_custom_reward_plugs_in_and_flat_groups_carry_no_signal() {
         micro_batch: 3,
         clip: Clip { low: 0.2, high: 0.2, dual: 3.0 },
         agg: LossAgg::SeqMeanTokenMean,
+        policy_loss: PolicyLossMode::default(),
+        tis_imp_ratio_cap: None,
+        overlong_buffer: None,
+        filter_groups: None,
         kl: None,
         seed: 5,
     };
-    let signal = Signal::Rewards { reward: Box::new(Constant(0.25)), scaling: RewardScaling::Group, epsilon: 1e-6 };
+    let signal = Signal::Rewards { reward: Box::new(Constant(0.25)), estimator: AdvEstimator::default(), scaling: RewardScaling::Group, epsilon: 1e-6 };
     let mut objective = PolicyGradient::<B>::new(settings, prompts, signal, None, tokenizer, vec![3]).unwrap();
     let loop_config = loop_config(tmp.path(), 2, Default::default());
     let config: Qwen2Config = serde_json::from_str(
@@ -471,10 +633,14 @@ fn rollouts_sample_in_the_configured_dtype() {
             micro_batch: 4,
             clip: Clip { low: 0.2, high: 0.2, dual: 3.0 },
             agg: LossAgg::TokenMean,
+            policy_loss: PolicyLossMode::default(),
+            tis_imp_ratio_cap: None,
+            overlong_buffer: None,
+            filter_groups: None,
             kl: None,
             seed: 5,
         };
-        let signal = Signal::Rewards { reward: Box::new(Constant(0.25)), scaling: RewardScaling::Group, epsilon: 1e-6 };
+        let signal = Signal::Rewards { reward: Box::new(Constant(0.25)), estimator: AdvEstimator::default(), scaling: RewardScaling::Group, epsilon: 1e-6 };
         let mut objective = PolicyGradient::<B>::new(settings, prompts, signal, None, tokenizer, vec![3]).unwrap();
         let loop_config = loop_config(tmp.path(), 1, precision);
         let config: Qwen2Config = serde_json::from_str(

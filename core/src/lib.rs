@@ -235,6 +235,8 @@
 //! # #[cfg(not(feature = "tasks"))] fn main() {}
 //! ```
 
+#[cfg(feature = "tasks")]
+pub mod config_import;
 pub mod data;
 pub mod dist;
 pub mod error;

@@ -5,6 +5,7 @@ mod bench;
 mod code;
 #[cfg(feature = "code")]
 mod code_study;
+mod config;
 mod data;
 #[cfg(feature = "code")]
 mod decontaminate;
@@ -57,6 +58,8 @@ enum Command {
     Rl(rl::RlArgs),
     /// On-policy distillation from a teacher (per-token reverse KL, KL to the initial student) from a TOML config.
     Opd(rl::RlArgs),
+    /// Run configs: the effective TOML of one (`show`), or one imported from verl or TRL (`import`).
+    Config(config::ConfigArgs),
     /// Generate task data.
     Data(data::DataArgs),
     /// Evaluate checkpoints (Interplay, code); score generations: answers, strict graphs, gold graphs.
@@ -83,6 +86,7 @@ impl Cli {
             Command::Sft(args) => train::run(train::Kind::Sft, args),
             Command::Rl(args) => rl::run(kiln::rl::Method::Grpo, args),
             Command::Opd(args) => rl::run(kiln::rl::Method::Opd, args),
+            Command::Config(args) => config::run(args),
             Command::Data(args) => data::run(args),
             Command::Eval(args) => eval::run(args),
             Command::Plot(args) => plot::run(args),

@@ -35,7 +35,7 @@ pub struct RlArgs {
 
 pub fn run(method: Method, args: RlArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.config).with_context(|| format!("{}", args.config.display()))?;
-    let mut config = PgConfig::from_toml(&args.config, &text)?;
+    let mut config = PgConfig::load(&args.config, &text, method)?;
     config.output.allow_config_change |= args.allow_config_change;
     let devices = args.dist.devices(args.backend, config.train.devices.as_deref())?;
     let nodes = args.dist.nodes()?;

@@ -10,16 +10,17 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::advantage::RewardScaling;
-use super::loss::{Clip, KlEstimator, LossAgg};
-use super::objective::PgSettings;
+use super::advantage::{AdvEstimator, RewardScaling};
+use super::loss::{Clip, KlEstimator, LossAgg, PolicyLossMode};
+use super::objective::{FilterGroups, OverlongBuffer, PgSettings};
 use super::rollout::RolloutSettings;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::generate::Sampler;
 use crate::tasks::{RewardConfig, TaskConfig};
+use super::run::Method;
 use crate::train::config::{
-    DataSection, Defaults, EvalSection, Family, ModelSection, OptimizerSection, OutputSection, PromptData, ScheduleSection,
-    TrainSection, base_dir, read_config, resolve, resolve_shared,
+    DataSection, Defaults, EvalSection, Family, ModelSection, OptimizerSection, OutputSection, PromptData, Refusal, ScheduleSection,
+    TrainSection, base_dir, read_config, refused, resolve, resolve_shared,
 };
 
 /// A GRPO or OPD run: the sections of every run ([`crate::train::config`]) plus the rollout,
@@ -71,11 +72,13 @@ pub struct RolloutSection {
     /// Sequences decoded together.
     #[serde(default = "default_decode_batch")]
     pub batch_size: usize,
+    /// DAPO's dynamic sampling (verl's `algorithm.filter_groups`): `[rollout.filter_groups]`.
+    pub filter_groups: Option<FilterGroups>,
 }
 
 impl Default for RolloutSection {
     fn default() -> Self {
-        Self { n: default_n(), temperature: 1.0, top_p: 1.0, top_k: 0, max_response_length: default_length(), batch_size: default_decode_batch() }
+        Self { n: default_n(), temperature: 1.0, top_p: 1.0, top_k: 0, max_response_length: default_length(), batch_size: default_decode_batch(), filter_groups: None }
     }
 }
 
@@ -91,8 +94,21 @@ pub struct LossSection {
     /// Dual clip for negative advantages (> 1).
     #[serde(default = "default_clip_c")]
     pub clip_ratio_c: f64,
-    #[serde(default = "default_agg")]
+    /// verl's `loss_agg_mode` (either key).
+    #[serde(default = "default_agg", alias = "loss_agg_mode")]
     pub agg: LossAgg,
+    /// The advantage estimator by name (verl's `algorithm.adv_estimator`; default `grpo`).
+    #[serde(default)]
+    pub adv_estimator: AdvEstimator,
+    /// The policy loss by name (verl's `actor.policy_loss.loss_mode`; default `vanilla`).
+    #[serde(default)]
+    pub policy_loss: PolicyLossMode,
+    /// Truncated importance sampling: the cap C of `min(π_old / π_rollout, C)` (verl's
+    /// `tis_imp_ratio_cap`; absent: off).
+    pub tis_imp_ratio_cap: Option<f64>,
+    /// DAPO's overlong reward shaping (verl's `reward_model.overlong_buffer`):
+    /// `[loss.overlong_buffer]`.
+    pub overlong_buffer: Option<OverlongBuffer>,
     /// β; 0 drops the KL term and never loads the reference model.
     #[serde(default = "default_kl_coef")]
     pub kl_coef: f64,
@@ -113,6 +129,10 @@ impl Default for LossSection {
             clip_ratio_high: None,
             clip_ratio_c: default_clip_c(),
             agg: default_agg(),
+            adv_estimator: AdvEstimator::default(),
+            policy_loss: PolicyLossMode::default(),
+            tis_imp_ratio_cap: None,
+            overlong_buffer: None,
             kl_coef: default_kl_coef(),
             kl_estimator: default_kl(),
             reward_scaling: RewardScaling::Group,
@@ -176,8 +196,21 @@ pub(crate) const ID_MAX_OP: u32 = 10;
 
 impl PgConfig {
     /// Reads a config (old forms included, [`crate::train::config::legacy`]); relative paths
-    /// become relative to its directory. Inconsistent settings are errors naming the file.
+    /// become relative to its directory. Inconsistent settings, and settings of `kiln pretrain`
+    /// and `kiln sft` (`[train] grad_accum`, `seed`, ...), are errors naming the file and the
+    /// line. [`PgConfig::load`] also checks it against the run's method.
     pub fn from_toml(path: &Path, text: &str) -> Result<Self> {
+        Self::read(path, text, None)
+    }
+
+    /// [`PgConfig::from_toml`] for `method`: a `[teacher]` in a GRPO config, or a `[reward]` or
+    /// no `[teacher]` in an OPD one, is an error naming the line. This is where a config is
+    /// checked: the run does not check it again.
+    pub fn load(path: &Path, text: &str, method: Method) -> Result<Self> {
+        Self::read(path, text, Some(method))
+    }
+
+    fn read(path: &Path, text: &str, method: Option<Method>) -> Result<Self> {
         let mut config: PgConfig = read_config(path, text, Family::PolicyGradient)?;
         let base = base_dir(path);
         let mut no_eval = EvalSection::default();
@@ -185,8 +218,21 @@ impl PgConfig {
         resolve_shared(base, &mut config.model, &mut config.data, &mut config.output, eval);
         config.teacher.iter_mut().for_each(|t| resolve(base, &mut t.path));
         config.task.resolve_paths(base);
-        config.check().map_err(|message| Error::config(path, message))?;
+        let refusal = |refusal| refused(path, text, Family::PolicyGradient, refusal);
+        config.check().map_err(refusal)?;
+        method.map(|m| config.check_method(m)).transpose().map_err(refusal)?;
         Ok(config)
+    }
+
+    /// `[teacher]` and `[reward]` against the run: GRPO takes a `[reward]` (outcome if absent)
+    /// and no `[teacher]`, OPD a `[teacher]` and no `[reward]`.
+    pub fn check_method(&self, method: Method) -> std::result::Result<(), Refusal> {
+        match (method, self.reward.is_some(), self.teacher.is_some()) {
+            (Method::Grpo, _, false) | (Method::Opd, false, true) => Ok(()),
+            (Method::Grpo, _, true) => Err(Refusal::at("teacher", None, "[teacher] is for `kiln opd`; GRPO (`kiln rl`) takes a [reward]")),
+            (Method::Opd, _, false) => Err(Refusal::from("on-policy distillation (`kiln opd`) needs a [teacher] section")),
+            (Method::Opd, true, true) => Err(Refusal::at("reward", None, "[reward] is for `kiln rl`; on-policy distillation (`kiln opd`) takes none")),
+        }
     }
 
     /// The prompts' section.
@@ -225,33 +271,47 @@ impl PgConfig {
                 dual: l.clip_ratio_c,
             },
             agg: l.agg,
+            policy_loss: l.policy_loss,
+            tis_imp_ratio_cap: l.tis_imp_ratio_cap,
+            overlong_buffer: l.overlong_buffer,
+            filter_groups: r.filter_groups,
             kl: (l.kl_coef > 0.0).then_some((l.kl_estimator, l.kl_coef)),
             seed: self.prompts().map_or(1, |p| p.seed),
         }
     }
 
-    /// Settings that cannot work together.
-    pub fn check(&self) -> std::result::Result<(), String> {
+    /// Settings that cannot work together, or that are for another run family (named by
+    /// [`Refusal`]'s key). [`PgConfig::from_toml`] runs it; a config built in code is checked
+    /// by calling it before [`super::run::run`].
+    pub fn check(&self) -> std::result::Result<(), Refusal> {
         let (d, t) = (Defaults::POLICY_GRADIENT, &self.train);
-        self.from_dir()?;
-        let prompts = self.prompts()?;
+        self.from_dir().map_err(|m| Refusal::at("model", self.model.init.as_ref().map(|_| "init"), m))?;
+        let prompts = self.prompts().map_err(|m| Refusal::at("data", Some("kind"), m))?;
         t.total_steps(|_| 0)?;
         self.output.time_budget()?;
         if prompts.dir.is_some() != prompts.files.is_empty() {
             return Err("[data] needs exactly one of `dir` (per-op files) or `files`".into());
         }
         if t.grad_accum.is_some() {
-            return Err("[train] grad_accum is for `kiln pretrain` and `kiln sft` (rl/opd split a step by mini_batch)".into());
+            return Err(Refusal::at("train", Some("grad_accum"), "[train] grad_accum is for `kiln pretrain` and `kiln sft` (rl/opd split a step by mini_batch)"));
+        }
+        if t.seed.is_some() {
+            return Err(Refusal::at("train", Some("seed"), "[train] seed is for `kiln pretrain` and `kiln sft`; rl and opd seed their prompt order with [data] seed"));
         }
         if self.loss.kl_coef < 0.0 {
-            return Err(format!("[loss] kl_coef must not be negative (got {})", self.loss.kl_coef));
+            return Err(Refusal::at("loss", Some("kl_coef"), format!("[loss] kl_coef must not be negative (got {})", self.loss.kl_coef)));
+        }
+        if self.loss.reward_scaling != RewardScaling::Group && self.loss.adv_estimator.name() != "grpo" {
+            return Err(Refusal::at("loss", Some("reward_scaling"), format!("[loss] reward_scaling applies to adv_estimator \"grpo\" only (got \"{}\")", self.loss.adv_estimator.name())));
+        }
+        if self.teacher.is_some() && (self.loss.adv_estimator != AdvEstimator::default() || self.loss.overlong_buffer.is_some() || self.rollout.filter_groups.is_some()) {
+            return Err("[loss] adv_estimator, [loss.overlong_buffer] and [rollout.filter_groups] shape rewards: OPD's teacher signal takes none".into());
         }
         if self.eval.as_ref().is_some_and(|e| e.rows.is_none()) {
             return Err("[eval] needs `rows` (a directory of per-op files; `dir` in [validation])".into());
         }
         self.settings().check()?;
-        let lr = self.optimizer.lr(&d)?;
-        self.schedule.build(&d, lr, 1)?;
+        self.optimizer.for_adamw(&self.schedule, &d, 1)?;
         Ok(())
     }
 }

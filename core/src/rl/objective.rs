@@ -1,13 +1,18 @@
 //! The policy-gradient [`Objective`] shared by GRPO and on-policy distillation. One step:
 //!
 //! 1. draw the step's prompts and roll out `n` responses each with the current policy;
-//! 2. score them: rewards and group advantages (GRPO), or the teacher's log-probs of the
-//!    sampled tokens and per-token advantages (OPD) — the only difference between the two;
+//! 2. score them: rewards (DAPO's overlong shaping if set), optionally DAPO's dynamic sampling
+//!    (groups whose rewards all agree are dropped and more prompts are rolled out, at most
+//!    `max_num_gen_batches` generations), and advantages from the named estimator
+//!    ([`AdvEstimator`]); or the teacher's log-probs of the sampled tokens and per-token
+//!    advantages (OPD) — the only difference between the two;
 //! 3. compute old log-probs (the policy before this step's updates), reference log-probs (when
 //!    β > 0) and entropies once, with the learner's own forward pass;
 //! 4. split the responses into mini-batches of `mini_batch` prompts (one optimizer update each)
 //!    and those into micro-batches, whose losses are scaled by 1 / (micro-batches in the
-//!    mini-batch), as verl's `dp_actor.update_policy` does.
+//!    mini-batch), as verl's `dp_actor.update_policy` does; each micro-batch's loss is the named
+//!    policy loss ([`PolicyLossMode`]), its per-token losses weighted by truncated importance
+//!    sampling when `tis_imp_ratio_cap` is set.
 
 use std::time::Instant;
 
@@ -16,12 +21,13 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Tensor};
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use super::advantage::{RewardScaling, distillation_advantages, grpo_advantages, zero_std_fraction};
+use super::advantage::{AdvEstimator, AdvParams, Outcomes, RewardScaling, distillation_advantages, zero_std_fraction};
 use super::batch::{ResponseBatch, ResponseLayout, response_hidden};
-use super::loss::{Clip, KlEstimator, LossAgg, aggregate, kl_penalty, policy_loss, reverse_kl};
-use super::prompts::PromptSet;
+use super::loss::{Clip, KlEstimator, LossAgg, PolicyLossConfig, PolicyLossInputs, PolicyLossMode, aggregate, kl_penalty, masked_mean, reverse_kl, tis_weights};
+use super::prompts::{Prompt, PromptSet};
 use super::reward::Reward;
 use super::rollout::{Response, RolloutSettings, rollout};
 use crate::error::{Error, Result};
@@ -34,10 +40,62 @@ use crate::train::Objective;
 /// Where advantages come from.
 pub enum Signal<B: Backend> {
     /// GRPO: a verifiable reward per response, centred (and scaled) within its prompt's group.
-    Rewards { reward: Box<dyn Reward>, scaling: RewardScaling, epsilon: f64 },
+    Rewards { reward: Box<dyn Reward>, estimator: AdvEstimator, scaling: RewardScaling, epsilon: f64 },
     /// OPD: a teacher scores the sampled tokens; advantage `−coef · (log π − log π_teacher)`.
     /// With `full_vocab`, the loss is instead the full-vocabulary reverse KL to the teacher.
     Teacher { model: Box<Qwen2<B>>, coef: f64, full_vocab: bool },
+}
+
+/// DAPO's overlong reward shaping (verl's `reward_model.overlong_buffer`, TOML
+/// `[loss.overlong_buffer]`): a response of `L` tokens beyond `max_response_length − len` gets
+/// `min(−(L − (max_response_length − len)) / len · penalty_factor, 0)` added to its reward.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverlongBuffer {
+    /// verl's `enable` (the section's presence enables it unless `enable = false`).
+    #[serde(default = "yes")]
+    pub enable: bool,
+    /// The buffer's length in tokens (verl's `len`), at most `max_response_length`.
+    pub len: usize,
+    /// The penalty at `max_response_length` (verl's `penalty_factor`, default 1).
+    #[serde(default = "one")]
+    pub penalty_factor: f64,
+}
+
+impl OverlongBuffer {
+    /// The penalty (≤ 0) of a response of `length` tokens.
+    pub fn penalty(&self, length: usize, max_response_length: usize) -> f64 {
+        let expected = max_response_length as f64 - self.len as f64;
+        let exceed = length as f64 - expected;
+        (-exceed / self.len as f64 * self.penalty_factor).min(0.0)
+    }
+}
+
+/// DAPO's dynamic sampling (verl's `algorithm.filter_groups`, TOML `[rollout.filter_groups]`):
+/// groups whose rewards all agree (no signal for group baselines) are dropped and further
+/// batches of the step's prompts (another shuffle of the prompt set each) are rolled out until
+/// the step has `prompts_per_step` informative groups, for at most `max_num_gen_batches`
+/// generations in all; past that bound the step is filled up with the dropped groups (verl
+/// raises an error instead) and trains anyway. Groups of one response are kept, as in verl. The
+/// filter reads the rewards the advantages see (after the overlong shaping).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilterGroups {
+    #[serde(default = "yes")]
+    pub enable: bool,
+    /// Generations per step at most (verl's `max_num_gen_batches`; here ≥ 1, default 10).
+    #[serde(default = "ten")]
+    pub max_num_gen_batches: usize,
+}
+
+fn yes() -> bool {
+    true
+}
+fn one() -> f64 {
+    1.0
+}
+fn ten() -> usize {
+    10
 }
 
 /// The step's shape and the loss settings.
@@ -52,6 +110,14 @@ pub struct PgSettings {
     pub micro_batch: usize,
     pub clip: Clip,
     pub agg: LossAgg,
+    /// The policy loss by name (`vanilla`: the seed's clipped surrogate).
+    pub policy_loss: PolicyLossMode,
+    /// Truncated importance sampling's cap (`None`: off).
+    pub tis_imp_ratio_cap: Option<f64>,
+    /// DAPO's overlong reward shaping (`None`: off).
+    pub overlong_buffer: Option<OverlongBuffer>,
+    /// DAPO's dynamic sampling (`None`: off).
+    pub filter_groups: Option<FilterGroups>,
     /// The KL term to the reference and its coefficient β; `None` for β = 0.
     pub kl: Option<(KlEstimator, f64)>,
     /// Prompt order and rollout sampling.
@@ -81,6 +147,20 @@ impl PgSettings {
         if self.kl.is_some_and(|(_, beta)| beta <= 0.0) {
             return Err("a KL term needs a positive coefficient".into());
         }
+        if let Some(cap) = self.tis_imp_ratio_cap.filter(|c| !(c.is_finite() && *c > 0.0)) {
+            return Err(format!("[loss] tis_imp_ratio_cap must be positive (got {cap})"));
+        }
+        if let Some(o) = self.overlong_buffer.filter(|o| o.enable) {
+            if o.len == 0 || o.len > r.max_response_length || !(o.penalty_factor >= 0.0) {
+                return Err(format!(
+                    "[loss.overlong_buffer] needs 0 < len <= max_response_length ({}) and penalty_factor >= 0 (got len {}, penalty_factor {})",
+                    r.max_response_length, o.len, o.penalty_factor
+                ));
+            }
+        }
+        if self.filter_groups.is_some_and(|f| f.enable && f.max_num_gen_batches == 0) {
+            return Err("[rollout.filter_groups] max_num_gen_batches must be at least 1".into());
+        }
         Ok(())
     }
 }
@@ -107,6 +187,8 @@ pub struct PgMicro<B: AutodiffBackend> {
     old: Tensor<B, 2>,
     advantages: Tensor<B, 2>,
     reference: Option<Tensor<B, 2>>,
+    /// The rollout engine's log-probs of the sampled tokens (for truncated importance sampling).
+    rollout: Option<Tensor<B, 2>>,
     /// 1 / micro-batches of its update (the loss scale).
     scale: f64,
     /// 1 / micro-batches of the step (metrics add up to step means).
@@ -157,6 +239,9 @@ impl<B: AutodiffBackend> PolicyGradient<B> {
                 s.prompts_per_step, s.mini_batch
             )));
         }
+        if world > 1 && s.filter_groups.is_some_and(|f| f.enable) {
+            return Err(Error::InvalidInput("[rollout.filter_groups] (dynamic sampling) runs on one replica only".into()));
+        }
         if !(s.mini_batch / world * s.rollout.n).is_multiple_of(s.micro_batch) {
             return Err(Error::InvalidInput(format!(
                 "a replica's share of a mini-batch (mini_batch {} / {world} replicas × n {}) must be a multiple of micro_batch ({})",
@@ -199,6 +284,51 @@ fn step_seed(seed: u64, step: u64) -> u64 {
     rng.next_u64()
 }
 
+/// The rollout's raw log-probs of a micro-batch's responses, `[rows · R]`, 0 on padding.
+fn raw_rollout_logprobs(layout: &ResponseLayout, chunk: &[Response]) -> Vec<f32> {
+    let width = layout.response_width;
+    let mut out = vec![0.0; layout.rows() * width];
+    for (row, response) in chunk.iter().enumerate() {
+        out[row * width..row * width + response.raw_logprobs.len()].copy_from_slice(&response.raw_logprobs);
+    }
+    out
+}
+
+/// Dynamic sampling's groups: informative ones (rewards differ, or a group of one) and dropped
+/// ones, each with its prompt, responses and scores.
+#[derive(Default)]
+struct Groups<'p> {
+    kept: Vec<(&'p Prompt, Vec<Response>, Vec<f64>)>,
+    dropped: Vec<(&'p Prompt, Vec<Response>, Vec<f64>)>,
+}
+
+impl<'p> Groups<'p> {
+    fn add(&mut self, prompts: &[&'p Prompt], responses: Vec<Response>, scores: Vec<f64>) {
+        let mut by_group: Vec<(Vec<Response>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); prompts.len()];
+        for (response, score) in responses.into_iter().zip(scores) {
+            let entry = &mut by_group[response.group];
+            entry.0.push(response);
+            entry.1.push(score);
+        }
+        for (prompt, (responses, scores)) in prompts.iter().zip(by_group) {
+            let informative = scores.len() == 1 || scores.iter().any(|&x| x != scores[0]);
+            let target = if informative { &mut self.kept } else { &mut self.dropped };
+            target.push((*prompt, responses, scores));
+        }
+    }
+
+    /// `count` groups (informative first, then dropped ones), renumbered in order.
+    fn take(self, count: usize) -> (Vec<&'p Prompt>, Vec<Response>, Vec<f64>) {
+        let (mut prompts, mut responses, mut scores) = (Vec::new(), Vec::new(), Vec::new());
+        for (group, (prompt, rs, ss)) in self.kept.into_iter().chain(self.dropped).take(count).enumerate() {
+            prompts.push(prompt);
+            responses.extend(rs.into_iter().map(|r| Response { group, ..r }));
+            scores.extend(ss);
+        }
+        (prompts, responses, scores)
+    }
+}
+
 /// Running sums of the step's per-token statistics.
 #[derive(Default)]
 struct TokenStats {
@@ -221,27 +351,41 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         let policy = model.valid();
         let share = s.mini_batch / self.world;
         let step_prompts = self.prompts.batch(step, s.prompts_per_step, s.seed)?;
-        let prompts: Vec<_> = step_prompts.chunks(s.mini_batch).flat_map(|update| update[self.rank * share..(self.rank + 1) * share].iter().copied()).collect();
+        let mut prompts: Vec<&Prompt> =
+            step_prompts.chunks(s.mini_batch).flat_map(|update| update[self.rank * share..(self.rank + 1) * share].iter().copied()).collect();
         let seed = step_seed(s.seed, step) ^ (self.rank as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let sampler = policy.clone().in_dtype(s.rollout.dtype.unwrap_or(policy.compute_dtype()));
-        let responses = rollout(&sampler, &self.tokenizer, &self.eos_ids, &prompts, &s.rollout, seed)?;
-        drop(sampler);
-        let rollout_s = began.elapsed().as_secs_f64();
-
-        let groups: Vec<usize> = responses.iter().map(|r| r.group).collect();
+        let mut responses = self.generate(&policy, &prompts, seed)?;
+        let mut rollout_s = began.elapsed().as_secs_f64();
         let mut metrics = Map::new();
-        let sequence_advantages = match &self.signal {
-            Signal::Rewards { reward, scaling, epsilon } => {
-                let batch: Vec<(&str, &Item)> = responses.iter().map(|r| (r.text.as_str(), &prompts[r.group].item)).collect();
-                let scores = reward.score_batch(&batch)?;
-                let (mean, std) = mean_and_std(&scores);
-                metrics.insert("reward_mean".into(), json!(mean));
-                metrics.insert("reward_std".into(), json!(std));
-                metrics.insert("frac_zero_std_groups".into(), json!(zero_std_fraction(&scores, &groups)));
-                Some(grpo_advantages(&scores, &groups, *scaling, *epsilon))
+        let mut sequence_advantages = None;
+        if let Signal::Rewards { reward, estimator, scaling, epsilon } = &self.signal {
+            let mut scores = self.scores(reward.as_ref(), &prompts, &responses)?;
+            if let Some(filter) = s.filter_groups.filter(|f| f.enable) {
+                let mut groups = Groups::default();
+                groups.add(&prompts, responses, scores);
+                let mut generations = 1;
+                while groups.kept.len() < prompts.len() && generations < filter.max_num_gen_batches {
+                    let began = Instant::now();
+                    let more = self.prompts.batch(step, s.prompts_per_step, s.seed ^ step_seed(s.seed, step).wrapping_add(generations as u64))?;
+                    let more_responses = self.generate(&policy, &more, step_seed(seed, generations as u64))?;
+                    rollout_s += began.elapsed().as_secs_f64();
+                    let more_scores = self.scores(reward.as_ref(), &more, &more_responses)?;
+                    groups.add(&more, more_responses, more_scores);
+                    generations += 1;
+                }
+                metrics.insert("filter_groups_generations".into(), json!(generations));
+                metrics.insert("filter_groups_informative".into(), json!(groups.kept.len()));
+                (prompts, responses, scores) = groups.take(prompts.len());
             }
-            Signal::Teacher { .. } => None,
-        };
+            let groups: Vec<usize> = responses.iter().map(|r| r.group).collect();
+            let lengths: Vec<usize> = responses.iter().map(|r| r.tokens.len()).collect();
+            let (mean, std) = mean_and_std(&scores);
+            metrics.insert("reward_mean".into(), json!(mean));
+            metrics.insert("reward_std".into(), json!(std));
+            metrics.insert("frac_zero_std_groups".into(), json!(zero_std_fraction(&scores, &groups)));
+            let outcomes = Outcomes::new(&scores, &groups, &lengths)?;
+            sequence_advantages = Some(estimator.compute(&outcomes, &AdvParams { epsilon: *epsilon, scaling: *scaling }));
+        }
 
         let scoring_began = Instant::now();
         let per_update = s.mini_batch / self.world * s.rollout.n;
@@ -265,6 +409,7 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
                     old: layout.tensor(scored.old, &device),
                     advantages: layout.tensor(advantages.iter().map(|&a| a as f32).collect(), &device),
                     reference: scored.reference.map(|r| layout.tensor(r, &device)),
+                    rollout: s.tis_imp_ratio_cap.map(|_| layout.tensor(raw_rollout_logprobs(&layout, chunk), &device)),
                     scale: 1.0 / count as f64,
                     weight: 1.0 / total_micros as f64,
                     layout,
@@ -309,7 +454,22 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
                 kl
             }
             _ => {
-                let pg = policy_loss(log_prob.clone(), micro.old.clone(), micro.advantages.clone(), &batch.mask, s.clip, s.agg, max_length);
+                let is_weights = match (s.tis_imp_ratio_cap, &micro.rollout) {
+                    (Some(cap), Some(rollout)) => {
+                        let w = tis_weights(micro.old.clone(), rollout.clone(), &batch.mask, cap);
+                        weighted(&mut metrics, "tis_weight_mean", masked_mean(w.clone(), &batch.mask));
+                        Some(w)
+                    }
+                    _ => None,
+                };
+                let inputs = PolicyLossInputs {
+                    log_prob: log_prob.clone(),
+                    old_log_prob: micro.old.clone(),
+                    advantages: micro.advantages.clone(),
+                    mask: batch.mask.clone(),
+                    is_weights,
+                };
+                let pg = s.policy_loss.compute(inputs, &PolicyLossConfig { clip: s.clip, agg: s.agg, max_response_length: max_length });
                 weighted(&mut metrics, "pg_loss", pg.loss.clone().detach());
                 weighted(&mut metrics, "clipfrac", pg.clipfrac);
                 weighted(&mut metrics, "clipfrac_low", pg.clipfrac_low);
@@ -348,6 +508,24 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
 }
 
 impl<B: AutodiffBackend> PolicyGradient<B> {
+    /// `n` responses to each of `prompts` from the current policy (in the rollout dtype).
+    fn generate(&self, policy: &Qwen2<B::InnerBackend>, prompts: &[&Prompt], seed: u64) -> Result<Vec<Response>> {
+        let s = &self.settings;
+        let sampler = policy.clone().in_dtype(s.rollout.dtype.unwrap_or(policy.compute_dtype()));
+        rollout(&sampler, &self.tokenizer, &self.eos_ids, prompts, &s.rollout, seed)
+    }
+
+    /// The responses' rewards, with DAPO's overlong penalty when set.
+    fn scores(&self, reward: &dyn Reward, prompts: &[&Prompt], responses: &[Response]) -> Result<Vec<f64>> {
+        let batch: Vec<(&str, &Item)> = responses.iter().map(|r| (r.text.as_str(), &prompts[r.group].item)).collect();
+        let mut scores = reward.score_batch(&batch)?;
+        if let Some(buffer) = self.settings.overlong_buffer.filter(|o| o.enable) {
+            let max = self.settings.rollout.max_response_length;
+            scores.iter_mut().zip(responses).for_each(|(score, r)| *score += buffer.penalty(r.tokens.len(), max));
+        }
+        Ok(scores)
+    }
+
     /// Per-token advantages of a micro-batch, `[rows · R]`, zero on padding.
     fn advantages(&self, layout: &ResponseLayout, chunk: &[Response], scored: &Scored, sequence: Option<&[f64]>) -> Vec<f64> {
         let width = layout.response_width;
@@ -447,6 +625,34 @@ mod tests {
         }
     }
 
+    /// DAPO's overlong penalty (verl's `DAPORewardManager`): 0 up to `max − len` tokens, then
+    /// linear down to `−penalty_factor` at `max`.
+    #[test]
+    fn overlong_penalty_is_linear_in_the_buffer() {
+        let buffer = OverlongBuffer { enable: true, len: 4, penalty_factor: 0.5 };
+        let penalties: Vec<f64> = [3, 12, 13, 14, 16].iter().map(|&n| buffer.penalty(n, 16)).collect();
+        assert_eq!(penalties, vec![0.0, 0.0, -0.125, -0.25, -0.5]);
+    }
+
+    /// Dynamic sampling keeps groups whose rewards differ (and groups of one), informative first,
+    /// renumbered; dropped groups only fill a short step.
+    #[test]
+    fn filter_groups_keeps_informative_groups_first() {
+        let item = Item { id: String::new(), group: String::new(), level: None, prompt: String::new(), reference: None, gold: Value::Null, source: Default::default() };
+        let prompt = |id: u32| Prompt { ids: vec![id], item: item.clone() };
+        let owned = [prompt(0), prompt(1), prompt(2)];
+        let prompts: Vec<&Prompt> = owned.iter().collect();
+        let response = |group| Response { group, tokens: vec![1], sampler_logprobs: vec![0.0], raw_logprobs: vec![0.0], text: String::new(), truncated: false };
+        let responses = vec![response(0), response(0), response(1), response(1), response(2)];
+        let mut groups = Groups::default();
+        groups.add(&prompts, responses, vec![1.0, 1.0, 0.0, 1.0, 0.5]);
+        assert_eq!(groups.kept.len(), 2);
+        let (kept, responses, scores) = groups.take(3);
+        assert_eq!(kept.iter().map(|p| p.ids[0]).collect::<Vec<_>>(), vec![1, 2, 0]);
+        assert_eq!(responses.iter().map(|r| r.group).collect::<Vec<_>>(), vec![0, 0, 1, 2, 2]);
+        assert_eq!(scores, vec![0.0, 1.0, 0.5, 1.0, 1.0]);
+    }
+
     /// One optimizer update on the step's first mini-batch raises `Σ A · log π` over its tokens:
     /// the surrogate, the scaling and the optimizer agree on the direction of improvement.
     #[test]
@@ -461,10 +667,14 @@ mod tests {
             micro_batch: 4,
             clip: Clip { low: 0.2, high: 0.2, dual: 3.0 },
             agg: LossAgg::TokenMean,
+            policy_loss: PolicyLossMode::default(),
+            tis_imp_ratio_cap: None,
+            overlong_buffer: None,
+            filter_groups: None,
             kl: None,
             seed: 3,
         };
-        let signal = Signal::Rewards { reward: Box::new(Digits), scaling: RewardScaling::Group, epsilon: 1e-6 };
+        let signal = Signal::Rewards { reward: Box::new(Digits), estimator: AdvEstimator::default(), scaling: RewardScaling::Group, epsilon: 1e-6 };
         let mut objective = PolicyGradient::<B>::new(settings, prompts, signal, None, tokenizer, vec![3]).unwrap();
         let config: Qwen2Config = serde_json::from_str(
             r#"{"vocab_size": 2200, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,

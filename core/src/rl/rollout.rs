@@ -32,6 +32,10 @@ pub struct Response {
     pub tokens: Vec<u32>,
     /// Per token: log-prob under the sampling distribution (the behaviour policy).
     pub sampler_logprobs: Vec<f32>,
+    /// Per token: log-prob under the model's unmodified distribution, as the rollout engine
+    /// computed it (in the rollout's dtype): truncated importance sampling compares it with the
+    /// learner's.
+    pub raw_logprobs: Vec<f32>,
     /// The response decoded with special tokens (what the seed's reward manager scores).
     pub text: String,
     /// It hit `max_response_length` without EOS.
@@ -70,6 +74,7 @@ pub fn rollout<B: Backend>(
                 truncated: sample.finish_reason == FinishReason::Length,
                 tokens: sample.token_ids,
                 sampler_logprobs: sample.logprobs,
+                raw_logprobs: sample.raw_logprobs,
             });
         }
     }

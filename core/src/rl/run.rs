@@ -81,13 +81,9 @@ fn replica_run<B: AutodiffBackend>(
     on_data: &mut dyn FnMut(&Value),
     on_record: &mut dyn FnMut(&Record),
 ) -> Result<RunSummary> {
-    match (method, config.reward.is_some(), config.teacher.is_some()) {
-        (Method::Grpo, _, false) | (Method::Opd, false, true) => {}
-        (Method::Grpo, _, true) => return Err(Error::InvalidInput("GRPO takes a [reward], not a [teacher] (use `kiln opd`)".into())),
-        (Method::Opd, _, false) => return Err(Error::InvalidInput("on-policy distillation needs a [teacher] section".into())),
-        (Method::Opd, true, true) => return Err(Error::InvalidInput("on-policy distillation takes no [reward]".into())),
-    }
-    config.check().map_err(Error::InvalidInput)?;
+    // Checked where it was read (PgConfig::from_toml / load, naming the file and line), not
+    // again; only the method, which a config read without one was not checked against.
+    config.check_method(method).map_err(|r| Error::InvalidInput(r.message))?;
     let d = Defaults::POLICY_GRADIENT;
     let from = config.from_dir().map_err(Error::InvalidInput)?;
     let data = config.prompts().map_err(Error::InvalidInput)?;
@@ -112,6 +108,7 @@ fn replica_run<B: AutodiffBackend>(
         }
         (reward, None) => Signal::Rewards {
             reward: task.reward(&reward.clone().unwrap_or_default())?,
+            estimator: config.loss.adv_estimator,
             scaling: config.loss.reward_scaling,
             epsilon: config.loss.epsilon,
         },

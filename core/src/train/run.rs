@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::config::{
     DEFAULT_CUTOFF, DataSection, Defaults, EvalSection, Family, MixtureData, ModelSection, OptimizerSection, OutputSection,
-    ScheduleSection, TrainSection, TokenCount, Typo, base_dir, read_config, resolve_shared,
+    Refusal, ScheduleSection, TrainSection, TokenCount, Typo, base_dir, read_config, refused, resolve_shared,
 };
 use super::heldout::HeldOut;
 use super::objective::NextTokenLoss;
@@ -54,31 +54,38 @@ const SEED: u64 = 42;
 
 impl RunConfig {
     /// Reads a TOML run config (old forms included, [`super::config::legacy`]); relative paths
-    /// become relative to its directory. Inconsistent settings are errors naming the file.
+    /// become relative to its directory. Inconsistent settings, and settings of `kiln rl` and
+    /// `kiln opd` (`[rollout]`, `[train] prompts_per_step`, ...), are errors naming the file and
+    /// the line. This is where a config is checked: the run does not check it again.
     pub fn from_toml(path: &Path, text: &str) -> Result<Self> {
         let mut config: RunConfig = read_config(path, text, Family::NextToken)?;
         resolve_shared(base_dir(path), &mut config.model, &mut config.data, &mut config.output, &mut config.eval);
         config.task.resolve_paths(base_dir(path));
-        config.check().map_err(|message| Error::config(path, message))?;
+        config.check().map_err(|refusal| refused(path, text, Family::NextToken, refusal))?;
         Ok(config)
     }
 
-    /// Settings that cannot work together.
-    pub fn check(&self) -> std::result::Result<(), String> {
+    /// Settings that cannot work together, or that are for another run family (named by
+    /// [`Refusal`]'s key). [`RunConfig::from_toml`] runs it; a config built in code is checked
+    /// by calling it before [`run`].
+    pub fn check(&self) -> std::result::Result<(), Refusal> {
         let (d, t) = (Defaults::NEXT_TOKEN, &self.train);
         if let DataSection::Prompts(_) = self.data {
-            return Err("[data] kind = \"prompts\" is for `kiln rl` and `kiln opd`; pretrain takes \"mixture\", sft \"sft\"".into());
+            return Err(Refusal::at("data", Some("kind"), "[data] kind = \"prompts\" is for `kiln rl` and `kiln opd`; pretrain takes \"mixture\", sft \"sft\""));
         }
         if self.model.dtype.is_some() {
-            return Err("[model] dtype is for rl and opd (rollouts, reference, teacher); training precision is [train] precision".into());
+            return Err(Refusal::at("model", Some("dtype"), "[model] dtype is for rl and opd (rollouts, reference, teacher); training precision is [train] precision"));
         }
         if self.model.init.is_some() == self.model.from.is_some() {
-            return Err("[model] needs exactly one of `init` (a config.json) or `from` (a model directory)".into());
+            return Err(Refusal::at("model", None, "[model] needs exactly one of `init` (a config.json) or `from` (a model directory)"));
         }
         for (key, given) in [("prompts_per_step", t.prompts_per_step.is_some()), ("mini_batch", t.mini_batch.is_some())] {
             if given {
-                return Err(format!("[train] {key} is for `kiln rl` and `kiln opd`"));
+                return Err(Refusal::at("train", Some(key), format!("[train] {key} is for `kiln rl` and `kiln opd`")));
             }
+        }
+        if self.eval.id_max_op.is_some() {
+            return Err(Refusal::at("eval", Some("id_max_op"), "[eval] id_max_op is for `kiln rl` and `kiln opd` (their ID/OOD split)"));
         }
         if self.micro_batch()? == 0 || t.grad_accum == Some(0) {
             return Err("[train] micro_batch and grad_accum must be positive".into());
@@ -88,8 +95,7 @@ impl RunConfig {
         }
         t.total_steps(|_| 0)?;
         self.output.time_budget()?;
-        let lr = self.optimizer.lr(&d)?;
-        self.schedule.build(&d, lr, 1)?;
+        self.optimizer.for_adamw(&self.schedule, &d, 1)?;
         Ok(())
     }
 
@@ -161,7 +167,7 @@ fn replica_run<B: AutodiffBackend>(
     on_data: &mut dyn FnMut(&Value),
     on_record: &mut dyn FnMut(&Record),
 ) -> Result<RunSummary> {
-    config.check().map_err(Error::InvalidInput)?;
+    // Checked where it was read (RunConfig::from_toml, naming the file and line), not again.
     let d = Defaults::NEXT_TOKEN;
     let tokenizer_dir = tokenizer_dir(&config.model)?;
     let tokenizer = Tokenizer::from_file(&tokenizer_dir)?;
@@ -234,11 +240,12 @@ pub fn loop_config(
     run_config: Value,
 ) -> std::result::Result<LoopConfig, String> {
     let Sections { optimizer, schedule, output } = sections;
-    let lr = optimizer.lr(defaults)?;
+    // `[optimizer]` to what AdamW takes, in one step (OptimizerSection::for_adamw).
+    let (schedule, optimizer) = optimizer.for_adamw(schedule, defaults, total_steps)?;
     Ok(LoopConfig {
         total_steps,
-        schedule: schedule.build(defaults, lr, total_steps)?,
-        optimizer: optimizer.adamw(defaults),
+        schedule,
+        optimizer,
         out_dir: output.dir.clone(),
         save: output.save_policy(defaults),
         eval_every,

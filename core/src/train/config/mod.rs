@@ -201,20 +201,20 @@ impl Default for OptimizerSection {
 }
 
 impl OptimizerSection {
-    /// The learning rate, or an error when neither the config nor `defaults` give one.
-    pub fn lr(&self, defaults: &Defaults) -> std::result::Result<f64, String> {
-        self.lr.or(defaults.lr).ok_or_else(|| "[optimizer] needs `lr`".into())
-    }
-
-    /// AdamW's settings.
-    pub fn adamw(&self, defaults: &Defaults) -> AdamWConfig {
-        AdamWConfig {
+    /// What AdamW takes, straight from `[optimizer]` (and `[schedule]`): its learning rate over
+    /// `total_steps` updates (peaking at `lr`) and its settings. The one place the family's
+    /// `lr` and `weight_decay` fill in what the config leaves out; an error when neither the
+    /// config nor `defaults` give an `lr`.
+    pub fn for_adamw(&self, schedule: &ScheduleSection, defaults: &Defaults, total_steps: u64) -> std::result::Result<(Schedule, AdamWConfig), String> {
+        let lr = self.lr.or(defaults.lr).ok_or("[optimizer] needs `lr`")?;
+        let adamw = AdamWConfig {
             beta1: self.beta1,
             beta2: self.beta2,
             eps: self.eps,
             weight_decay: self.weight_decay.unwrap_or(defaults.weight_decay),
             max_grad_norm: Some(self.max_grad_norm),
-        }
+        };
+        Ok((schedule.build(defaults, lr, total_steps)?, adamw))
     }
 }
 
@@ -492,17 +492,98 @@ pub enum Typo {
 /// Reads a config of `family` from `text` (the contents of `path`): old forms are moved into
 /// the schema first; an error names the file and the line.
 pub fn read_config<T: DeserializeOwned>(path: &Path, text: &str, family: Family) -> Result<T> {
-    let at = |span: std::ops::Range<usize>, message: String| {
-        let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-        Error::data(path, Some(line), message)
-    };
-    let toml_error = |e: toml::de::Error| match e.span() {
-        Some(span) => at(span, e.message().to_string()),
+    let doc = migrated(path, text, family)?;
+    T::deserialize(toml::de::Deserializer::from(doc)).map_err(|e| toml_error(path, text, e))
+}
+
+/// The document of `text` (the contents of `path`) with its old forms moved into the schema,
+/// before it is read as a config: the keys the file gives, each in its current place (serde's
+/// aliases, such as `save_freq`, keep their names). `kiln config upgrade` keeps these.
+pub fn migrated_table(path: &Path, text: &str, family: Family) -> Result<toml::Table> {
+    let doc = migrated(path, text, family)?;
+    toml::Table::deserialize(toml::de::Deserializer::from(doc)).map_err(|e| toml_error(path, text, e))
+}
+
+/// The line of byte `offset` of `text` (1-based).
+pub(crate) fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+fn toml_error(path: &Path, text: &str, e: toml::de::Error) -> Error {
+    match e.span() {
+        Some(span) => Error::data(path, Some(line_of(text, span.start)), e.message().to_string()),
         None => Error::data(path, None, e.message().to_string()),
-    };
-    let mut doc = toml::de::DeTable::parse(text).map_err(toml_error)?;
-    legacy::migrate(doc.get_mut(), family).map_err(|e| at(e.span(), e.into_inner()))?;
-    T::deserialize(toml::de::Deserializer::from(doc)).map_err(toml_error)
+    }
+}
+
+fn migrated<'i>(path: &Path, text: &'i str, family: Family) -> Result<toml::Spanned<toml::de::DeTable<'i>>> {
+    let mut doc = toml::de::DeTable::parse(text).map_err(|e| toml_error(path, text, e))?;
+    legacy::migrate(doc.get_mut(), family).map_err(|e| Error::data(path, Some(line_of(text, e.span().start)), e.into_inner()))?;
+    if family == Family::NextToken {
+        for section in POLICY_GRADIENT_SECTIONS {
+            if let Some((key, _)) = doc.get_ref().get_key_value(section) {
+                let message = format!("[{section}] is for `kiln rl` and `kiln opd` (policy gradient), not `kiln pretrain` or `kiln sft`");
+                return Err(Error::data(path, Some(line_of(text, key.span().start)), message));
+            }
+        }
+    }
+    Ok(doc)
+}
+
+/// The sections only `kiln rl` and `kiln opd` read.
+const POLICY_GRADIENT_SECTIONS: [&str; 4] = ["rollout", "loss", "reward", "teacher"];
+
+/// A setting a run's `check()` refuses, and the key it is about: `[section] key`, or the
+/// section itself when `key` is `None`. [`refused`] names the key's line in the file.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    pub section: Option<&'static str>,
+    pub key: Option<&'static str>,
+    pub message: String,
+}
+
+impl Refusal {
+    /// A refusal about `[section] key` (or the section).
+    pub fn at(section: &'static str, key: Option<&'static str>, message: impl Into<String>) -> Self {
+        Self { section: Some(section), key, message: message.into() }
+    }
+}
+
+impl From<String> for Refusal {
+    fn from(message: String) -> Self {
+        Self { section: None, key: None, message }
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(message: &str) -> Self {
+        message.to_owned().into()
+    }
+}
+
+impl From<Refusal> for String {
+    fn from(refusal: Refusal) -> Self {
+        refusal.message
+    }
+}
+
+/// The error of `refusal` for the config `text` at `path`: the file and the line of the key it
+/// is about (a key moved from an old place keeps its line), or the file alone.
+pub fn refused(path: &Path, text: &str, family: Family, refusal: Refusal) -> Error {
+    let line = refusal.section.and_then(|section| {
+        let doc = migrated(path, text, family).ok()?;
+        let (key, value) = doc.get_ref().get_key_value(section)?;
+        let span = match (refusal.key, value.get_ref()) {
+            (Some(name), toml::de::DeValue::Table(table)) => table.get_key_value(name)?.0.span(),
+            _ => key.span(),
+        };
+        Some(line_of(text, span.start))
+    });
+    match line {
+        Some(line) => Error::data(path, Some(line), refusal.message),
+        None => Error::config(path, refusal.message),
+    }
 }
 
 /// Makes `path` relative to `base` when it is relative.

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::rl::PgConfig;
+use crate::rl::{Method, PgConfig};
 use crate::rl::loss::{KlEstimator, LossAgg};
 use crate::train::adamw::AdamWConfig;
 use crate::train::config::{DataSection, Defaults, MixtureData, SftData, TokenCount, Typo};
@@ -161,7 +161,8 @@ fn the_example_templates_read_as_before() {
 
 #[test]
 fn the_committed_rl_config_reads_as_its_new_form() {
-    let path = repo("examples/configs/rl_op11_14.toml");
+    // As committed before the examples were upgraded (examples/configs/rl_op11_14.toml).
+    let path = repo("tests/fixtures/config/legacy_examples/rl_op11_14.toml");
     let old = PgConfig::from_toml(&path, &std::fs::read_to_string(&path).unwrap()).unwrap();
     let new_text = r#"
 [model]
@@ -255,7 +256,7 @@ fn errors_name_the_file_and_the_line() {
         (good.replace("micro_batch = 2", "micro_batch = 2\nprecison = \"bf16\""), "bad.toml line 10: unknown field `precison`"),
         (format!("{good}\n[schedule]\nkind = \"cosin\"\n"), "unknown variant `cosin`"),
         (good.replace("lr = 1e-3\n", ""), "bad.toml: [optimizer] needs `lr`"),
-        (good.replace("sft = \"s.jsonl\"", "dir = \"d\""), "bad.toml: [data] kind = \"prompts\" is for `kiln rl`"),
+        (good.replace("sft = \"s.jsonl\"", "dir = \"d\""), "bad.toml line 5: [data] kind = \"prompts\" is for `kiln rl`"),
         (format!("{good}\n[eval]\nrows = \"v\"\n\n[validation]\ndir = \"v\"\n"), "bad.toml line 18: [validation] is the old name of [eval]"),
     ];
     for (text, expected) in cases {
@@ -284,4 +285,72 @@ fn precision_recompute_and_rollout_dtype_are_read() {
         "[model]\nfrom = \"m\"\ndtype = \"bf16\"\n[data]\nkind = \"prompts\"\ndir = \"p\"\n[train]\nsteps = 1\nprecision = \"bf16-pure\"\n[output]\ndir = \"out\"\n",
     );
     assert_eq!((rl.settings().rollout.dtype, rl.train.precision), (Some(crate::model::Dtype::BF16), crate::train::Precision::Bf16Pure));
+}
+
+#[test]
+fn settings_of_another_run_family_are_refused_at_load_naming_the_line() {
+    let path = Path::new("/work/run.toml");
+    let sft = "[model]\nfrom = \"m\"\n[data]\nkind = \"sft\"\npath = \"rows.jsonl\"\n[train]\nsteps = 1\nmicro_batch = 1\n[optimizer]\nlr = 1e-5\n[output]\ndir = \"out\"\n";
+    run_config(sft);
+    let next_token = [
+        (format!("{sft}[rollout]\nn = 4\n"), "line 13: [rollout] is for `kiln rl` and `kiln opd`"),
+        (format!("{sft}[loss]\nkl_coef = 0.0\n"), "line 13: [loss] is for `kiln rl` and `kiln opd`"),
+        (format!("{sft}[reward]\nkind = \"outcome\"\n"), "line 13: [reward] is for `kiln rl` and `kiln opd`"),
+        (format!("{sft}[teacher]\npath = \"t\"\n"), "line 13: [teacher] is for `kiln rl` and `kiln opd`"),
+        (sft.replace("micro_batch = 1", "micro_batch = 1\nprompts_per_step = 4"), "line 9: [train] prompts_per_step is for `kiln rl`"),
+        (sft.replace("micro_batch = 1", "micro_batch = 1\nmini_batch = 4"), "line 9: [train] mini_batch is for `kiln rl`"),
+        (sft.replace("from = \"m\"", "from = \"m\"\ndtype = \"bf16\""), "line 3: [model] dtype is for rl and opd"),
+        (format!("{sft}[eval]\nrows = \"v\"\nid_max_op = 10\n"), "line 15: [eval] id_max_op is for `kiln rl`"),
+        (sft.replace("kind = \"sft\"\npath = \"rows.jsonl\"", "files = [\"p.jsonl\"]"), "line 4: [data] kind = \"prompts\" is for `kiln rl`"),
+    ];
+    for (text, expected) in next_token {
+        let e = RunConfig::from_toml(path, &text).unwrap_err().to_string();
+        assert!(e.starts_with("/work/run.toml ") && e.contains(expected), "{e}\nexpected: {expected}\n{text}");
+    }
+
+    let rl = "[model]\nfrom = \"m\"\n[data]\nkind = \"prompts\"\ndir = \"p\"\n[train]\nsteps = 1\n[output]\ndir = \"out\"\n";
+    pg_config(rl);
+    let opd = format!("{rl}[teacher]\npath = \"t\"\n");
+    let policy_gradient = [
+        (rl.replace("steps = 1", "steps = 1\ngrad_accum = 2"), None, "line 8: [train] grad_accum is for `kiln pretrain`"),
+        (rl.replace("steps = 1", "steps = 1\nseed = 3"), None, "line 8: [train] seed is for `kiln pretrain` and `kiln sft`"),
+        (rl.replace("from = \"m\"", "init = \"c.json\""), None, "line 2: [model] needs `from` (the policy's starting point), not `init`"),
+        (rl.replace("kind = \"prompts\"\ndir = \"p\"", "kind = \"sft\"\npath = \"p\""), None, "line 4: [data] kind = \"sft\" is not for `kiln rl`"),
+        // A legacy form keeps its line: `sft = …` implies kind = "sft".
+        (rl.replace("kind = \"prompts\"\ndir = \"p\"", "sft = \"p\""), None, "line 4: [data] kind = \"sft\" is not for `kiln rl`"),
+        (opd.clone(), Some(Method::Grpo), "line 10: [teacher] is for `kiln opd`"),
+        (format!("{opd}[reward]\nkind = \"outcome\"\n"), Some(Method::Opd), "line 12: [reward] is for `kiln rl`"),
+        (rl.to_string(), Some(Method::Opd), "run.toml: on-policy distillation (`kiln opd`) needs a [teacher]"),
+    ];
+    for (text, method, expected) in policy_gradient {
+        let e = match method {
+            Some(method) => PgConfig::load(path, &text, method),
+            None => PgConfig::from_toml(path, &text),
+        }
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("/work/run.toml") && e.contains(expected), "{e}\nexpected: {expected}\n{text}");
+    }
+    // Each method's own sections load.
+    PgConfig::load(path, &opd, Method::Opd).unwrap();
+    PgConfig::load(path, &format!("{rl}[reward]\nkind = \"outcome\"\n"), Method::Grpo).unwrap();
+}
+
+#[test]
+fn the_optimizer_section_is_what_adamw_takes_in_one_step() {
+    let text = "[model]\nfrom = \"m\"\n[data]\nkind = \"sft\"\npath = \"r.jsonl\"\n[train]\nsteps = 10\nmicro_batch = 1\n[optimizer]\nlr = 3e-4\nweight_decay = 0.1\nmax_grad_norm = 0.5\nbeta1 = 0.8\nbeta2 = 0.95\neps = 1e-6\n[output]\ndir = \"o\"\n";
+    let config = run_config(text);
+    let (schedule, optimizer) = config.optimizer.for_adamw(&config.schedule, &Defaults::NEXT_TOKEN, 10).unwrap();
+    let expected = AdamWConfig { beta1: 0.8, beta2: 0.95, eps: 1e-6, weight_decay: 0.1, max_grad_norm: Some(0.5) };
+    assert_eq!((schedule.base_lr, schedule.decay, optimizer), (3e-4, Decay::Linear, expected));
+    // The loop takes exactly these.
+    let l = next_token_loop(&config, 10);
+    assert_eq!((l.schedule, l.optimizer), (schedule, optimizer));
+    // The family's defaults are filled there: rl's lr and weight decay; pretrain/sft need an lr.
+    let rl = pg_config("[model]\nfrom = \"m\"\n[data]\nkind = \"prompts\"\ndir = \"p\"\n[train]\nsteps = 1\n[output]\ndir = \"o\"\n");
+    let (schedule, optimizer) = rl.optimizer.for_adamw(&rl.schedule, &Defaults::POLICY_GRADIENT, 5).unwrap();
+    assert_eq!((schedule.base_lr, schedule.decay, optimizer), (1e-6, Decay::Constant, adamw(0.01)));
+    let err = config.optimizer.clone();
+    let err = crate::train::config::OptimizerSection { lr: None, ..err }.for_adamw(&config.schedule, &Defaults::NEXT_TOKEN, 10).unwrap_err();
+    assert_eq!(err, "[optimizer] needs `lr`");
 }

@@ -1,0 +1,355 @@
+//! Run configs as text: `kiln config show` (the effective TOML of a run config, every default
+//! written out, in the current schema) and `kiln config import` (verl's and TRL's configs turned
+//! into a kiln TOML, [`verl`], [`trl`]).
+//!
+//! `show` reads a config the way its run reads it ([`crate::train::config::read_config`]: legacy
+//! keys moved, serde aliases taken), fills in what the run would take for every key left out
+//! ([`fill_defaults`]), and prints it; [`legacy_notes`] names each legacy key of the input. The
+//! printed text reads back to the same config, and printing that gives the same text.
+//! `kiln config upgrade` ([`upgrade`]) rewrites a config of an earlier form in the current
+//! schema, keeping only the values it gives.
+
+mod tree;
+pub mod trl;
+pub mod upgrade;
+pub mod verl;
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::rl::PgConfig;
+use crate::rl::config::RolloutSection;
+use crate::tasks::RewardConfig;
+use crate::train::config::{Defaults, Family, read_config};
+use crate::train::run::RunConfig;
+
+/// The run a config is for (`kiln pretrain`, `sft`, `rl`, `opd`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunKind {
+    Pretrain,
+    Sft,
+    Rl,
+    Opd,
+}
+
+impl RunKind {
+    pub const NAMES: &[&str] = &["pretrain", "sft", "rl", "opd"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Pretrain => "pretrain",
+            Self::Sft => "sft",
+            Self::Rl => "rl",
+            Self::Opd => "opd",
+        }
+    }
+
+    pub fn from_name(name: &str) -> std::result::Result<Self, String> {
+        match name {
+            "pretrain" => Ok(Self::Pretrain),
+            "sft" => Ok(Self::Sft),
+            "rl" | "grpo" => Ok(Self::Rl),
+            "opd" => Ok(Self::Opd),
+            _ => Err(format!("unknown run kind \"{name}\"; valid kinds: {}", Self::NAMES.join(", "))),
+        }
+    }
+
+    fn family(self) -> Family {
+        match self {
+            Self::Pretrain | Self::Sft => Family::NextToken,
+            Self::Rl | Self::Opd => Family::PolicyGradient,
+        }
+    }
+}
+
+/// The run a config is for, by the sections its runs require: `[data] kind` (or the legacy
+/// keys that imply it: `interplay`, `sft`, `dir`/`files`) and, for prompts, `[teacher]` (opd).
+pub fn detect_kind(path: &Path, text: &str) -> Result<RunKind> {
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| Error::data(path, None, e.message().to_string()))?;
+    if table.contains_key("release") {
+        return Err(Error::config(path, "a release recipe (`kiln release`), not a run config"));
+    }
+    let data = table.get("data").and_then(toml::Value::as_table);
+    let kind = data.and_then(|d| d.get("kind")).and_then(toml::Value::as_str).map(str::to_owned).or_else(|| {
+        let d = data?;
+        [("interplay", "mixture"), ("sft", "sft"), ("dir", "prompts"), ("files", "prompts")]
+            .into_iter()
+            .find(|(k, _)| d.contains_key(*k))
+            .map(|(_, kind)| kind.to_owned())
+    });
+    match kind.as_deref() {
+        Some("mixture") => Ok(RunKind::Pretrain),
+        Some("sft") => Ok(RunKind::Sft),
+        Some("prompts") if table.contains_key("teacher") => Ok(RunKind::Opd),
+        Some("prompts") => Ok(RunKind::Rl),
+        Some(other) => Err(Error::config(path, format!("[data] kind = \"{other}\" is not a run's (mixture, sft, prompts)"))),
+        None => Err(Error::config(path, "cannot tell the run: [data] needs `kind` (mixture, sft, prompts); or give --kind")),
+    }
+}
+
+/// A config read for one run, with every default filled in.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effective {
+    /// pretrain, sft.
+    NextToken(RunConfig),
+    /// rl, opd.
+    PolicyGradient(PgConfig),
+}
+
+impl Effective {
+    /// The config as TOML in the current schema.
+    pub fn to_toml(&self) -> String {
+        let text = match self {
+            Self::NextToken(c) => toml::to_string(c),
+            Self::PolicyGradient(c) => toml::to_string(c),
+        };
+        let mut text = text.expect("run configs serialise to TOML");
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text
+    }
+}
+
+/// Reads `text` (the config at `path`) as a `kind` run reads it, checks it the same way
+/// (paths resolved against the file's directory for the check only), and fills in every
+/// default; paths stay as written.
+pub fn effective(path: &Path, text: &str, kind: RunKind) -> Result<Effective> {
+    match kind.family() {
+        Family::NextToken => {
+            let checked = RunConfig::from_toml(path, text)?;
+            let wanted = if kind == RunKind::Pretrain { "mixture" } else { "sft" };
+            if checked.data.kind() != wanted {
+                return Err(Error::config(path, format!("`kiln {}` needs [data] kind = \"{wanted}\" (got \"{}\")", kind.name(), checked.data.kind())));
+            }
+            let mut config: RunConfig = read_config(path, text, Family::NextToken)?;
+            fill_next_token(&mut config);
+            Ok(Effective::NextToken(config))
+        }
+        Family::PolicyGradient => {
+            let method = if kind == RunKind::Opd { crate::rl::Method::Opd } else { crate::rl::Method::Grpo };
+            PgConfig::load(path, text, method)?;
+            let mut config: PgConfig = read_config(path, text, Family::PolicyGradient)?;
+            fill_policy_gradient(&mut config, kind);
+            Ok(Effective::PolicyGradient(config))
+        }
+    }
+}
+
+/// Fills in every key a run would take a default for.
+pub fn fill_defaults(effective: &mut Effective, kind: RunKind) {
+    match effective {
+        Effective::NextToken(c) => fill_next_token(c),
+        Effective::PolicyGradient(c) => fill_policy_gradient(c, kind),
+    }
+}
+
+fn fill_next_token(c: &mut RunConfig) {
+    let d = Defaults::NEXT_TOKEN;
+    c.optimizer.lr = c.optimizer.lr.or(d.lr);
+    c.optimizer.weight_decay.get_or_insert(d.weight_decay);
+    c.schedule.kind.get_or_insert(d.schedule);
+    c.train.grad_accum.get_or_insert(1);
+    c.train.seed.get_or_insert(42);
+    c.eval.max_new_tokens.get_or_insert(320);
+    c.eval.rows_per_op.get_or_insert(20);
+}
+
+fn fill_policy_gradient(c: &mut PgConfig, kind: RunKind) {
+    let d = Defaults::POLICY_GRADIENT;
+    let settings = c.settings();
+    c.optimizer.lr = c.optimizer.lr.or(d.lr);
+    c.optimizer.weight_decay.get_or_insert(d.weight_decay);
+    c.schedule.kind.get_or_insert(d.schedule);
+    c.train.prompts_per_step = Some(settings.prompts_per_step);
+    c.train.mini_batch = Some(settings.mini_batch);
+    c.train.micro_batch = Some(settings.micro_batch);
+    c.output.save_steps = c.output.save_steps.or(d.save_steps);
+    if kind == RunKind::Rl && c.reward.is_none() {
+        c.reward = Some(RewardConfig::default());
+    }
+    let rollout: &RolloutSection = &c.rollout;
+    let max_new_tokens = rollout.max_response_length;
+    if let Some(eval) = c.eval.as_mut() {
+        eval.every = eval.every.or(d.eval_every);
+        eval.max_new_tokens.get_or_insert(max_new_tokens);
+        eval.id_max_op.get_or_insert(crate::rl::config::ID_MAX_OP);
+    }
+}
+
+/// `kiln config show`: the effective config of `kind` (detected when `None`) as TOML.
+pub fn show(path: &Path, text: &str, kind: Option<RunKind>) -> Result<(RunKind, String)> {
+    let kind = match kind {
+        Some(kind) => kind,
+        None => detect_kind(path, text)?,
+    };
+    Ok((kind, effective(path, text, kind)?.to_toml()))
+}
+
+/// One line per legacy key of `text` (read under its current name), e.g.
+/// `[train] lr is read as [optimizer] lr`.
+pub fn legacy_notes(text: &str, kind: RunKind) -> Vec<String> {
+    let Ok(table) = text.parse::<toml::Table>() else { return Vec::new() };
+    let section = |name: &str| table.get(name).and_then(toml::Value::as_table);
+    let mut notes = Vec::new();
+    let mut note = |old: String, new: String| notes.push(format!("{old} is read as {new}"));
+    if let Some(train) = section("train") {
+        for key in ["lr", "weight_decay", "max_grad_norm", "beta1", "beta2", "eps"] {
+            if train.contains_key(key) {
+                note(format!("[train] {key}"), format!("[optimizer] {key}"));
+            }
+        }
+        if train.contains_key("schedule") {
+            note("[train] schedule".into(), "[schedule] kind".into());
+        }
+        for key in ["warmup_ratio", "warmup_steps", "min_lr", "min_lr_rate", "decay_steps", "floor_lr"] {
+            if train.contains_key(key) {
+                note(format!("[train] {key}"), format!("[schedule] {key}"));
+            }
+        }
+        if kind.family() == Family::PolicyGradient && train.contains_key("min_lr_ratio") {
+            note("[train] min_lr_ratio".into(), "[schedule] min_lr_rate".into());
+        }
+    }
+    if let Some(validation) = section("validation") {
+        note("[validation]".into(), "[eval]".into());
+        if validation.contains_key("dir") {
+            note("[validation] dir".into(), "[eval] rows".into());
+        }
+    }
+    if let Some(eval) = section("eval") {
+        for (old, new) in [("heldout", "rows"), ("dir", "rows"), ("accuracy_ops", "ops"), ("accuracy_rows", "rows_per_op")] {
+            if eval.contains_key(old) {
+                note(format!("[eval] {old}"), format!("[eval] {new}"));
+            }
+        }
+    }
+    if let Some(data) = section("data") {
+        if !data.contains_key("kind") {
+            for (old, new) in [("interplay", "kind = \"mixture\", root"), ("sft", "kind = \"sft\", path"), ("dir", "kind = \"prompts\", dir"), ("files", "kind = \"prompts\", files")] {
+                if data.contains_key(old) {
+                    note(format!("[data] {old} (no kind)"), format!("[data] {new}"));
+                }
+            }
+        }
+        for (old, new) in [("sft_columns", "columns"), ("sft_heldout", "heldout"), ("sft_split_key", "split_key")] {
+            if data.contains_key(old) {
+                note(format!("[data] {old}"), format!("[data] {new}"));
+            }
+        }
+    }
+    if section("output").is_some_and(|o| o.contains_key("save_freq")) {
+        note("[output] save_freq".into(), "[output] save_steps".into());
+    }
+    if let Some(loss) = section("loss") {
+        if loss.contains_key("loss_agg_mode") {
+            note("[loss] loss_agg_mode".into(), "[loss] agg".into());
+        }
+        if let Some(old) = loss.get("kl_estimator").and_then(toml::Value::as_str) {
+            let new = match old {
+                "low_var_kl" => Some("k3"),
+                "kl" => Some("k1"),
+                "mse" => Some("k2"),
+                _ => None,
+            };
+            if let Some(new) = new {
+                note(format!("[loss] kl_estimator = \"{old}\""), format!("kl_estimator = \"{new}\""));
+            }
+        }
+    }
+    notes
+}
+
+/// Where an imported config came from, and what of it kiln did not take.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ImportReport {
+    /// `source key → kiln key` for each value carried.
+    pub carried: Vec<(String, String)>,
+    /// Keys whose values do not matter to kiln (infrastructure, logging, …), with why.
+    pub ignored: Vec<(String, String)>,
+    /// Keys kiln does not know (not in the source's schema, or not read by kiln).
+    pub unknown: Vec<String>,
+    /// Other remarks (approximations, values kiln treats differently).
+    pub notes: Vec<String>,
+    /// Source keys left at the source's defaults and not carried (a count).
+    pub at_defaults: usize,
+}
+
+/// An imported config: the kiln TOML (every default filled in) and the report.
+#[derive(Debug, Clone)]
+pub struct Imported {
+    pub kind: RunKind,
+    pub config: Effective,
+    pub report: ImportReport,
+}
+
+impl Imported {
+    /// The TOML to write: a header naming the source and what was not carried, then the config.
+    pub fn to_toml(&self, source: &str) -> String {
+        let r = &self.report;
+        let mut head = format!("# Imported by `kiln config import` from {source}: {} values carried", r.carried.len());
+        head += &format!(", {} ignored (irrelevant to kiln), {} unknown, {} left at the source's defaults.\n", r.ignored.len(), r.unknown.len(), r.at_defaults);
+        for (from, to) in &r.carried {
+            head += &format!("#   {from} -> {to}\n");
+        }
+        for (key, why) in &r.ignored {
+            head += &format!("# ignored: {key} ({why})\n");
+        }
+        for key in &r.unknown {
+            head += &format!("# unknown: {key}\n");
+        }
+        for n in &r.notes {
+            head += &format!("# note: {n}\n");
+        }
+        head + "\n" + &self.config.to_toml()
+    }
+}
+
+/// Values kiln cannot run, by source key: the values allowed (as JSON text; numbers compare by
+/// value) and why others are refused.
+type Refusals = [(&'static str, &'static [&'static str], &'static str)];
+
+/// What the importers share: reading keys of the source config (each importer says how a key
+/// is looked up and where the file is) and refusing a value by file and key.
+trait Source {
+    /// The source file, for errors.
+    fn path(&self) -> &Path;
+
+    /// The value of `key` (null if absent); marks it read.
+    fn get(&mut self, key: &str) -> serde_json::Value;
+
+    fn refuse(&self, key: &str, value: &serde_json::Value, why: &str) -> Error {
+        Error::config(self.path(), format!("{key} = {}: {why}", tree::show(value)))
+    }
+
+    fn f64(&mut self, key: &str) -> Result<f64> {
+        let v = self.get(key);
+        v.as_f64().or_else(|| v.as_str().and_then(|s| s.parse().ok())).ok_or_else(|| self.refuse(key, &v, "expected a number"))
+    }
+
+    fn text(&mut self, key: &str) -> Option<String> {
+        match self.get(key) {
+            serde_json::Value::String(s) => Some(s),
+            serde_json::Value::Null => None,
+            other => Some(other.to_string()),
+        }
+    }
+
+    /// The first of `refused` whose value is not one it allows, as an error.
+    fn check_refused(&mut self, refused: &Refusals) -> Result<()> {
+        for (key, allowed, why) in refused {
+            let v = self.get(key);
+            if !allowed.contains(&v.to_string().as_str()) && !(v.is_number() && allowed.iter().any(|a| a.parse::<f64>().ok() == v.as_f64())) {
+                return Err(self.refuse(key, &v, why));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads a TOML text built by an importer as a `kind` config, checks it and fills defaults.
+fn finish(path: &Path, table: toml::Table, kind: RunKind, report: ImportReport) -> Result<Imported> {
+    let text = toml::to_string(&table).map_err(|e| Error::config(path, format!("cannot write the imported config: {e}")))?;
+    let config = effective(path, &text, kind)?;
+    Ok(Imported { kind, config, report })
+}

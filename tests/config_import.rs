@@ -1,0 +1,577 @@
+//! `kiln config show` and `kiln config import`: verl 0.9.1's own GRPO example imported with every
+//! mapped value carried, a TRL GRPOConfig, unknown keys listed, values kiln cannot run refused
+//! naming the file and the key, and `show` round trips on every committed example config.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::fixture;
+use kiln::config_import::{self, Effective, RunKind};
+use kiln::rl::PgConfig;
+use kiln::rl::loss::{KlEstimator, LossAgg};
+use kiln::train::config::{Family, migrated_table};
+
+fn kiln(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().unwrap()
+}
+
+/// The verl example's overrides (one per line, `#` comments).
+fn verl_overrides() -> Vec<String> {
+    let text = std::fs::read_to_string(fixture("config/verl/run_qwen3_4b_fsdp.overrides")).unwrap();
+    text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(String::from).collect()
+}
+
+fn verl_import(extra: &[&str]) -> kiln::Result<config_import::Imported> {
+    let path = fixture("config/verl/ppo_trainer.yaml");
+    let mut overrides = verl_overrides();
+    overrides.extend(extra.iter().map(|s| s.to_string()));
+    config_import::verl::import(&path, &std::fs::read_to_string(&path).unwrap(), &overrides)
+}
+
+fn pg(imported: &config_import::Imported) -> &PgConfig {
+    match &imported.config {
+        Effective::PolicyGradient(c) => c,
+        other => panic!("not an rl config: {other:?}"),
+    }
+}
+
+/// Writes `text` and runs `kiln config show` on it: the effective config, read back.
+fn show_through_binary(dir: &Path, name: &str, text: &str, kind: RunKind) -> PgConfig {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    let out = kiln(&["config", "show", "--config", path.to_str().unwrap()]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let shown = dir.join(format!("shown_{name}"));
+    std::fs::write(&shown, &stdout).unwrap();
+    match config_import::effective(&shown, &stdout, kind).unwrap() {
+        Effective::PolicyGradient(c) => c,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn verl_grpo_example_is_imported_with_every_value() {
+    let imported = verl_import(&[]).unwrap();
+    assert_eq!(imported.kind, RunKind::Rl);
+    let c = pg(&imported);
+    // The example's overrides and verl 0.9.1's defaults, each in its kiln key.
+    assert_eq!(c.model.from.as_deref(), Some(Path::new("Qwen/Qwen3-4B")));
+    assert_eq!(c.model.dtype, Some(kiln::model::Dtype::BF16), "rollout.dtype bfloat16");
+    let prompts = c.prompts().unwrap();
+    assert_eq!(prompts.files, vec![PathBuf::from("~/data/gsm8k/train.parquet")]);
+    assert_eq!(prompts.max_prompt_length, 1024);
+    assert_eq!(c.train.prompts_per_step, Some(512), "data.train_batch_size");
+    assert_eq!(c.train.mini_batch, Some(256), "ppo_mini_batch_size");
+    assert_eq!(c.train.micro_batch, Some(2), "ppo_micro_batch_size_per_gpu");
+    assert_eq!((c.train.epochs, c.train.steps), (Some(15.0), None), "trainer.total_epochs");
+    assert_eq!(c.rollout.n, 5);
+    assert_eq!(c.rollout.max_response_length, 1024);
+    assert_eq!((c.rollout.temperature, c.rollout.top_p, c.rollout.top_k), (1.0, 1.0, 0), "verl's top_k -1 is kiln's 0");
+    assert_eq!(c.optimizer.lr, Some(1e-6));
+    assert_eq!(c.optimizer.weight_decay, Some(0.01));
+    assert_eq!((c.optimizer.beta1, c.optimizer.beta2, c.optimizer.max_grad_norm), (0.9, 0.999, 1.0));
+    assert_eq!(c.schedule.kind, Some(kiln::train::config::ScheduleKind::Constant));
+    let l = &c.loss;
+    assert_eq!((l.clip_ratio, l.clip_ratio_low, l.clip_ratio_high, l.clip_ratio_c), (0.2, Some(0.2), Some(0.2), 3.0));
+    assert_eq!((l.kl_coef, l.kl_estimator), (0.001, KlEstimator::K3), "use_kl_loss, kl_loss_coef, kl_loss_type low_var_kl");
+    assert_eq!(l.agg, LossAgg::TokenMean);
+    assert_eq!((l.adv_estimator.name(), l.policy_loss.name()), ("grpo", "vanilla"));
+    assert_eq!((l.tis_imp_ratio_cap, l.overlong_buffer, c.rollout.filter_groups), (None, None, None));
+    assert_eq!(c.output.dir, PathBuf::from("checkpoints/verl_grpo_example_geo3k/glm41v_9b_function_rm"), "default_local_dir, interpolated");
+    assert_eq!(c.output.save_steps, Some(20.0));
+    let eval = c.eval.as_ref().unwrap();
+    assert_eq!((eval.every, eval.rows.as_deref()), (Some(5), Some(Path::new("~/data/gsm8k/test.parquet"))));
+    // Infrastructure the example sets is listed, not carried; nothing is unknown.
+    let ignored: Vec<&str> = imported.report.ignored.iter().map(|(k, _)| k.as_str()).collect();
+    for key in ["actor_rollout_ref.rollout.gpu_memory_utilization", "actor_rollout_ref.actor.use_dynamic_bsz", "actor_rollout_ref.rollout.name", "trainer.project_name"] {
+        assert!(ignored.contains(&key), "{key} not listed: {ignored:?}");
+    }
+    assert!(imported.report.unknown.is_empty(), "{:?}", imported.report.unknown);
+
+    // The written TOML is a config `kiln config show` (and so `kiln rl`) accepts, unchanged.
+    let tmp = tempfile::tempdir().unwrap();
+    let back = show_through_binary(tmp.path(), "imported.toml", &imported.to_toml("the verl example"), RunKind::Rl);
+    assert_eq!(&back, c);
+}
+
+#[test]
+fn verl_dapo_keys_and_overrides_map_to_kiln_names() {
+    let imported = verl_import(&[
+        "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
+        "actor_rollout_ref.actor.clip_ratio_high=0.28",
+        "actor_rollout_ref.actor.clip_ratio_c=10.0",
+        "actor_rollout_ref.actor.optim.weight_decay=0.1",
+        "actor_rollout_ref.actor.optim.clip_grad=0.5",
+        "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
+        "actor_rollout_ref.actor.optim.min_lr_ratio=0.1",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=10",
+        "actor_rollout_ref.rollout.temperature=0.7",
+        "actor_rollout_ref.rollout.top_p=0.9",
+        "actor_rollout_ref.rollout.top_k=20",
+        "algorithm.norm_adv_by_std_in_grpo=False",
+        "algorithm.filter_groups.enable=True",
+        "algorithm.filter_groups.max_num_gen_batches=4",
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_is_threshold=2.0",
+        "reward.reward_manager.name=dapo",
+        "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+        "+reward.reward_kwargs.overlong_buffer_cfg.len=256",
+        "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5",
+        "trainer.total_training_steps=300",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "+actor_rollout_ref.actor.not_a_verl_key=3",
+    ])
+    .unwrap();
+    let c = pg(&imported);
+    let l = &c.loss;
+    assert_eq!(l.policy_loss.name(), "gspo");
+    assert_eq!(l.agg, LossAgg::SeqMeanTokenSumNormDr, "verl 0.9.1's seq-mean-token-sum-norm is kiln's -dr");
+    assert_eq!((l.clip_ratio_high, l.clip_ratio_c), (Some(0.28), 10.0));
+    assert_eq!(l.adv_estimator.name(), "dr_grpo", "norm_adv_by_std_in_grpo=False");
+    assert_eq!(l.tis_imp_ratio_cap, Some(2.0));
+    assert_eq!(l.kl_coef, 0.0, "use_kl_loss=False");
+    let o = l.overlong_buffer.unwrap();
+    assert_eq!((o.enable, o.len, o.penalty_factor), (true, 256, 0.5));
+    let f = c.rollout.filter_groups.unwrap();
+    assert_eq!((f.enable, f.max_num_gen_batches), (true, 4));
+    assert_eq!((c.rollout.temperature, c.rollout.top_p, c.rollout.top_k), (0.7, 0.9, 20));
+    assert_eq!((c.optimizer.weight_decay, c.optimizer.max_grad_norm), (Some(0.1), 0.5));
+    assert_eq!(c.schedule.kind, Some(kiln::train::config::ScheduleKind::CosineWithMinLr));
+    assert_eq!((c.schedule.min_lr_rate, c.schedule.warmup_steps), (Some(0.1), Some(10)));
+    assert_eq!((c.train.steps, c.train.epochs), (Some(300), None), "total_training_steps bounds the run");
+    assert_eq!(imported.report.unknown, vec!["actor_rollout_ref.actor.not_a_verl_key".to_string()], "an unknown key is listed");
+    let text = imported.to_toml("x");
+    assert!(text.contains("# unknown: actor_rollout_ref.actor.not_a_verl_key"), "{text}");
+}
+
+#[test]
+fn values_kiln_cannot_run_are_refused_naming_file_and_key() {
+    let path = fixture("config/verl/ppo_trainer.yaml");
+    for (extra, key) in [
+        ("algorithm.use_kl_in_reward=True", "algorithm.use_kl_in_reward = true: kiln has no KL penalty in the reward"),
+        ("actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.entropy_coeff = 0.01"),
+        ("actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.ppo_epochs = 2"),
+        ("algorithm.adv_estimator=gae", "algorithm.adv_estimator = \"gae\""),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov", "actor_rollout_ref.actor.policy_loss.loss_mode = \"clip_cov\""),
+        ("actor_rollout_ref.actor.not_a_key=1", "could not override 'actor_rollout_ref.actor.not_a_key'"),
+    ] {
+        let err = verl_import(&[extra]).unwrap_err().to_string();
+        assert!(err.starts_with(path.to_str().unwrap()) && err.contains(key), "{err}");
+    }
+    // Through the binary: one line naming the file and the key, no output written.
+    let tmp = tempfile::tempdir().unwrap();
+    let out_path = tmp.path().join("run.toml");
+    let mut args = vec!["config".to_string(), "import".into(), "--from".into(), "verl".into(), path.to_str().unwrap().into()];
+    args.extend(verl_overrides());
+    args.extend(["algorithm.use_kl_in_reward=True".into(), "--out".into(), out_path.to_str().unwrap().into()]);
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln")).args(&args).output().unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(!out.status.success() && stderr.lines().count() == 1, "{stderr}");
+    assert!(stderr.starts_with(&format!("error: {}: algorithm.use_kl_in_reward", path.display())), "{stderr}");
+    assert!(!out_path.exists());
+
+    // TRL: a second optimisation pass per generation is refused.
+    let trl = fixture("config/trl/grpo_config.json");
+    let text = std::fs::read_to_string(&trl).unwrap().replace("\"num_iterations\": 1", "\"num_iterations\": 2");
+    let err = config_import::trl::import(&trl, &text, &["model_name_or_path=m".into(), "dataset_name=d.jsonl".into()], None).unwrap_err().to_string();
+    assert!(err.starts_with(trl.to_str().unwrap()) && err.contains("num_iterations = 2"), "{err}");
+}
+
+#[test]
+fn trl_grpo_config_is_imported_with_trl_names() {
+    let path = fixture("config/trl/grpo_config.json");
+    let text = std::fs::read_to_string(&path).unwrap().replace("\"seed\": 7,", "\"seed\": 7,\n  \"not_a_trl_field\": 1,");
+    let overrides = ["model_name_or_path=Qwen/Qwen2.5-0.5B".to_string(), "dataset_name=prompts.jsonl".into()];
+    let imported = config_import::trl::import(&path, &text, &overrides, None).unwrap();
+    assert_eq!(imported.kind, RunKind::Rl);
+    let c = pg(&imported);
+    assert_eq!(c.model.from.as_deref(), Some(Path::new("Qwen/Qwen2.5-0.5B")));
+    assert_eq!(c.prompts().unwrap().files, vec![PathBuf::from("prompts.jsonl")]);
+    assert_eq!(c.prompts().unwrap().seed, 7);
+    assert_eq!(c.output.dir, PathBuf::from("runs/qwen-grpo"));
+    assert_eq!((c.optimizer.lr, c.optimizer.weight_decay, c.optimizer.beta2, c.optimizer.max_grad_norm), (Some(5e-7), Some(0.1), 0.99, 0.5));
+    assert_eq!((c.optimizer.beta1, c.optimizer.eps), (0.9, 1e-8), "TRL's defaults where the file is silent");
+    assert_eq!((c.schedule.kind, c.schedule.warmup_ratio), (Some(kiln::train::config::ScheduleKind::Cosine), 0.1));
+    assert_eq!((c.train.steps, c.train.epochs), (Some(200), None), "max_steps bounds the run");
+    // 16 completions per device x 4 accumulation steps = 64 completions = 8 prompts x 8.
+    assert_eq!((c.train.micro_batch, c.train.mini_batch, c.train.prompts_per_step), (Some(16), Some(8), Some(8)));
+    assert_eq!(c.output.save_steps, Some(50.0));
+    assert_eq!(c.rollout.n, 8);
+    assert_eq!(c.rollout.max_response_length, 768);
+    assert_eq!((c.rollout.temperature, c.rollout.top_p, c.rollout.top_k), (0.9, 0.95, 50));
+    let l = &c.loss;
+    assert_eq!((l.kl_coef, l.kl_estimator), (0.04, KlEstimator::K3), "beta");
+    assert_eq!((l.clip_ratio, l.clip_ratio_high), (0.2, Some(0.28)), "TRL's epsilon is the clip range");
+    assert_eq!(l.epsilon, 1e-6, "kiln's epsilon (the std's) is untouched");
+    assert_eq!(l.clip_ratio_c, 1e9, "no delta: no dual clip");
+    assert_eq!(l.agg, LossAgg::SeqMeanTokenSumNormDr, "loss_type dr_grpo");
+    assert_eq!(l.reward_scaling, kiln::rl::advantage::RewardScaling::Batch);
+    assert_eq!(l.policy_loss.name(), "gspo", "importance_sampling_level sequence");
+    assert_eq!(l.tis_imp_ratio_cap, Some(2.0), "vLLM token_truncate correction");
+    assert_eq!(imported.report.unknown, vec!["not_a_trl_field".to_string()]);
+    let ignored: Vec<&str> = imported.report.ignored.iter().map(|(k, _)| k.as_str()).collect();
+    assert!(["bf16", "logging_steps", "report_to"].iter().all(|k| ignored.contains(k)), "{ignored:?}");
+
+    let tmp = tempfile::tempdir().unwrap();
+    let back = show_through_binary(tmp.path(), "trl.toml", &imported.to_toml("trl"), RunKind::Rl);
+    assert_eq!(&back, c);
+
+    // scale_rewards none is Dr. GRPO's estimator; loss_type grpo is the per-sequence mean.
+    let text = text.replace("\"batch\"", "\"none\"").replace("\"dr_grpo\"", "\"grpo\"");
+    let imported = config_import::trl::import(&path, &text, &overrides, None).unwrap();
+    assert_eq!((pg(&imported).loss.adv_estimator.name(), pg(&imported).loss.agg), ("dr_grpo", LossAgg::SeqMeanTokenMean));
+}
+
+/// Every committed run config under examples/configs/.
+fn example_configs() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "toml") {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/configs"), &mut out);
+    out.sort();
+    out
+}
+
+#[test]
+fn show_round_trips_every_example_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut shown = 0;
+    for path in example_configs() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        if path.ends_with("release/release.toml") {
+            let err = config_import::show(&path, &text, None).unwrap_err().to_string();
+            assert!(err.contains("a release recipe"), "{err}");
+            continue;
+        }
+        let (kind, printed) = config_import::show(&path, &text, None).unwrap();
+        // Read back: the same effective config, and printing it again gives the same text.
+        let again = tmp.path().join("again.toml");
+        std::fs::write(&again, &printed).unwrap();
+        let original = config_import::effective(&path, &text, kind).unwrap();
+        let reread = config_import::effective(&again, &printed, kind).unwrap();
+        assert_eq!(original, reread, "{}", path.display());
+        assert_eq!(config_import::show(&again, &printed, Some(kind)).unwrap().1, printed, "{}", path.display());
+        // The printed config is in the current schema: no legacy key is left.
+        assert!(config_import::legacy_notes(&printed, kind).is_empty(), "{}: {printed}", path.display());
+        shown += 1;
+    }
+    assert!(shown >= 15, "{shown} example configs");
+
+    // Through the binary: the legacy keys of the seed-style config (as committed before the
+    // examples were upgraded) are named on stderr, and a default the file leaves out is written.
+    let path = fixture("config/legacy_examples/rl_op11_14.toml");
+    let out = kiln(&["config", "show", "--config", path.to_str().unwrap()]);
+    let (stdout, stderr) = (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap());
+    assert!(out.status.success(), "{stderr}");
+    for note in ["[train] lr is read as [optimizer] lr", "[validation] is read as [eval]", "[output] save_freq is read as [output] save_steps"] {
+        assert!(stderr.contains(note), "{stderr}");
+    }
+    assert!(stdout.contains("[optimizer]\nlr = ") && stdout.contains("batch_size = 64") && stdout.contains("policy_loss = \"vanilla\""), "{stdout}");
+    // --kind must agree with the file.
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/configs/rl_op11_14.toml");
+    let out = kiln(&["config", "show", "--config", path.to_str().unwrap(), "--kind", "opd"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("needs a [teacher]"));
+}
+
+/// Configs in every old form the loader accepts (core/src/train/config/legacy.rs, serde's old
+/// key names, verl's kl_estimator names), with their run.
+const LEGACY_PRETRAIN: &str = r#"
+[model]
+init = "model/config.json"
+seed = 3
+[data]
+interplay = "data"
+ops = [2, 3]
+probs = [0.5, 0.5]
+tokens = "2M"
+[train]
+steps = 100
+micro_batch = 4
+grad_accum = 2
+lr = 3e-4
+weight_decay = 0.1
+max_grad_norm = 0.5
+beta1 = 0.8
+beta2 = 0.95
+eps = 1e-6
+schedule = "cosine_then_floor"
+warmup_steps = 5
+decay_steps = 80
+floor_lr = 1e-5
+[output]
+dir = "out"
+save_steps = 0.25
+[eval]
+heldout = "heldout"
+accuracy_ops = [2, 3]
+accuracy_rows = 5
+every = 10
+"#;
+
+const LEGACY_SFT: &str = r#"
+[model]
+from = "base"
+[data]
+sft = "rows.parquet"
+sft_columns = { prompt = "prompt", completion = "generation" }
+sft_heldout = 8
+sft_split_key = "id"
+max_length = 512
+[train]
+epochs = 2
+micro_batch = 2
+lr = 1e-5
+schedule = "linear"
+warmup_ratio = 0.03
+[output]
+dir = "out"
+[eval]
+every = 5
+"#;
+
+const LEGACY_RL: &str = r#"
+[model]
+from = "base"
+[data]
+dir = "prompts"
+ops = [11, 12]
+[train]
+steps = 10
+lr = 2e-6
+schedule = "cosine"
+min_lr_ratio = 0.1
+warmup_steps = 2
+[loss]
+loss_agg_mode = "seq-mean-token-mean"
+kl_estimator = "low_var_kl"
+[output]
+dir = "out"
+save_freq = 5
+[validation]
+dir = "val"
+every = 5
+"#;
+
+const LEGACY_OPD: &str = r#"
+[model]
+from = "base"
+[data]
+files = ["a.jsonl", "b.jsonl"]
+[train]
+steps = 10
+schedule = "cosine"
+[loss]
+kl_estimator = "mse"
+[teacher]
+path = "teacher"
+[output]
+dir = "out"
+save_freq = 5
+[validation]
+dir = "val"
+"#;
+
+/// `text` parsed as a value of `like`'s type (a TOML table: this crate does not name `toml`).
+fn parse_as<T: std::str::FromStr>(_like: &T, text: &str) -> T
+where
+    T::Err: std::fmt::Debug,
+{
+    text.parse().unwrap()
+}
+
+/// Every old form above, as (file name, text, run).
+fn legacy_configs() -> Vec<(&'static str, String, RunKind)> {
+    vec![
+        ("pretrain.toml", LEGACY_PRETRAIN.to_string(), RunKind::Pretrain),
+        (
+            "pretrain_min_lr.toml",
+            LEGACY_PRETRAIN.replace("schedule = \"cosine_then_floor\"", "schedule = \"cosine_with_min_lr\"\nmin_lr = 1e-5").replace("decay_steps = 80\nfloor_lr = 1e-5\n", ""),
+            RunKind::Pretrain,
+        ),
+        (
+            "pretrain_min_lr_rate.toml",
+            LEGACY_PRETRAIN
+                .replace("schedule = \"cosine_then_floor\"", "schedule = \"cosine_with_min_lr\"\nmin_lr_rate = 0.1\nwarmup_ratio = 0.05")
+                .replace("warmup_steps = 5\ndecay_steps = 80\nfloor_lr = 1e-5\n", ""),
+            RunKind::Pretrain,
+        ),
+        ("sft.toml", LEGACY_SFT.to_string(), RunKind::Sft),
+        ("rl.toml", LEGACY_RL.to_string(), RunKind::Rl),
+        ("rl_kl.toml", LEGACY_RL.replace("low_var_kl", "kl").replace("dir = \"prompts\"", "files = [\"p.jsonl\"]").replace("ops = [11, 12]\n", ""), RunKind::Rl),
+        ("opd.toml", LEGACY_OPD.to_string(), RunKind::Opd),
+    ]
+}
+
+#[test]
+fn upgrade_rewrites_every_legacy_form_to_the_same_effective_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut notes = std::collections::BTreeSet::new();
+    for (name, text, kind) in legacy_configs() {
+        let path = tmp.path().join(name);
+        std::fs::write(&path, &text).unwrap();
+        let upgraded = config_import::upgrade::upgrade(&path, &text, None).unwrap();
+        assert_eq!(upgraded.kind, kind, "{name}");
+        assert!(!upgraded.notes.is_empty(), "{name}: the input is legacy");
+        notes.extend(upgraded.notes.iter().cloned());
+        // Next to the original (paths are relative to the file): the same effective config ...
+        let new_path = tmp.path().join(format!("new_{name}"));
+        std::fs::write(&new_path, &upgraded.text).unwrap();
+        let before = config_import::effective(&path, &text, kind).unwrap();
+        let after = config_import::effective(&new_path, &upgraded.text, kind).unwrap();
+        assert_eq!(before, after, "{name}:\n{}", upgraded.text);
+        // ... with no legacy form left: no note, and nothing for the loader to move.
+        assert!(config_import::legacy_notes(&upgraded.text, kind).is_empty(), "{name}:\n{}", upgraded.text);
+        let family = if matches!(kind, RunKind::Pretrain | RunKind::Sft) { Family::NextToken } else { Family::PolicyGradient };
+        let migrated = migrated_table(&new_path, &upgraded.text, family).unwrap();
+        assert_eq!(migrated, parse_as(&migrated, &upgraded.text), "{name}");
+        // Upgrading again changes nothing.
+        let again = config_import::upgrade::upgrade(&new_path, &upgraded.text, Some(kind)).unwrap();
+        assert!(again.notes.is_empty(), "{name}: {:?}", again.notes);
+        assert_eq!(again.text.lines().skip(3).collect::<Vec<_>>(), upgraded.text.lines().skip(3).collect::<Vec<_>>(), "{name}");
+        // Only the values the file gives: no section or key it leaves to the defaults.
+        for absent in ["[rollout]", "\nn = ", "batch_size", "precision", "recompute", "typo", "cutoff_len", "clip_ratio"] {
+            assert!(!upgraded.text.contains(absent), "{name}: a default ({absent:?}) was written:\n{}", upgraded.text);
+        }
+        assert!(upgraded.text.lines().next().unwrap().contains("kiln config upgrade") && upgraded.text.contains("comments are not carried over"), "{}", upgraded.text);
+    }
+    // The old forms of the loader's table, each met (as `kiln config show` names them).
+    for note in [
+        "[train] lr is read as [optimizer] lr",
+        "[train] weight_decay is read as [optimizer] weight_decay",
+        "[train] max_grad_norm is read as [optimizer] max_grad_norm",
+        "[train] beta1 is read as [optimizer] beta1",
+        "[train] beta2 is read as [optimizer] beta2",
+        "[train] eps is read as [optimizer] eps",
+        "[train] schedule is read as [schedule] kind",
+        "[train] warmup_ratio is read as [schedule] warmup_ratio",
+        "[train] warmup_steps is read as [schedule] warmup_steps",
+        "[train] min_lr is read as [schedule] min_lr",
+        "[train] min_lr_rate is read as [schedule] min_lr_rate",
+        "[train] decay_steps is read as [schedule] decay_steps",
+        "[train] floor_lr is read as [schedule] floor_lr",
+        "[train] min_lr_ratio is read as [schedule] min_lr_rate",
+        "[validation] is read as [eval]",
+        "[validation] dir is read as [eval] rows",
+        "[data] interplay (no kind) is read as [data] kind = \"mixture\", root",
+        "[data] sft (no kind) is read as [data] kind = \"sft\", path",
+        "[data] dir (no kind) is read as [data] kind = \"prompts\", dir",
+        "[data] files (no kind) is read as [data] kind = \"prompts\", files",
+        "[eval] heldout is read as [eval] rows",
+        "[eval] accuracy_ops is read as [eval] ops",
+        "[eval] accuracy_rows is read as [eval] rows_per_op",
+        "[data] sft_columns is read as [data] columns",
+        "[data] sft_heldout is read as [data] heldout",
+        "[data] sft_split_key is read as [data] split_key",
+        "[output] save_freq is read as [output] save_steps",
+        "[loss] loss_agg_mode is read as [loss] agg",
+        "[loss] kl_estimator = \"low_var_kl\" is read as kl_estimator = \"k3\"",
+        "[loss] kl_estimator = \"kl\" is read as kl_estimator = \"k1\"",
+        "[loss] kl_estimator = \"mse\" is read as kl_estimator = \"k2\"",
+    ] {
+        assert!(notes.contains(note), "not covered: {note}; met: {notes:#?}");
+    }
+    // rl's old cosine decays to min_lr_ratio x lr (0 when absent): written out explicitly.
+    let rl = config_import::upgrade::upgrade(&tmp.path().join("x.toml"), LEGACY_OPD, None).unwrap().text;
+    assert!(rl.contains("kind = \"cosine_with_min_lr\"") && rl.contains("min_lr_rate = 0.0"), "{rl}");
+}
+
+#[test]
+fn upgrade_through_the_binary_never_overwrites_without_in_place() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("rl.toml");
+    std::fs::write(&file, LEGACY_RL).unwrap();
+    let f = file.to_str().unwrap();
+    // To stdout: the file untouched, the old forms named on stderr.
+    let out = kiln(&["config", "upgrade", f]);
+    let (stdout, stderr) = (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap());
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("[train] lr is read as [optimizer] lr") && stdout.contains("[optimizer]\nlr = "), "{stderr}\n{stdout}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), LEGACY_RL);
+    // --out: an existing file is refused (one line), a new one written.
+    let existing = tmp.path().join("existing.toml");
+    std::fs::write(&existing, "keep").unwrap();
+    let out = kiln(&["config", "upgrade", f, "--out", existing.to_str().unwrap()]);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(!out.status.success() && stderr.lines().filter(|l| l.starts_with("error:")).count() == 1 && stderr.contains("never overwrites"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&existing).unwrap(), "keep");
+    let new = tmp.path().join("new.toml");
+    assert!(kiln(&["config", "upgrade", f, "--out", new.to_str().unwrap()]).status.success());
+    assert_eq!(std::fs::read_to_string(&new).unwrap(), stdout);
+    // --in-place: the original kept as FILE.bak.
+    let out = kiln(&["config", "upgrade", f, "--in-place"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), stdout);
+    assert_eq!(std::fs::read_to_string(tmp.path().join("rl.toml.bak")).unwrap(), LEGACY_RL);
+    // Again: already current, left as it is; a legacy file whose .bak exists is refused.
+    let out = kiln(&["config", "upgrade", f, "--in-place"]);
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stderr).contains("already in the current schema"));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), stdout);
+    std::fs::write(&file, LEGACY_RL).unwrap();
+    let out = kiln(&["config", "upgrade", f, "--in-place"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("rl.toml.bak exists"));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), LEGACY_RL);
+    assert!(!kiln(&["config", "upgrade", f, "--in-place", "--out", new.to_str().unwrap()]).status.success(), "--in-place and --out conflict");
+}
+
+#[test]
+fn committed_examples_are_in_the_current_schema_and_read_as_before() {
+    let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/configs");
+    let legacy = fixture("config/legacy_examples");
+    let mut compared = Vec::new();
+    for path in example_configs() {
+        if path.ends_with("release/release.toml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let kind = config_import::detect_kind(&path, &text).unwrap();
+        // No legacy form: nothing named, nothing for the loader to move.
+        assert!(config_import::legacy_notes(&text, kind).is_empty(), "{}: {:?}", path.display(), config_import::legacy_notes(&text, kind));
+        let family = if matches!(kind, RunKind::Pretrain | RunKind::Sft) { Family::NextToken } else { Family::PolicyGradient };
+        let migrated = migrated_table(&path, &text, family).unwrap();
+        assert_eq!(migrated, parse_as(&migrated, &text), "{}", path.display());
+        // The text committed before (a fixture, legacy) reads to exactly the same config.
+        let old = legacy.join(path.strip_prefix(&examples).unwrap());
+        if let Ok(old_text) = std::fs::read_to_string(&old) {
+            assert!(!config_import::legacy_notes(&old_text, kind).is_empty(), "{}: the fixture is the legacy text", old.display());
+            let before = config_import::effective(&old, &old_text, kind).unwrap();
+            assert_eq!(before, config_import::effective(&path, &text, kind).unwrap(), "{}", path.display());
+            compared.push(old);
+        }
+    }
+    // Every fixture has its example.
+    assert_eq!(compared.len(), 10, "{compared:?}");
+}
+
+#[test]
+fn a_section_of_another_run_is_refused_at_load_with_file_and_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sft = "[model]\nfrom = \"m\"\n[data]\nkind = \"sft\"\npath = \"rows.jsonl\"\n[train]\nsteps = 1\nmicro_batch = 1\n[optimizer]\nlr = 1e-5\n[output]\ndir = \"out\"\n[rollout]\nn = 4\n";
+    let grpo = "[model]\nfrom = \"m\"\n[data]\nkind = \"prompts\"\ndir = \"p\"\n[train]\nsteps = 1\n[output]\ndir = \"out\"\n[teacher]\npath = \"t\"\n";
+    for (command, text, expected) in [
+        ("sft", sft, "line 13: [rollout] is for `kiln rl` and `kiln opd`"),
+        ("rl", grpo, "line 10: [teacher] is for `kiln opd`"),
+    ] {
+        let path = tmp.path().join(format!("{command}.toml"));
+        std::fs::write(&path, text).unwrap();
+        // Before any model, data or device is touched: one line naming the file and the line.
+        let out = kiln(&[command, "--config", path.to_str().unwrap()]);
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(!out.status.success() && stderr.lines().count() == 1, "{stderr}");
+        assert!(stderr.starts_with(&format!("error: {} {expected}", path.display())), "{stderr}");
+        // `kiln config show` and `upgrade` refuse it the same way.
+        let out = kiln(&["config", "upgrade", path.to_str().unwrap(), "--kind", command]);
+        assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains(expected), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
