@@ -26,8 +26,11 @@ def main():
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads (default: all cores)")
-    p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="transformers attention implementation")
+    p.add_argument("--attn", choices=["sdpa", "eager"],
+                   help="transformers attention implementation (default: sdpa, eager where torch lacks sdpa)")
     a = p.parse_args()
+    if a.attn is None:
+        a.attn = "sdpa" if hasattr(torch.nn.functional, "scaled_dot_product_attention") else "eager"
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     config = Qwen2Config.from_pretrained(a.config)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU acceptance for kiln in one command, within 360 s of GPU time (one H100/H200): the parity
-# tests on CUDA in f32 and bf16, `kiln bench` generation for the paper's 100M model (its own
+# tests on CUDA in f32 and bf16, kiln against transformers run on the same GPU there and then
+# (scripts/torch_parity.py: log-probs and greedy tokens), `kiln bench` generation for the paper's 100M model (its own
 # vocab and the 1.5B model's 151,936, so the host's share of a large vocab shows) and training
 # at 8 × 2,048 tokens, and one Qwen2.5-Coder-1.5B bf16-mixed step at 4,096 tokens; then one
 # table (Markdown) and one JSON file of tokens/s, MFU against the peak of the dtype the matmuls
@@ -76,9 +77,10 @@ die() { echo "gpu-check: $*" >&2; exit 1; }
 PLANNED=0
 plan() { PLANNED=$((PLANNED + $1)); }
 plan 60                 # parity: hf_parity, half_precision (30 s each)
-plan $((4 * 30))        # generation: 100M f32/bf16 at its vocab and at 151,936 vocab
-plan $((2 * 45))        # training: 100M f32 and bf16-mixed, 8 × 2,048
-plan 80                 # training: 1.5B bf16-mixed, 1 × 4,096
+plan 45                 # parity: PyTorch on this GPU, computed here (scripts/torch_parity.py)
+plan $((4 * 25))        # generation: 100M f32/bf16 at its vocab and at 151,936 vocab
+plan $((2 * 40))        # training: 100M f32 and bf16-mixed, 8 × 2,048
+plan 75                 # training: 1.5B bf16-mixed, 1 × 4,096
 [ "$PLANNED" -le "$BUDGET" ] || die "the plan needs $PLANNED s, over the budget of $BUDGET s"
 
 # Time left of the budget, and a step's limit: its own, or what is left if that is less.
@@ -180,13 +182,20 @@ for test in hf_parity half_precision; do
     fi
 done
 
+say "parity on this GPU: kiln on $DEVICE against transformers on cuda (log-probs, 32 greedy tokens; f32 must agree)"
+seconds=$(limit 45)
+echo "+ (≤ ${seconds}s) python3 scripts/torch_parity.py --kiln $KILN --device cuda --backend $DEVICE --out $OUT"
+if [ "$DRY" = 0 ]; then
+    timeout "$seconds" python3 scripts/torch_parity.py --kiln "$KILN" --device cuda --backend "$DEVICE" --out "$OUT" || FAILED=1
+fi
+
 say "generation, 100M (batch 64, prompt 128, 128 new tokens), its vocab and 151,936"
 M100V="$OUT/qwen2_100M_vocab151936.json"
 python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["vocab_size"] = 151936; json.dump(c, open(sys.argv[2], "w"))' "$M100" "$M100V"
 for vocab in 2200 151936; do
     config=$M100; [ "$vocab" = 151936 ] && config=$M100V
     for dtype in f32 bf16; do
-        run_measured "gen-100M-v$vocab-$dtype" 30 "$KILN" bench --backend "$DEVICE" --config "$config" --dtype "$dtype" \
+        run_measured "gen-100M-v$vocab-$dtype" 25 "$KILN" bench --backend "$DEVICE" --config "$config" --dtype "$dtype" \
             --batch 64 --prompt-len 128 --new-tokens 128 --repeats 1
         row "gen-100M-v$vocab-$dtype" decode "$(flops_per_token "$config" 64 256 "$( [ $dtype = f32 ] && echo f32 || echo bf16-mixed)" decode)" "$dtype" -
     done
@@ -194,7 +203,7 @@ done
 
 say "training, 100M (batch 8 × 2,048 tokens, AdamW)"
 for precision in f32 bf16-mixed; do
-    run_measured "train-100M-$precision" 45 "$KILN" bench --train --backend "$DEVICE" --config "$M100" \
+    run_measured "train-100M-$precision" 40 "$KILN" bench --train --backend "$DEVICE" --config "$M100" \
         --precision "$precision" --batch 8 --prompt-len 2048 --repeats 2
     row "train-100M-$precision" train "$(flops_per_token "$M100" 8 2048 "$precision" train)" \
         "$( [ $precision = f32 ] && echo f32 || echo bf16)" "$(planned_gib "$M100" 8 2048 "$precision")"
@@ -203,7 +212,7 @@ done
 say "Qwen2.5-Coder-1.5B: one bf16-mixed step at 4,096 tokens (recompute)"
 need=$(planned_gib "$M15" 1 4096 bf16-mixed --recompute)
 echo "planned peak $need GiB of ${MEM_GIB} GiB"
-run_measured "train-1.5B-bf16-mixed" 80 "$KILN" bench --train --backend "$DEVICE" --config "$M15" \
+run_measured "train-1.5B-bf16-mixed" 75 "$KILN" bench --train --backend "$DEVICE" --config "$M15" \
     --precision bf16-mixed --recompute --batch 1 --prompt-len 4096 --repeats 1
 row "train-1.5B-bf16-mixed" train "$(flops_per_token "$M15" 1 4096 bf16-mixed train)" bf16 "$need"
 
@@ -212,7 +221,7 @@ python3 - "$OUT" "$ROWS" "$PEAK_BF16" "$PEAK_F32" "$DRY" "$GPU" <<'PY'
 import json, os, sys
 out, rows, peak_bf16, peak_f32, dry, gpu = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1", sys.argv[6]
 peaks = {"bf16": peak_bf16 * 1e12, "f32": peak_f32 * 1e12}
-lines = [f"| run ({gpu}) | tok/s | MFU (peak of the matmul dtype) | peak memory | planned |", "|---|---:|---:|---:|---:|"]
+lines = [f"| run ({gpu}) | tok/s | MFU (peak of the matmul dtype) | host share of a decoding step | peak memory | planned |", "|---|---:|---:|---:|---:|---:|"]
 results = []
 for line in open(rows):
     name, kind, flops, dtype, planned = line.rstrip("\n").split("\t")
@@ -222,6 +231,8 @@ for line in open(rows):
         figures = json.loads(open(path).read().strip().splitlines()[-1])
         result["figures"] = figures
         rate = figures.get("tokens_per_s") if kind == "train" else figures.get("decode_tokens_per_s")
+        if figures.get("host_share_of_step") is not None:
+            result["host_share"] = figures["host_share_of_step"]
         if rate:
             result["tokens_per_s"] = rate
             result["mfu"] = rate * float(flops) / peaks[dtype]
@@ -231,6 +242,7 @@ for line in open(rows):
     results.append(result)
     fmt = lambda key, f: f(result[key]) if key in result and result[key] is not None else "-"
     lines.append(f"| {name} | {fmt('tokens_per_s', lambda v: f'{v:,.0f}')} | {fmt('mfu', lambda v: f'{100 * v:.1f}% ({dtype})')} "
+                 f"| {fmt('host_share', lambda v: f'{100 * v:.0f}%')} "
                  f"| {fmt('peak_memory_gib', lambda v: f'{v:.1f} GiB')} | {fmt('planned_gib', lambda v: f'{v} GiB')} |")
 table = "\n".join(lines)
 print(table)
