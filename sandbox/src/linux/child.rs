@@ -226,6 +226,20 @@ impl ChildPlan {
             if libc::getppid() != self.parent {
                 return Err((Step::DeathSignal, io::Error::from_raw_os_error(libc::ESRCH)));
             }
+            // The scratch rule's descriptor is opened before the limits: RLIMIT_NOFILE bounds
+            // descriptor numbers, and this child holds every descriptor kiln had open (closed
+            // only at exec), so under a low limit no new one could be opened after them.
+            let scratch_fd = match self.landlock {
+                Some(_) => {
+                    let fd = libc::open(
+                        self.workdir.as_ptr(),
+                        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                    );
+                    check(Step::Landlock, fd.into())?;
+                    fd
+                }
+                None => -1,
+            };
             for &(resource, soft, hard) in &self.rlimits {
                 let r = libc::rlimit {
                     rlim_cur: soft,
@@ -241,7 +255,7 @@ impl ChildPlan {
                 libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0).into(),
             )?;
             if let Some((ruleset, access)) = self.landlock {
-                add_scratch_rule(ruleset, access, &self.workdir)?;
+                add_scratch_rule(ruleset, access, scratch_fd)?;
                 check(
                     Step::Landlock,
                     libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0),
@@ -549,20 +563,16 @@ struct PathBeneathAttr {
     parent_fd: i32,
 }
 
-/// Adds the rule "everything but execute beneath the scratch directory" to the ruleset. Done
-/// here because the directory is the tmpfs this child just mounted.
-unsafe fn add_scratch_rule(ruleset: RawFd, access: u64, dir: &CStr) -> StepResult {
+/// Adds the rule "everything but execute beneath the scratch directory" (opened as `dir_fd`,
+/// `O_PATH`) to the ruleset, and closes `dir_fd`. Done here because the directory is the tmpfs
+/// this child just mounted.
+unsafe fn add_scratch_rule(ruleset: RawFd, access: u64, dir_fd: RawFd) -> StepResult {
     const LANDLOCK_RULE_PATH_BENEATH: libc::c_long = 1;
-    // SAFETY: open/landlock_add_rule/close with a prepared path and an attribute on the stack.
+    // SAFETY: landlock_add_rule/close with a descriptor of ours and an attribute on the stack.
     unsafe {
-        let fd = libc::open(
-            dir.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        );
-        check(Step::Landlock, fd.into())?;
         let attr = PathBeneathAttr {
             allowed_access: access,
-            parent_fd: fd,
+            parent_fd: dir_fd,
         };
         let rc = libc::syscall(
             libc::SYS_landlock_add_rule,
@@ -572,7 +582,7 @@ unsafe fn add_scratch_rule(ruleset: RawFd, access: u64, dir: &CStr) -> StepResul
             0,
         );
         let result = check(Step::Landlock, rc);
-        libc::close(fd);
+        libc::close(dir_fd);
         result
     }
 }

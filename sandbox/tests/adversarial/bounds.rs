@@ -141,6 +141,23 @@ fn memfd_growth_is_denied_or_bounded() {
     assert!(total > 0 && total <= 24 * (8 << 20), "memfd total {total}");
 }
 
+/// RLIMIT_NOFILE bounds descriptor numbers, and a run's process starts with every descriptor
+/// kiln holds (closed only at exec): with kiln holding more descriptors than a run's limit, the
+/// sandbox's own setup still opens what it needs, and so does the program.
+#[test]
+fn kiln_holding_many_descriptors_does_not_break_a_low_open_files_limit() {
+    let _alone = common::exclusive();
+    let held: Vec<std::fs::File> = (0..64).map(|_| std::fs::File::open("/dev/null").unwrap()).collect();
+    let limits = RunLimits { open_files: 16, ..RunLimits::default() };
+    for sandbox in modes() {
+        let out = sandbox
+            .run_python(&["-c", "f = open('probe', 'w'); f.write('x'); f.close(); print('ok')"], b"", &limits)
+            .unwrap_or_else(|e| panic!("{e}\n{}", sandbox.protections()));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok", "{out:?}\n{}", sandbox.protections());
+    }
+    drop(held);
+}
+
 pub(super) fn free_bytes() -> u64 {
     let p = std::ffi::CString::new(std::env::temp_dir().to_str().unwrap()).unwrap();
     // SAFETY: statvfs into a local.
