@@ -69,8 +69,11 @@
 //!   a run even without seccomp, a cgroup or a uid to sweep. kiln's kill at the deadline is a
 //!   `SIGTERM` to the proxy, which kills the init and exits once the namespace is empty.
 //!   Protects other processes and the process table.
-//! - **Unprivileged uid per slot** when kiln runs as root (`uid_base + slot`, no groups), so a run
-//!   has no root rights even if every other layer failed.
+//! - **Unprivileged uid per slot** when kiln runs as root (the first free uids from `uid_base`,
+//!   no groups), so a run has no root rights even if every other layer failed. Each uid is
+//!   reserved by a lock (`/run/lock/kiln-sandbox-uid-N`, `flock`) for the sandbox's life, so two
+//!   kiln processes on one machine never share one (the sweep after a run kills everything under
+//!   the slot's uid).
 //! - **No capabilities**: every run drops them all (as root also the bounding set, with
 //!   `SECBIT_NOROOT` locked) and sets `no_new_privs`, so a run that stays root (no uid to drop
 //!   to) has no root rights beyond owning root's files.

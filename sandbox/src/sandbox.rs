@@ -32,7 +32,9 @@ pub struct SandboxOptions {
     pub slots: usize,
     /// The interpreter; `None` finds `python3` (resolving wrappers such as pyenv shims).
     pub python: Option<PathBuf>,
-    /// Slot `i` runs as uid/gid `uid_base + i` when kiln runs as root.
+    /// When kiln runs as root each slot runs as a uid/gid of its own: the first free ones from
+    /// `uid_base` up, reserved (a lock per uid) so that other kiln processes on the machine
+    /// never share them.
     pub uid_base: u32,
 }
 
@@ -70,6 +72,9 @@ pub struct Sandbox {
     pool: SlotPool,
     #[cfg(target_os = "linux")]
     linux: linux::probe::Probed,
+    /// The slots' uids, held for the life of the sandbox.
+    #[cfg(target_os = "linux")]
+    _uids: linux::uids::UidLease,
     #[cfg(not(target_os = "linux"))]
     work_dirs: Vec<PathBuf>,
 }
@@ -123,12 +128,14 @@ impl Sandbox {
         }
         let off = |why: &str| Layer::off(why);
         #[cfg(target_os = "linux")]
+        let uids = linux::uids::reserve(opts.uid_base, slots, is_root)?;
+        #[cfg(target_os = "linux")]
         let (linux, protections) = {
             let p = linux::probe::probe(
                 &interp,
                 &[harness.dir().to_path_buf()],
                 &work_dirs,
-                opts.uid_base,
+                &uids.uids,
                 &name,
                 &opts.skip_layers,
             )?;
@@ -195,6 +202,8 @@ impl Sandbox {
             pool: SlotPool::new(slots),
             #[cfg(target_os = "linux")]
             linux,
+            #[cfg(target_os = "linux")]
+            _uids: uids,
             #[cfg(not(target_os = "linux"))]
             work_dirs,
         };
@@ -210,6 +219,16 @@ impl Sandbox {
     /// The number of processes that run in parallel.
     pub fn slots(&self) -> usize {
         self.pool.size
+    }
+
+    /// The uid each slot runs under when kiln runs as root and the uid layer is on (the first
+    /// free ones from [`SandboxOptions::uid_base`]); empty elsewhere.
+    pub fn slot_uids(&self) -> &[u32] {
+        #[cfg(target_os = "linux")]
+        if self.protections.uid.active {
+            return &self._uids.uids;
+        }
+        &[]
     }
 
     /// The interpreter programs run with.

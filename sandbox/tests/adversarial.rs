@@ -457,18 +457,16 @@ fn exit_after_output_and_reading_all_input_pass() {
 }
 
 /// Throwaway `sleep 30` processes that hostile programs try to signal, each leading its own
-/// process group: as root one per slot uid (a program runs under its slot's uid, so nothing but
-/// the sandbox stands between it and them), else one under kiln's own uid.
+/// process group: one per slot uid where runs drop to one (a program runs under its slot's uid,
+/// so nothing but the sandbox stands between it and them), else one under kiln's own uid.
 struct Targets(Vec<std::process::Child>);
 
 impl Targets {
-    fn spawn(uid_base: u32, slots: usize) -> Targets {
+    fn spawn(sandbox: &Sandbox) -> Targets {
         use std::os::unix::process::CommandExt;
-        // SAFETY: plain getter.
-        let uids: Vec<Option<u32>> = if unsafe { libc::geteuid() } == 0 {
-            (0..slots as u32).map(|i| Some(uid_base + i)).collect()
-        } else {
-            vec![None]
+        let uids: Vec<Option<u32>> = match sandbox.slot_uids() {
+            [] => vec![None],
+            slots => slots.iter().copied().map(Some).collect(),
         };
         let spawn = |uid: Option<u32>| {
             let mut c = std::process::Command::new("sleep");
@@ -562,12 +560,8 @@ print(' '.join(out))\n";
 #[test]
 fn signalling_other_processes_is_denied_every_way() {
     let _alone = common::exclusive();
-    let sandboxes = [
-        (common::bare_sandbox(), common::BARE_UID_BASE),
-        (common::sandbox(), 2_000_000_000),
-    ];
-    for (sandbox, uid_base) in sandboxes {
-        let mut targets = Targets::spawn(uid_base, sandbox.slots());
+    for sandbox in [common::bare_sandbox(), common::sandbox()] {
+        let mut targets = Targets::spawn(sandbox);
         let body = format!(
             "PIDS = {}\nTIOCSPGRP = {}\n{SIGNAL_OUT}",
             targets.pids(),

@@ -61,3 +61,31 @@ fn probe_reports_layers() {
         serde_json::json!(["landlock"])
     );
 }
+
+/// Two sandboxes at once (two evaluations, or evaluation shards on one node) never share a slot
+/// uid: after a run everything left under the slot's uid is killed, so a shared uid would let one
+/// kill the other's runs. As root the second takes the next free uids and its runs are under
+/// them; unprivileged, runs keep kiln's uid and no slot uids are reserved.
+#[test]
+fn two_sandboxes_at_once_never_share_a_slot_uid() {
+    use kiln_sandbox::{RunLimits, Sandbox, SandboxOptions};
+    let _alone = common::exclusive();
+    let make = || {
+        Sandbox::new(SandboxOptions { slots: 2, uid_base: 2_000_000_900, ..SandboxOptions::default() })
+            .unwrap_or_else(|e| panic!("cannot set up the sandbox: {e}"))
+    };
+    let (a, b) = (make(), make());
+    if !(common::is_root() && a.protections().uid.active) {
+        assert!(a.slot_uids().is_empty() && b.slot_uids().is_empty(), "{}", a.protections());
+        return;
+    }
+    assert_eq!(a.slot_uids(), [2_000_000_900, 2_000_000_901]);
+    assert_eq!(b.slot_uids(), [2_000_000_902, 2_000_000_903], "the second takes the next free uids");
+    assert!(b.protections().uid.detail.contains("2000000902–2000000903"), "{}", b.protections());
+    let out = b.run_python(&["-c", "import os; print(os.getuid())"], b"", &RunLimits::default()).unwrap();
+    let uid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(b.slot_uids().contains(&uid), "a run of the second sandbox ran as {uid}");
+    // once the first is gone its uids are free again
+    drop(a);
+    assert_eq!(make().slot_uids(), [2_000_000_900, 2_000_000_901]);
+}

@@ -9,6 +9,7 @@ pub(crate) mod probe;
 pub(crate) mod seccomp;
 pub(crate) mod sweep;
 pub(crate) mod tasks;
+pub(crate) mod uids;
 
 use std::ffi::{CString, OsStr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

@@ -39,7 +39,7 @@ pub(crate) fn probe(
     interp: &Interpreter,
     read_dirs: &[PathBuf],
     work_dirs: &[PathBuf],
-    uid_base: u32,
+    uids: &[u32],
     name: &str,
     skip: &[String],
 ) -> Result<Probed, SandboxError> {
@@ -74,7 +74,7 @@ pub(crate) fn probe(
     }
     let mut slots = Vec::new();
     for (i, work) in work_dirs.iter().enumerate() {
-        let (uid, gid) = (uid_base + i as u32, uid_base + i as u32);
+        let (uid, gid) = (uids[i], uids[i]);
         if is_root {
             std::os::unix::fs::chown(work, Some(uid), Some(gid))
                 .map_err(|e| SandboxError::io(work, e))?;
@@ -156,7 +156,7 @@ pub(crate) fn probe(
             slot0,
             UID_CHECK,
             |o| o == want,
-            &format!("uid/gid {uid_base}+slot, no groups"),
+            &format!("uid/gid {} per slot (reserved against other kiln processes), no groups", id_range(uids)),
         );
         let when = if t.layers.drop_uid {
             "after the uid drop"
@@ -330,6 +330,14 @@ pub(crate) fn probe(
 
 /// The detail of a layer left off on request.
 const LEFT_OFF: &str = "left off on request (--sandbox-without)";
+
+/// `a–b` for consecutive uids, else the list.
+fn id_range(uids: &[u32]) -> String {
+    match (uids.first(), uids.last()) {
+        (Some(a), Some(b)) if uids.windows(2).all(|w| w[1] == w[0] + 1) && a != b => format!("{a}–{b}"),
+        _ => uids.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+    }
+}
 
 /// Reads the user namespace's uid map: one id mapped (not the whole range of the host's).
 const USERNS_CHECK: &str = "print(open('/proc/self/uid_map').read().split()[2])";

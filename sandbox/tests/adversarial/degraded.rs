@@ -166,7 +166,7 @@ fn each_layer_left_off_is_contained_by_the_others_or_refused() {
             !off.active && off.detail.contains("left off on request"),
             "{p}"
         );
-        let run_uid = (common::is_root() && p.uid.active).then_some(uid_base);
+        let run_uid = sandbox.slot_uids().first().copied();
         signals(&sandbox, run_uid);
         files(&sandbox);
         tasks(&sandbox);

@@ -80,7 +80,7 @@ fn a_program_sees_and_signals_only_its_own_pid_namespace() {
     let uid_base = UID_BASE;
     let sandbox = sandbox(&["seccomp", "landlock"], uid_base);
     // a sentinel under the run's own uid (as root the slot's): only the namespace keeps it safe
-    let mut targets = Targets::spawn(uid_base, 1);
+    let mut targets = Targets::spawn(&sandbox);
     let outside: Vec<u32> = targets
         .0
         .iter()
