@@ -197,10 +197,9 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
 }
 
 /// Weights that enter matrix products per token: every projection and the LM head (the
-/// embedding lookup is not a product).
+/// embedding lookup is not a product), from the model's tensor list.
 fn matmul_weights(config: &Qwen2Config) -> f64 {
-    let (h, v) = (config.hidden_size, config.vocab_size);
-    (config.num_parameters() - v * h * usize::from(!config.tie_word_embeddings)) as f64
+    crate::model::weights::parameter_counts(config).matmul as f64
 }
 
 fn part(name: &'static str, bytes: f64, note: String) -> Part {

@@ -182,16 +182,10 @@ impl Qwen2Config {
         }
     }
 
-    /// Number of parameters of the model this config describes.
+    /// Number of parameters of the model this config describes (summed from its tensor list,
+    /// [`crate::model::weights::parameter_counts`]; saturating at `usize::MAX`).
     pub fn num_parameters(&self) -> usize {
-        // In u128, saturating at usize::MAX: a config too large for memory counts, not overflows.
-        let (h, i, v) = (self.hidden_size as u128, self.intermediate_size as u128, self.vocab_size as u128);
-        let q = self.num_attention_heads as u128 * self.head_dim() as u128;
-        let kv = self.num_kv_heads() as u128 * self.head_dim() as u128;
-        let attention = h * q + q + 2 * (h * kv + kv) + q * h;
-        let layer = attention + 3 * h * i + 2 * h;
-        let head = if self.tie_word_embeddings { 0 } else { v * h };
-        usize::try_from(v * h + self.num_hidden_layers as u128 * layer + h + head).unwrap_or(usize::MAX)
+        usize::try_from(crate::model::weights::parameter_counts(self).total).unwrap_or(usize::MAX)
     }
 }
 
@@ -240,6 +234,19 @@ mod tests {
         let tensors = crate::model::weights::expected_tensors(&committed);
         assert_eq!(tensors.len(), 338);
         assert!(tensors.iter().all(|t| t.name != "lm_head.weight"));
+        // The counts are the tensor list's, summed by role: the tied embedding is the head's
+        // matrix product; biases and norm scales are none.
+        use crate::model::weights::{TensorRole, parameter_counts};
+        let size = |role: Option<TensorRole>| -> u128 {
+            tensors.iter().filter(|t| role.is_none_or(|r| t.role == r)).map(|t| t.shape.iter().product::<usize>() as u128).sum()
+        };
+        let counts = parameter_counts(&committed);
+        assert_eq!(counts.total, size(None));
+        assert_eq!(counts.matmul, size(Some(TensorRole::LinearWeight)) + size(Some(TensorRole::Embedding)));
+        let untied = Qwen2Config { tie_word_embeddings: false, ..committed.clone() };
+        let counts = parameter_counts(&untied);
+        assert_eq!(counts.total, 1_543_714_304 + 151_936 * 1536, "an LM head of its own");
+        assert_eq!(counts.matmul, size(Some(TensorRole::LinearWeight)) + 151_936 * 1536, "the embedding lookup is no product");
     }
 
     #[test]

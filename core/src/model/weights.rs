@@ -43,37 +43,81 @@ pub struct TensorSpec {
     pub role: TensorRole,
 }
 
-/// Every tensor of a `Qwen2ForCausalLM` checkpoint for `config`, in a fixed order (the order
-/// [`RandomInit`] draws them in).
-pub fn expected_tensors(config: &Qwen2Config) -> Vec<TensorSpec> {
+/// One decoder layer's tensors: the name after `model.layers.{l}.`, the shape, the role.
+fn layer_tensors(config: &Qwen2Config) -> [(&'static str, Vec<usize>, TensorRole); 12] {
     let (h, i) = (config.hidden_size, config.intermediate_size);
     let q = config.num_attention_heads * config.head_dim();
     let kv = config.num_kv_heads() * config.head_dim();
-    let spec = |name: String, shape: Vec<usize>, role| TensorSpec { name, shape, role };
-    let mut out = vec![spec("model.embed_tokens.weight".into(), vec![config.vocab_size, h], TensorRole::Embedding)];
-    for l in 0..config.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        use TensorRole::*;
-        out.extend([
-            spec(format!("{p}.input_layernorm.weight"), vec![h], Norm),
-            spec(format!("{p}.self_attn.q_proj.weight"), vec![q, h], LinearWeight),
-            spec(format!("{p}.self_attn.q_proj.bias"), vec![q], Bias),
-            spec(format!("{p}.self_attn.k_proj.weight"), vec![kv, h], LinearWeight),
-            spec(format!("{p}.self_attn.k_proj.bias"), vec![kv], Bias),
-            spec(format!("{p}.self_attn.v_proj.weight"), vec![kv, h], LinearWeight),
-            spec(format!("{p}.self_attn.v_proj.bias"), vec![kv], Bias),
-            spec(format!("{p}.self_attn.o_proj.weight"), vec![h, q], LinearWeight),
-            spec(format!("{p}.post_attention_layernorm.weight"), vec![h], Norm),
-            spec(format!("{p}.mlp.gate_proj.weight"), vec![i, h], LinearWeight),
-            spec(format!("{p}.mlp.up_proj.weight"), vec![i, h], LinearWeight),
-            spec(format!("{p}.mlp.down_proj.weight"), vec![h, i], LinearWeight),
-        ]);
-    }
-    out.push(spec("model.norm.weight".into(), vec![h], TensorRole::Norm));
+    use TensorRole::*;
+    [
+        ("input_layernorm.weight", vec![h], Norm),
+        ("self_attn.q_proj.weight", vec![q, h], LinearWeight),
+        ("self_attn.q_proj.bias", vec![q], Bias),
+        ("self_attn.k_proj.weight", vec![kv, h], LinearWeight),
+        ("self_attn.k_proj.bias", vec![kv], Bias),
+        ("self_attn.v_proj.weight", vec![kv, h], LinearWeight),
+        ("self_attn.v_proj.bias", vec![kv], Bias),
+        ("self_attn.o_proj.weight", vec![h, q], LinearWeight),
+        ("post_attention_layernorm.weight", vec![h], Norm),
+        ("mlp.gate_proj.weight", vec![i, h], LinearWeight),
+        ("mlp.up_proj.weight", vec![i, h], LinearWeight),
+        ("mlp.down_proj.weight", vec![h, i], LinearWeight),
+    ]
+}
+
+/// The tensors outside the layers: the embedding, the final norm, the LM head unless tied.
+fn outer_tensors(config: &Qwen2Config) -> Vec<(&'static str, Vec<usize>, TensorRole)> {
+    let (h, v) = (config.hidden_size, config.vocab_size);
+    let mut out = vec![("model.embed_tokens.weight", vec![v, h], TensorRole::Embedding), ("model.norm.weight", vec![h], TensorRole::Norm)];
     if !config.tie_word_embeddings {
-        out.push(spec("lm_head.weight".into(), vec![config.vocab_size, h], TensorRole::LinearWeight));
+        out.push(("lm_head.weight", vec![v, h], TensorRole::LinearWeight));
     }
     out
+}
+
+/// Every tensor of a `Qwen2ForCausalLM` checkpoint for `config`, in a fixed order (the order
+/// [`RandomInit`] draws them in). The one description of the architecture's tensors: the model
+/// is built from it by name ([`WeightSource`]), and the parameter count and the FLOPs per token
+/// ([`parameter_counts`]) are summed from it.
+pub fn expected_tensors(config: &Qwen2Config) -> Vec<TensorSpec> {
+    let spec = |name: String, shape: Vec<usize>, role| TensorSpec { name, shape, role };
+    let mut outer = outer_tensors(config).into_iter().map(|(name, shape, role)| spec(name.into(), shape, role));
+    let mut out: Vec<TensorSpec> = outer.next().into_iter().collect();
+    for l in 0..config.num_hidden_layers {
+        out.extend(layer_tensors(config).into_iter().map(|(name, shape, role)| spec(format!("model.layers.{l}.{name}"), shape, role)));
+    }
+    out.extend(outer);
+    out
+}
+
+/// Parameter totals of the tensors [`expected_tensors`] lists, in u128 (a config too large for
+/// memory counts rather than overflows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParameterCounts {
+    /// Every parameter.
+    pub total: u128,
+    /// Weights that enter a matrix product per token: the projections and the LM head (the
+    /// embedding when tied; an untied embedding is a lookup).
+    pub matmul: u128,
+}
+
+/// Sums [`expected_tensors`]' shapes without listing every layer.
+pub fn parameter_counts(config: &Qwen2Config) -> ParameterCounts {
+    let size = |shape: &[usize]| shape.iter().map(|&d| d as u128).product::<u128>();
+    let mut counts = ParameterCounts { total: 0, matmul: 0 };
+    let mut add = |shape: &[usize], role: TensorRole, times: u128| {
+        counts.total += times * size(shape);
+        if role == TensorRole::LinearWeight || (role == TensorRole::Embedding && config.tie_word_embeddings) {
+            counts.matmul += times * size(shape);
+        }
+    };
+    for (_, shape, role) in layer_tensors(config) {
+        add(&shape, role, config.num_hidden_layers as u128);
+    }
+    for (_, shape, role) in outer_tensors(config) {
+        add(&shape, role, 1);
+    }
+    counts
 }
 
 /// The checkpoint name of the parameter at module path `path` of a [`Qwen2`]: the decoder
