@@ -224,6 +224,17 @@ fn trl_grpo_config_is_imported_with_trl_names() {
     let text = text.replace("\"batch\"", "\"none\"").replace("\"dr_grpo\"", "\"grpo\"");
     let imported = config_import::trl::import(&path, &text, &overrides, None).unwrap();
     assert_eq!((pg(&imported).loss.adv_estimator.name(), pg(&imported).loss.agg), ("dr_grpo", LossAgg::SeqMeanTokenMean));
+    assert_eq!(pg(&imported).rollout.min_p, 0.0, "TRL's min_p None: off");
+
+    // min_p is carried to [rollout] and checked there like every sampling knob.
+    let text_min_p = text.replace("\"top_k\": 50,", "\"top_k\": 50,\n  \"min_p\": 0.05,");
+    let imported = config_import::trl::import(&path, &text_min_p, &overrides, None).unwrap();
+    assert_eq!(pg(&imported).rollout.min_p, 0.05);
+    let back = show_through_binary(tmp.path(), "trl_min_p.toml", &imported.to_toml("trl"), RunKind::Rl);
+    assert_eq!(back.rollout.min_p, 0.05);
+    let text_bad = text.replace("\"top_k\": 50,", "\"top_k\": 50,\n  \"min_p\": 1.5,");
+    let err = config_import::trl::import(&path, &text_bad, &overrides, None).err().expect("min_p 1.5 is refused").to_string();
+    assert!(err.contains("min_p") && err.contains("trl"), "{err}");
 }
 
 /// Every committed run config under examples/configs/.
@@ -498,6 +509,7 @@ fn upgrade_through_the_binary_never_overwrites_without_in_place() {
     let (stdout, stderr) = (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap());
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("[train] lr is read as [optimizer] lr") && stdout.contains("[optimizer]\nlr = "), "{stderr}\n{stdout}");
+    assert!(stdout.ends_with('\n'), "a text file ends with a newline: {stdout:?}");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), LEGACY_RL);
     // --out: an existing file is refused (one line), a new one written.
     let existing = tmp.path().join("existing.toml");
@@ -574,4 +586,25 @@ fn a_section_of_another_run_is_refused_at_load_with_file_and_line() {
         let out = kiln(&["config", "upgrade", path.to_str().unwrap(), "--kind", command]);
         assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains(expected), "{}", String::from_utf8_lossy(&out.stderr));
     }
+}
+
+/// A run whose config uses earlier names says so in one note line (and runs as before: here it
+/// goes on to fail at the missing model, with its one error line); a current config gets none.
+#[test]
+fn a_run_notes_earlier_names_in_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let legacy = tmp.path().join("legacy.toml");
+    std::fs::write(&legacy, LEGACY_PRETRAIN).unwrap();
+    let out = kiln(&["pretrain", "--config", legacy.to_str().unwrap()]);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(!out.status.success(), "{stderr}");
+    let notes: Vec<&str> = stderr.lines().filter(|l| l.starts_with("note:")).collect();
+    assert_eq!(notes.len(), 1, "{stderr}");
+    assert!(notes[0].contains("[train] lr is read as [optimizer] lr") && notes[0].contains("kiln config upgrade --in-place"), "{stderr}");
+    assert_eq!(stderr.lines().filter(|l| l.starts_with("error:")).count(), 1, "{stderr}");
+    let upgraded = tmp.path().join("current.toml");
+    assert!(kiln(&["config", "upgrade", legacy.to_str().unwrap(), "--out", upgraded.to_str().unwrap()]).status.success());
+    let out = kiln(&["pretrain", "--config", upgraded.to_str().unwrap()]);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(!out.status.success() && !stderr.contains("note:") && stderr.lines().filter(|l| l.starts_with("error:")).count() == 1, "{stderr}");
 }

@@ -36,7 +36,7 @@ pub const MAPPING: &[(&str, &str)] = &[
     ("num_generations", "[rollout] n"),
     ("max_completion_length", "[rollout] max_response_length"),
     ("max_prompt_length (TRL < 1.0)", "[data] max_prompt_length"),
-    ("temperature, top_p, top_k", "[rollout] temperature, top_p, top_k"),
+    ("temperature, top_p, top_k, min_p", "[rollout] temperature, top_p, top_k, min_p"),
     ("beta", "[loss] kl_coef (kl_estimator = \"k3\")"),
     ("epsilon", "[loss] clip_ratio (TRL's clip range; kiln's [loss] epsilon is the std's)"),
     ("epsilon_high", "[loss] clip_ratio_high"),
@@ -105,14 +105,13 @@ const SFT_KEYS: &[&str] = &["max_length", "packing", "completion_only_loss", "as
 const REFUSED: &Refusals = &[
     ("num_iterations", &["1"], "kiln makes one pass over a step's completions"),
     ("repetition_penalty", &["1", "1.0"], "kiln's sampler has no repetition penalty"),
-    ("min_p", &["null"], "kiln's [rollout] has no min_p"),
     ("mask_truncated_completions", &["false"], "kiln trains on truncated completions"),
     ("sync_ref_model", &["false"], "kiln's reference is the initial policy"),
     ("top_entropy_quantile", &["1", "1.0"], "kiln trains on every token"),
     ("entropy_coef", &["0", "0.0"], "kiln has no entropy bonus"),
     ("use_adaptive_entropy", &["false"], "kiln has no entropy bonus"),
     ("off_policy_mask_threshold", &["null"], "kiln has no off-policy sequence masking"),
-    ("generation_kwargs", &["null"], "kiln's sampler takes temperature, top_p and top_k only"),
+    ("generation_kwargs", &["null"], "kiln's sampler takes temperature, top_p, top_k and min_p only"),
     ("packing", &["false"], "kiln's SFT does not pack rows"),
     ("assistant_only_loss", &["false"], "kiln's SFT loss is on the completion"),
     ("completion_only_loss", &["null", "true"], "kiln's SFT loss is on the completion only"),
@@ -326,6 +325,10 @@ pub fn import(path: &Path, text: &str, overrides: &[String], kind: Option<RunKin
     }
     let top_k = c.get("top_k").as_i64().unwrap_or(0).max(0);
     c.carry("top_k", "rollout.top_k", top_k);
+    if !c.get("min_p").is_null() {
+        let v = c.f64("min_p")?;
+        c.carry("min_p", "rollout.min_p", v);
+    }
 
     // [loss]
     let beta = c.f64("beta")?;

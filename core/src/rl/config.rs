@@ -67,6 +67,10 @@ pub struct RolloutSection {
     /// 0 disables (verl's −1).
     #[serde(default)]
     pub top_k: usize,
+    /// Keep only tokens at least this fraction as likely as the most likely one (vLLM's and
+    /// TRL's `min_p`); 0 disables.
+    #[serde(default)]
+    pub min_p: f32,
     #[serde(default = "default_length")]
     pub max_response_length: usize,
     /// Sequences decoded together.
@@ -78,7 +82,7 @@ pub struct RolloutSection {
 
 impl Default for RolloutSection {
     fn default() -> Self {
-        Self { n: default_n(), temperature: 1.0, top_p: 1.0, top_k: 0, max_response_length: default_length(), batch_size: default_decode_batch(), filter_groups: None }
+        Self { n: default_n(), temperature: 1.0, top_p: 1.0, top_k: 0, min_p: 0.0, max_response_length: default_length(), batch_size: default_decode_batch(), filter_groups: None }
     }
 }
 
@@ -257,7 +261,7 @@ impl PgConfig {
         PgSettings {
             rollout: RolloutSettings {
                 n: r.n,
-                sampler: Sampler { temperature: r.temperature, top_k: r.top_k, top_p: r.top_p, min_p: 0.0 },
+                sampler: Sampler { temperature: r.temperature, top_k: r.top_k, top_p: r.top_p, min_p: r.min_p },
                 max_response_length: r.max_response_length,
                 batch_size: r.batch_size,
                 dtype: self.model.dtype,
