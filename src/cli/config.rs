@@ -70,6 +70,20 @@ fn parse_kind(text: &str) -> Result<RunKind, String> {
     RunKind::from_name(text)
 }
 
+/// One note line when a run's config uses earlier names (read as their current ones): which,
+/// and the command that rewrites the file.
+pub fn note_legacy(path: &std::path::Path, text: &str, kind: RunKind) {
+    let notes = config_import::legacy_notes(text, kind);
+    if !notes.is_empty() {
+        eprintln!(
+            "note: {} uses earlier names, read as the current ones ({}); `kiln config upgrade --in-place {}` rewrites it",
+            path.display(),
+            notes.join("; "),
+            path.display()
+        );
+    }
+}
+
 pub fn run(args: ConfigArgs) -> Result<()> {
     match args.command {
         ConfigCommand::Show { config, kind } => {

@@ -217,12 +217,14 @@ fn pretrain_toml(steps: u64, minutes: Option<f64>) -> String {
 fn pretrain_template(steps: u64, minutes: f64) -> String {
     format!(
         r#"# Written by `kiln quickstart`; rerun with `kiln pretrain --config pretrain.toml --resume`.
+# `kiln config show --config pretrain.toml` lists every setting with its default.
 [model]
 init = "model/config.json"
 seed = 0
 
 [data]
-interplay = "data"
+kind = "mixture"
+root = "data"
 ops = [2, 3, 4]
 probs = [0.3, 0.3, 0.4]
 tokens = 1e6
@@ -231,12 +233,16 @@ cutoff_len = 512
 [train]
 steps = {steps}
 micro_batch = 8
-lr = 3e-3
-schedule = "cosine_with_min_lr"
-min_lr_rate = 0.5
-warmup_ratio = 0.05
-weight_decay = 0.1
 seed = 42
+
+[optimizer]
+lr = 3e-3
+weight_decay = 0.1
+
+[schedule]
+kind = "cosine_with_min_lr"
+warmup_ratio = 0.05
+min_lr_rate = 0.5
 
 [output]
 dir = "release/pretrain"
@@ -245,9 +251,9 @@ time_budget_s = {budget}
 
 [eval]
 every = {every}
-heldout = "data/val"
-accuracy_ops = [2, 3]
-accuracy_rows = 20
+rows = "data/val"
+ops = [2, 3]
+rows_per_op = 20
 "#,
         budget = minutes * 60.0,
         every = (steps / 4).max(1),
@@ -270,4 +276,55 @@ fn latest_checkpoint(dir: &Path) -> Result<PathBuf> {
     kiln::train::checkpoint::latest(dir)?
         .map(|(_, path)| path)
         .with_context(|| format!("{}: no checkpoint", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln::config_import::{RunKind, effective, legacy_notes};
+
+    /// The config earlier quickstarts wrote (users have such files; they keep working).
+    const EARLIER: &str = r#"[model]
+init = "model/config.json"
+seed = 0
+
+[data]
+interplay = "data"
+ops = [2, 3, 4]
+probs = [0.3, 0.3, 0.4]
+tokens = 1e6
+cutoff_len = 512
+
+[train]
+steps = 100
+micro_batch = 8
+lr = 3e-3
+schedule = "cosine_with_min_lr"
+min_lr_rate = 0.5
+warmup_ratio = 0.05
+weight_decay = 0.1
+seed = 42
+
+[output]
+dir = "release/pretrain"
+save_steps = 0.2
+time_budget_s = 60.0
+
+[eval]
+every = 25
+heldout = "data/val"
+accuracy_ops = [2, 3]
+accuracy_rows = 20
+"#;
+
+    #[test]
+    fn the_config_is_in_the_current_schema_and_means_what_the_earlier_one_did() {
+        let text = pretrain_toml(100, Some(1.0));
+        assert_eq!(legacy_notes(&text, RunKind::Pretrain), Vec::<String>::new(), "{text}");
+        assert!(!legacy_notes(EARLIER, RunKind::Pretrain).is_empty());
+        let path = Path::new("pretrain.toml");
+        assert_eq!(effective(path, &text, RunKind::Pretrain).unwrap(), effective(path, EARLIER, RunKind::Pretrain).unwrap());
+        let untimed = pretrain_toml(100, None);
+        assert!(!untimed.contains("time_budget_s") && untimed.contains("[schedule]"), "{untimed}");
+    }
 }

@@ -36,6 +36,11 @@ pub struct RlArgs {
 pub fn run(method: Method, args: RlArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.config).with_context(|| format!("{}", args.config.display()))?;
     let mut config = PgConfig::load(&args.config, &text, method)?;
+    let run_kind = match method {
+        Method::Grpo => kiln::config_import::RunKind::Rl,
+        Method::Opd => kiln::config_import::RunKind::Opd,
+    };
+    super::config::note_legacy(&args.config, &text, run_kind);
     config.output.allow_config_change |= args.allow_config_change;
     let devices = args.dist.devices(args.backend, config.train.devices.as_deref())?;
     let nodes = args.dist.nodes()?;

@@ -43,6 +43,11 @@ pub enum Kind {
 pub fn run(kind: Kind, args: TrainArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.config).with_context(|| format!("{}", args.config.display()))?;
     let mut config = RunConfig::from_toml(&args.config, &text)?;
+    let run_kind = match kind {
+        Kind::Pretrain => kiln::config_import::RunKind::Pretrain,
+        Kind::Sft => kiln::config_import::RunKind::Sft,
+    };
+    super::config::note_legacy(&args.config, &text, run_kind);
     config.output.allow_config_change |= args.allow_config_change;
     match (kind, &config.data) {
         (Kind::Pretrain, DataSection::Mixture(_)) | (Kind::Sft, DataSection::Sft(_)) => {}

@@ -68,7 +68,11 @@ pub fn upgrade(path: &Path, text: &str, kind: Option<RunKind>) -> Result<Upgrade
          # (`kiln config show` lists them). The original's comments are not carried over.\n\n",
         kind.name()
     );
-    Ok(Upgraded { kind, text: header + &body, notes: legacy_notes(text, kind) })
+    let mut upgraded = header + &body;
+    if !upgraded.ends_with('\n') {
+        upgraded.push('\n');
+    }
+    Ok(Upgraded { kind, text: upgraded, notes: legacy_notes(text, kind) })
 }
 
 /// A value of the upgraded config: a leaf, or a table with its entries in the schema's order.
