@@ -94,7 +94,7 @@ fn main() {
     };
     let graded = || {
         assert_eq!(
-            sandbox.grade(code, &tests, &limits).verdict,
+            sandbox.grade(code, &tests, &limits).unwrap().verdict,
             Verdict::Accepted
         )
     };
@@ -106,7 +106,7 @@ fn main() {
         t[2].push(time_ms(n, &confined));
         t[3].push(time_ms(n, &graded));
         let start = Instant::now();
-        let g = sandbox.grade_many(&jobs, &limits);
+        let g = sandbox.grade_many(&jobs, &limits).unwrap();
         assert!(g.iter().all(|g| g.verdict == Verdict::Accepted));
         t[4].push(jobs.len() as f64 / start.elapsed().as_secs_f64());
     }

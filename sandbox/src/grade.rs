@@ -139,37 +139,47 @@ impl Graded {
 }
 
 impl Sandbox {
-    /// Grades one program on its tests (tests run in parallel over the slots).
-    pub fn grade(&self, code: &str, tests: &[TestCase], limits: &Limits) -> Graded {
-        self.grade_many(&[(code, tests)], limits)
-            .pop()
-            .expect("one job")
+    /// Grades one program on its tests (tests run in parallel over the slots). An `Err` is the
+    /// sandbox failing (a slot that could not be set up even when rebuilt), never a program's
+    /// verdict.
+    pub fn grade(&self, code: &str, tests: &[TestCase], limits: &Limits) -> Result<Graded, SandboxError> {
+        Ok(self.grade_many(&[(code, tests)], limits)?.pop().expect("one job"))
     }
 
     /// Grades many programs, parallel over the slots; results in job order.
-    pub fn grade_many(&self, jobs: &[(&str, &[TestCase])], limits: &Limits) -> Vec<Graded> {
+    pub fn grade_many(&self, jobs: &[(&str, &[TestCase])], limits: &Limits) -> Result<Vec<Graded>, SandboxError> {
         self.grade_many_with(jobs, limits, |_, _| {})
     }
 
     /// [`grade_many`](Self::grade_many), calling `done(job index, result)` as each program
-    /// finishes (for progress and incremental output; called from worker threads).
+    /// finishes (for progress and incremental output; called from worker threads). The first
+    /// sandbox failure stops the grading and is returned.
     pub fn grade_many_with(
         &self,
         jobs: &[(&str, &[TestCase])],
         limits: &Limits,
         done: impl Fn(usize, &Graded) + Sync,
-    ) -> Vec<Graded> {
+    ) -> Result<Vec<Graded>, SandboxError> {
         let sched = Mutex::new(crate::schedule::Scheduler::new(
             jobs.iter().map(|(_, t)| t.len()).collect(),
             limits,
         ));
+        let failed: Mutex<Option<SandboxError>> = Mutex::new(None);
+        let stopped = || failed.lock().map_or(true, |f| f.is_some());
         std::thread::scope(|s| {
             for _ in 0..self.slots() {
                 s.spawn(|| {
                     let next = || sched.lock().unwrap_or_else(|e| e.into_inner()).next();
-                    while let Some((job, test)) = next() {
+                    while !stopped() {
+                        let Some((job, test)) = next() else { break };
                         let (code, tests) = jobs[job];
-                        let result = self.run_test(code, tests.get(test), limits);
+                        let result = match self.run_test(code, tests.get(test), limits) {
+                            Ok(r) => r,
+                            Err(e) => {
+                                failed.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+                                break;
+                            }
+                        };
                         let finished = sched
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
@@ -181,14 +191,19 @@ impl Sandbox {
                 });
             }
         });
-        sched
+        if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            return Err(e);
+        }
+        Ok(sched
             .into_inner()
             .unwrap_or_else(|e| e.into_inner())
-            .into_results()
+            .into_results())
     }
 
     /// Runs one test (or, with `None`, only the compile check of a program without tests).
-    fn run_test(&self, code: &str, test: Option<&TestCase>, limits: &Limits) -> TestResult {
+    /// A run that fails to start (the slot or harness broken) is tried once more (each run
+    /// rebuilds what changed); a second failure is the sandbox's error, not the program's.
+    fn run_test(&self, code: &str, test: Option<&TestCase>, limits: &Limits) -> Result<TestResult, SandboxError> {
         let (mode, fn_name, input) = match test {
             None => ("stdin", None, ""),
             Some(TestCase::Stdin { input, .. }) => ("stdin", None, input.as_str()),
@@ -213,14 +228,10 @@ impl Sandbox {
         };
         let args = self.harness_args();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        match self.run_python(&args, &stdin, &run) {
-            Ok(out) => judge(&out, test, limits),
-            Err(e) => TestResult {
-                verdict: Verdict::RuntimeError,
-                time_s: 0.0,
-                detail: format!("sandbox: {e}"),
-            },
-        }
+        let out = self
+            .run_python(&args, &stdin, &run)
+            .or_else(|_| self.run_python(&args, &stdin, &run))?;
+        Ok(judge(&out, test, limits))
     }
 
     /// Grades `print(input())` once: the harness must work under the probed layers.
@@ -229,7 +240,7 @@ impl Sandbox {
             input: "kiln\n".into(),
             output: "kiln\n".into(),
         }];
-        let g = self.grade("print(input())", &tests, &Limits::default());
+        let g = self.grade("print(input())", &tests, &Limits::default())?;
         if g.verdict != Verdict::Accepted {
             let detail = g
                 .tests

@@ -11,7 +11,7 @@
 //!     TestCase::Call { fn_name: "add".into(), input: "1\n2".into(), output: "3".into() },
 //! ];
 //! let code = "def add(a, b):\n    return a + b\nprint(sum(map(int, input().split())))";
-//! let graded = sandbox.grade(code, &tests, &Limits::default());
+//! let graded = sandbox.grade(code, &tests, &Limits::default())?;
 //! assert_eq!(graded.verdict, Verdict::Accepted);
 //! # Ok::<(), kiln_sandbox::SandboxError>(())
 //! ```

@@ -48,7 +48,7 @@ fn grade(code: &str, tests: &[TestCase], limits: &Limits) -> Graded {
 fn grade_timed(code: &str, tests: &[TestCase], limits: &Limits) -> (Graded, Duration) {
     let _alone = common::exclusive();
     let t = Instant::now();
-    let g = common::sandbox().grade(code, tests, limits);
+    let g = common::sandbox().grade(code, tests, limits).unwrap();
     let took = t.elapsed();
     let left = common::leftovers();
     assert!(left.is_empty(), "processes left behind: {left:?}");
@@ -57,7 +57,7 @@ fn grade_timed(code: &str, tests: &[TestCase], limits: &Limits) -> (Graded, Dura
 
 /// `grade` in another sandbox (the caller holds `common::exclusive()`).
 fn grade_in(sandbox: &Sandbox, code: &str, tests: &[TestCase], limits: &Limits) -> Graded {
-    let g = sandbox.grade(code, tests, limits);
+    let g = sandbox.grade(code, tests, limits).unwrap();
     let left = common::leftovers_of(sandbox);
     assert!(left.is_empty(), "processes left behind: {left:?}");
     g
@@ -664,6 +664,31 @@ os.mkdir('wx/none', 0)\n\
 os.umask(0o777)\n\
 os.mkdir('none')\n\
 print(' '.join(out))\n";
+
+/// A sandbox that cannot set a run up even after rebuilding (here its directory replaced by a
+/// file) fails the grading with its error; no program is given a verdict for it.
+#[test]
+fn a_broken_sandbox_is_an_error_never_a_programs_verdict() {
+    let _alone = common::exclusive();
+    let sandbox = Sandbox::new(kiln_sandbox::SandboxOptions {
+        slots: 1,
+        uid_base: 2_000_000_800,
+        ..kiln_sandbox::SandboxOptions::default()
+    })
+    .unwrap();
+    let tests = stdin("", "ok");
+    let g = sandbox.grade("print('ok')", &tests, &short()).unwrap();
+    assert_verdict(&g, Verdict::Accepted);
+    let dir = sandbox.directory().to_path_buf();
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::write(&dir, "not a directory").unwrap();
+    let jobs: Vec<(&str, &[TestCase])> = vec![("print('ok')", &tests); 3];
+    let err = sandbox
+        .grade_many(&jobs, &short())
+        .expect_err("graded in a sandbox whose directory is a file");
+    assert!(err.to_string().contains(&*dir.to_string_lossy()), "{err}");
+    std::fs::remove_file(&dir).unwrap();
+}
 
 #[test]
 fn poisoning_the_harness_or_the_scratch_directory_is_denied_and_slots_stay_usable() {

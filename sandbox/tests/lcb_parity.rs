@@ -100,7 +100,7 @@ fn programs_grade_as_in_lcb() {
             .iter()
             .map(|j| (j.0.as_str(), j.1.as_slice()))
             .collect();
-        let graded = sandbox.grade_many(&refs, &limits);
+        let graded = sandbox.grade_many(&refs, &limits).unwrap();
         for (j, g) in group.iter().zip(&graded) {
             let lcb = j.2["lcb"].as_array().unwrap();
             let name = j.2["name"].as_str().unwrap();
@@ -148,7 +148,8 @@ print(sum(f is not None for f in found), len(found), os.environ['OMP_NUM_THREADS
             output: want.into(),
         }],
         &Limits::default(),
-    );
+    )
+    .unwrap();
     assert_eq!(g.verdict, Verdict::Accepted, "{g:#?}");
     let call = format!(
         "def f(x):\n    {}\n    return out\n",
@@ -168,6 +169,7 @@ print(sum(f is not None for f in found), len(found), os.environ['OMP_NUM_THREADS
             output: format!("\"{want}\""),
         }],
         &Limits::default(),
-    );
+    )
+    .unwrap();
     assert_eq!(g.verdict, Verdict::Accepted, "{g:#?}");
 }

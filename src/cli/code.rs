@@ -164,7 +164,7 @@ fn grade(args: GradeArgs) -> Result<()> {
         completions.iter().map(|(id, text)| Submission { completion: text, tests: &problems[position[id.as_str()]].tests }).collect();
     eprintln!("grading {} completions of {} problems on {} slots", submissions.len(), problems.len(), sandbox.slots());
     let bar = progress::with_eta(submissions.len() as u64, "completions");
-    let graded = grade_submissions(&sandbox, &submissions, &limits, args.sandbox.extraction, |_, _| bar.inc(1));
+    let graded = grade_submissions(&sandbox, &submissions, &limits, args.sandbox.extraction, |_, _| bar.inc(1))?;
     bar.finish_and_clear();
 
     let mut outcomes: Vec<Option<ProblemOutcome>> = vec![None; problems.len()];

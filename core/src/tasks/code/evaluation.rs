@@ -226,7 +226,7 @@ impl Evaluation for CodeEvaluation {
             if let Some(progress) = &self.progress {
                 progress(done, total);
             }
-        });
+        })?;
         let lines = owners
             .into_iter()
             .zip(graded)

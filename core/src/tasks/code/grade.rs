@@ -35,14 +35,15 @@ impl GradedSample {
 }
 
 /// Extracts and grades `submissions`, in parallel; results in order. `done(index, sample)` is
-/// called as each finishes (from worker threads), for progress.
+/// called as each finishes (from worker threads), for progress. An error is the sandbox
+/// failing, never charged to a program.
 pub fn grade_submissions(
     sandbox: &Sandbox,
     submissions: &[Submission<'_>],
     limits: &Limits,
     extraction: Extraction,
     done: impl Fn(usize, &Graded) + Sync,
-) -> Vec<GradedSample> {
+) -> Result<Vec<GradedSample>, kiln_sandbox::SandboxError> {
     let codes: Vec<String> = submissions.iter().map(|s| extraction.extract(s.completion)).collect();
     let runnable: Vec<usize> = (0..submissions.len()).filter(|&i| !codes[i].is_empty()).collect();
     for (i, s) in submissions.iter().enumerate() {
@@ -51,13 +52,13 @@ pub fn grade_submissions(
         }
     }
     let jobs: Vec<(&str, &[TestCase])> = runnable.iter().map(|&i| (codes[i].as_str(), submissions[i].tests)).collect();
-    let mut graded = sandbox.grade_many_with(&jobs, limits, |job, g| done(runnable[job], g)).into_iter();
+    let mut graded = sandbox.grade_many_with(&jobs, limits, |job, g| done(runnable[job], g))?.into_iter();
     let mut results = Vec::with_capacity(submissions.len());
     for (s, code) in submissions.iter().zip(codes) {
         let graded = if code.is_empty() { Graded::no_code(s.tests.len()) } else { graded.next().expect("one grade per job") };
         results.push(GradedSample { code, graded });
     }
-    results
+    Ok(results)
 }
 
 /// One test's line in the output files.

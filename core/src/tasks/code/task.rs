@@ -174,7 +174,7 @@ impl CodeTask {
         }
         let submissions: Vec<Submission<'_>> =
             batch.iter().zip(&which).map(|((response, _), &i)| Submission { completion: response, tests: &golds[i].tests }).collect();
-        Ok(grade_submissions(&self.sandbox, &submissions, limits, extraction, |_, _| {}).into_iter().map(|s| s.graded).collect())
+        Ok(grade_submissions(&self.sandbox, &submissions, limits, extraction, |_, _| {})?.into_iter().map(|s| s.graded).collect())
     }
 }
 
