@@ -101,7 +101,8 @@ impl Containment {
             (
                 "filesystem reads and writes outside the scratch",
                 &self.filesystem,
-                "landlock",
+                "landlock, with seccomp (no chmod, chown, utime or truncate by path) or uid (the \
+                 run owns none of kiln's files): Landlock does not govern file modes and times",
             ),
             (
                 "tasks",

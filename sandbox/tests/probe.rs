@@ -12,7 +12,10 @@ fn probe_reports_layers() {
     // what contains each property follows from the layers found (Landlock's signal scope as
     // tried: the kernel's ABI says whether it exists)
     let c = &p.containment;
-    assert_eq!(c.filesystem.contains(&"landlock"), p.landlock.active, "{p}");
+    // Landlock alone leaves file modes and times (chmod, utime) to seccomp or the uid drop
+    let metadata = p.seccomp.active || p.uid.active;
+    assert_eq!(c.filesystem.contains(&"landlock"), p.landlock.active && metadata, "{p}");
+    assert_eq!(c.filesystem.contains(&"seccomp"), p.landlock.active && p.seccomp.active, "{p}");
     assert_eq!(c.signals.contains(&"seccomp"), p.seccomp.active, "{p}");
     let scoped = p.landlock.active && common::landlock_abi() >= 6;
     assert_eq!(c.signals.contains(&"landlock"), scoped, "{p}");
@@ -58,8 +61,9 @@ fn probe_reports_layers() {
     assert_eq!(json["skipped"], serde_json::json!([]));
     assert_eq!(
         json["containment"]["filesystem"],
-        serde_json::json!(["landlock"])
+        serde_json::json!(c.filesystem)
     );
+    assert_eq!(json["containment"]["filesystem"][0], "landlock", "{p}");
 }
 
 /// Two sandboxes at once (two evaluations, or evaluation shards on one node) never share a slot

@@ -146,7 +146,17 @@ pub(crate) fn containment(
             (layers.landlock && signal_scope, "landlock"),
             (layers.pid_ns, "pid_namespace"),
         ]),
-        filesystem: pick(&[(layers.landlock, "landlock")]),
+        // Landlock governs reads, writes and (ABI 3) truncation, but not chmod, chown or utime:
+        // those need seccomp's filters, or a run under a uid that owns none of kiln's files
+        filesystem: if layers.landlock && (layers.seccomp || layers.drop_uid) {
+            pick(&[
+                (true, "landlock"),
+                (layers.seccomp, "seccomp"),
+                (layers.drop_uid, "uid"),
+            ])
+        } else {
+            Vec::new()
+        },
         // bounded, and nothing left after a run: no fork (seccomp), a sweep (`sweep`), or the
         // namespace's init gone
         tasks: if tasks && (layers.seccomp || layers.cgroup || layers.drop_uid || layers.pid_ns) {

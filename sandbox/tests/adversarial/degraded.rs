@@ -51,16 +51,27 @@ fn files(sandbox: &Sandbox) {
         std::path::Path::new("/tmp").join(common::unique("tmp")),
         std::path::Path::new("/dev/shm").join(common::unique("shm")),
     ];
+    let stamp = |p: &std::path::Path| {
+        let m = std::fs::metadata(p).unwrap();
+        (m.permissions().mode(), m.modified().unwrap())
+    };
+    let before = stamp(&secret);
     let mut body = format!("print(attempt(lambda: print(open({secret:?}).read())))\n");
     for t in &targets {
         body += &format!("print(attempt(lambda: open({t:?}, 'w').write('x')))\n");
     }
+    // modes and times, which Landlock does not govern (seccomp or the uid drop must)
+    // (through libc: LiveCodeBench's reliability_guard nulls os.chmod and friends)
+    body += "def meta(v):\n    return 'denied' if v == -1 and ctypes.get_errno() in (1, 13) else 'allowed'\n";
+    body += &format!("print(meta(libc.chmod(os.fsencode({secret:?}), 0o777)))\n");
+    body += &format!("print(meta(libc.utimes(os.fsencode({secret:?}), None)))\n");
     let g = grade_in(
         sandbox,
         &probe(&body),
-        &stdin("", "denied\ndenied\ndenied"),
+        &stdin("", "denied\ndenied\ndenied\ndenied\ndenied"),
         &short(),
     );
+    assert_eq!(stamp(&secret), before, "the secret's mode or time changed");
     let written: Vec<_> = targets.iter().filter(|t| t.exists()).collect();
     for t in &written {
         let _ = std::fs::remove_file(t);
