@@ -52,6 +52,10 @@ fn probe_reports_layers() {
         assert_eq!(enforced.contains("no signals out"), scoped, "{p}");
         assert!(p.landlock.detail.contains("no signals out"), "{p}");
         assert_eq!(enforced.contains("no signals out (tried)"), scoped, "{p}");
+        // truncation of a file of the run's own outside the scratch, and TCP, as tried
+        let abi = common::landlock_abi();
+        assert_eq!(enforced.contains("no truncation outside scratch (tried)"), abi >= 3, "{p}");
+        assert!(abi < 4 || !p.landlock.detail.contains("TCP bind or connect (ABI 4, kernel 6.7: tried, allowed)"), "{p}");
     }
     let json = serde_json::to_value(p).unwrap();
     assert_eq!(

@@ -39,29 +39,39 @@ pub(crate) fn kernel_abi() -> i64 {
     }
 }
 
-/// What Landlock enforces at this kernel's ABI, in words (the probe's report): each right came
-/// with an ABI, and what the kernel does not know is not enforced (the ruleset is best effort).
-/// Signals out are reported as tried: `signal_scope` is whether the probe's signal to a process
-/// outside the run was denied.
-pub(crate) fn covers(abi: i64, signal_scope: bool) -> String {
+/// What the probe's Landlock trial showed, beyond reads and writes outside the scratch: each
+/// `Some(denied)` when tried, `None` when the trial could not tell (TCP in a network namespace
+/// without loopback fails before Landlock would).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Tried {
+    pub signal_scope: bool,
+    pub truncate: Option<bool>,
+    pub tcp: Option<bool>,
+}
+
+/// What Landlock enforces here, in words (the probe's report): each right came with an ABI, and
+/// what the kernel does not know is not enforced (the ruleset is best effort). Truncation, TCP
+/// and signals out are reported as tried where the trial could tell.
+pub(crate) fn covers(abi: i64, tried: Tried) -> String {
     let mut on = vec![
         "read-only system and interpreter paths, scratch read-write, no /proc, home or /tmp"
             .to_string(),
     ];
     let mut off = Vec::new();
-    for (min, kernel, what) in [
-        (2, "5.19", "no links or renames across directories"),
-        (3, "6.2", "no truncation outside scratch"),
-        (4, "6.7", "no TCP bind or connect"),
-        (6, "6.12", "no abstract unix sockets out"),
+    for (min, kernel, what, trial) in [
+        (2, "5.19", "no links or renames across directories", None),
+        (3, "6.2", "no truncation outside scratch", tried.truncate),
+        (4, "6.7", "no TCP bind or connect", tried.tcp),
+        (6, "6.12", "no abstract unix sockets out", None),
     ] {
-        if abi >= min {
-            on.push(what.to_string());
-        } else {
-            off.push(format!("{what} (ABI {min}, kernel {kernel})"));
+        match trial {
+            Some(true) => on.push(format!("{what} (tried)")),
+            Some(false) => off.push(format!("{what} (ABI {min}, kernel {kernel}: tried, allowed)")),
+            None if abi >= min => on.push(what.to_string()),
+            None => off.push(format!("{what} (ABI {min}, kernel {kernel})")),
         }
     }
-    if signal_scope {
+    if tried.signal_scope {
         on.push("no signals out (tried)".into());
     } else {
         off.push(
@@ -151,29 +161,35 @@ pub(crate) fn ruleset(paths: &Paths) -> Result<OwnedFd, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::covers;
+    use super::{Tried, covers};
 
     #[test]
-    fn the_report_names_only_what_the_abi_enforces() {
-        let old = covers(5, false);
+    fn the_report_names_only_what_the_abi_enforces_or_the_trial_showed() {
+        let untried = |signal_scope| Tried { signal_scope, truncate: None, tcp: None };
+        let old = covers(5, untried(false));
         let (on, off) = old.split_once("not enforced").unwrap();
         assert!(on.contains("no TCP") && !on.contains("signals"), "{old}");
         assert!(
             off.contains("no signals out") && off.contains("kernel 6.12"),
             "{old}"
         );
-        let new = covers(7, true);
+        let new = covers(7, untried(true));
         assert!(
             new.contains("no signals out (tried)") && !new.contains("not enforced"),
             "{new}"
         );
         // an ABI that should scope signals but did not when tried: said so
-        let untried = covers(7, false);
-        let (on, off) = untried.split_once("not enforced").unwrap();
+        let unscoped = covers(7, untried(false));
+        let (on, off) = unscoped.split_once("not enforced").unwrap();
         assert!(
             !on.contains("signals") && off.contains("no signals out"),
-            "{untried}"
+            "{unscoped}"
         );
-        assert!(covers(1, false).contains("not enforced by this kernel: no links"));
+        assert!(covers(1, untried(false)).contains("not enforced by this kernel: no links"));
+        // truncation and TCP as tried, whatever the ABI number says
+        let tried = covers(7, Tried { signal_scope: true, truncate: Some(true), tcp: Some(false) });
+        let (on, off) = tried.split_once("not enforced").unwrap();
+        assert!(on.contains("no truncation outside scratch (tried)"), "{tried}");
+        assert!(off.contains("no TCP bind or connect (ABI 4, kernel 6.7: tried, allowed)"), "{tried}");
     }
 }

@@ -222,9 +222,18 @@ pub(crate) fn probe(
             let (uid, gid) = platform.run_ids(&t.layers, slot0);
             let target = Target::spawn(uid, gid, is_root)?;
             let outside = std::env::temp_dir().join(format!("{name}-probe"));
+            // a file outside the scratch that the run's uid owns: only Landlock (ABI 3) keeps
+            // the run from truncating it at this point
+            let keep = std::env::temp_dir().join(format!("{name}-keep"));
+            std::fs::write(&keep, "keep").map_err(|e| SandboxError::io(&keep, e))?;
+            if is_root {
+                std::os::unix::fs::chown(&keep, Some(uid), Some(gid))
+                    .map_err(|e| SandboxError::io(&keep, e))?;
+            }
             let check = LANDLOCK_CHECK
                 .replace("PID", &target.0.to_string())
-                .replace("OUTSIDE", &format!("{:?}", outside.to_string_lossy()));
+                .replace("OUTSIDE", &format!("{:?}", outside.to_string_lossy()))
+                .replace("KEEP", &format!("{:?}", keep.to_string_lossy()));
             let mut layer = t.add(
                 "landlock",
                 |l| l.landlock = true,
@@ -234,9 +243,22 @@ pub(crate) fn probe(
                 "",
             );
             let _ = std::fs::remove_file(&outside);
+            let kept = std::fs::read_to_string(&keep).is_ok_and(|k| k == "keep");
+            let _ = std::fs::remove_file(&keep);
             if layer.active {
-                signal_scope = t.last == "denied denied scoped";
-                layer.detail = landlock::covers(abi, signal_scope);
+                let words: Vec<&str> = t.last.split(' ').collect();
+                let trial = |name: &str| match words.iter().find_map(|w| w.strip_prefix(name)) {
+                    Some("denied") => Some(true),
+                    Some("allowed") => Some(false),
+                    _ => None,
+                };
+                signal_scope = words.get(2) == Some(&"scoped");
+                let tried = landlock::Tried {
+                    signal_scope,
+                    truncate: trial("truncate-").map(|denied| denied && kept),
+                    tcp: trial("tcp-"),
+                };
+                layer.detail = landlock::covers(abi, tried);
             }
             layer
         }
@@ -359,12 +381,18 @@ const UID_CHECK: &str = "import os; print(os.getuid(), os.getgid(), os.getgroups
 const CGROUP_CHECK: &str = "print(open('/proc/self/cgroup').read())";
 /// Reading /etc/passwd (world-readable) and writing OUTSIDE (in the world-writable temporary
 /// directory) must be denied, the scratch directory writable; then whether a signal (0) reaches
-/// PID, a process outside the run under the run's own uid: "scoped" when it is denied.
-const LANDLOCK_CHECK: &str = "import os\nout = []\n\
+/// PID, a process outside the run under the run's own uid ("scoped" when it is denied), whether
+/// KEEP (outside, the run's own file) can be truncated and whether a TCP socket can be bound
+/// ("truncate-"/"tcp-" and denied, allowed or other: failed for another reason).
+const LANDLOCK_CHECK: &str = "import os, socket\nout = []\n\
 for f in (lambda: open('/etc/passwd').read(), lambda: open(OUTSIDE, 'w').write('x')):\n    \
 try:\n        f(); out.append('allowed')\n    except PermissionError:\n        out.append('denied')\n\
 open('probe', 'w').write('x')\n\
 try:\n    os.kill(PID, 0); out.append('unscoped')\nexcept PermissionError:\n    out.append('scoped')\n\
+def tried(f):\n    try:\n        f(); return 'allowed'\n    except PermissionError:\n        return 'denied'\n    \
+except OSError:\n        return 'other'\n\
+out.append('truncate-' + tried(lambda: os.truncate(KEEP, 0)))\n\
+out.append('tcp-' + tried(lambda: socket.socket().bind(('127.0.0.1', 0))))\n\
 print(' '.join(out))";
 /// socket, fork and exec of the interpreter itself (which Landlock allows: only seccomp can
 /// refuse it), making kiln the target of a pipe's `SIGIO` (`F_SETOWN`; harmless without
