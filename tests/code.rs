@@ -476,6 +476,11 @@ fn sandbox_layers_left_off_are_recorded_and_unknown_or_uncontained_ones_refused(
     let p = task.sandbox().protections();
     assert_eq!(p.skipped, ["net_namespace"]);
     assert!(!p.net_namespace.active && p.net_namespace.detail.contains("left off on request"), "{p}");
+    // and an RL run records them: its data report's line and the output directory's
+    // environment.json (kiln::rl::run::ENVIRONMENT_FILE) come from the task's environment
+    let environment = task.environment().expect("the code task grades under the sandbox");
+    assert!(environment.summary.starts_with("sandbox: ") && environment.summary.contains("left off: net_namespace"), "{}", environment.summary);
+    assert_eq!(environment.record["protections"]["skipped"], json!(["net_namespace"]));
     let unknown = CodeTask::new(CodeTaskConfig { sandbox_without: vec!["lanlock".into()], ..Default::default() }).err().unwrap().to_string();
     assert!(unknown.contains("\"lanlock\"") && unknown.contains("landlock, seccomp, user_namespace"), "{unknown}");
 

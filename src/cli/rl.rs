@@ -71,6 +71,9 @@ impl ReplicaJob for RlJob {
             self.resume,
             |data| {
                 bar.set_length(data["total_steps"].as_u64().unwrap_or(0));
+                if let Some(environment) = data["environment"].as_str() {
+                    bar.println(format!("rewards graded under {environment}"));
+                }
                 let report = &data["prompts"];
                 bar.println(format!(
                     "prompts: {} kept, {} longer than max_prompt_length dropped; {} steps ({} per epoch)",

@@ -31,6 +31,10 @@ pub enum Method {
     Opd,
 }
 
+/// Written into the output directory at each start when the task grades under an environment
+/// ([`crate::tasks::Task::environment`]: a code task's sandbox layers).
+pub const ENVIRONMENT_FILE: &str = "environment.json";
+
 /// Runs `config` as `method` on `device`; `resume` continues from the latest checkpoint of the
 /// run. `on_data` sees the prompt report and step count before training, `on_record` every
 /// metrics record.
@@ -97,7 +101,11 @@ fn replica_run<B: AutodiffBackend>(
     let settings = config.settings();
     let per_epoch = prompts.steps_per_epoch(settings.prompts_per_step);
     let total_steps = config.train.total_steps(|epochs| (per_epoch as f64 * epochs).floor() as u64).map_err(Error::InvalidInput)?;
-    on_data(&json!({ "prompts": prompts.report, "steps_per_epoch": per_epoch, "total_steps": total_steps }));
+    let environment = task.environment();
+    on_data(&json!({
+        "prompts": prompts.report, "steps_per_epoch": per_epoch, "total_steps": total_steps,
+        "environment": environment.as_ref().map(|e| e.summary.clone()),
+    }));
 
     let frozen_dtype = config.model.dtype.unwrap_or_default();
     let signal = match (&config.reward, &config.teacher) {
@@ -148,6 +156,10 @@ fn replica_run<B: AutodiffBackend>(
     // Rank 0 resumes (or refuses to overwrite); the others start from its state (dist::sync_start).
     // One writer per output directory: rank 0, which writes it, holds its lock for the run.
     let _lock = replica.is_main().then(|| crate::io::lock_dir(&loop_config.out_dir)).transpose()?;
+    // What rewards were graded under (the sandbox's layers), as of this start.
+    if let Some(e) = environment.filter(|_| replica.is_main()) {
+        crate::io::write_atomic(&loop_config.out_dir.join(ENVIRONMENT_FILE), &format!("{:#}\n", e.record))?;
+    }
     let start = match replica.is_main() {
         true => Start::<B>::new(&loop_config, resume, &mut objective, device, || hf::load::<B>(from, device))?,
         false => Start::<B>::fresh(&loop_config, device, || hf::load::<B>(from, device))?,

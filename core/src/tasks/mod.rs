@@ -178,6 +178,19 @@ pub trait Task: Send + Sync {
     fn stop_strings(&self) -> Vec<String> {
         Vec::new()
     }
+
+    /// What the task's verdicts depend on besides the responses (the code task: the sandbox's
+    /// layers), recorded next to a run's outputs; `None` for tasks that only compare text.
+    fn environment(&self) -> Option<TaskEnvironment> {
+        None
+    }
+}
+
+/// [`Task::environment`]: one line for the console and the JSON record.
+#[derive(Debug, Clone)]
+pub struct TaskEnvironment {
+    pub summary: String,
+    pub record: serde_json::Value,
 }
 
 /// A reward function for RL: scores one response (decoded with special tokens, as the seed's

@@ -183,6 +183,12 @@ impl Task for CodeTask {
         "code"
     }
 
+    /// The sandbox's layers: what every verdict and code reward was graded under.
+    fn environment(&self) -> Option<crate::tasks::TaskEnvironment> {
+        let p = self.sandbox.protections();
+        Some(crate::tasks::TaskEnvironment { summary: p.summary(), record: serde_json::json!({ "protections": p }) })
+    }
+
     fn items(&self, path: &Path) -> Result<Items> {
         let items = read_code_problems(path)?
             .into_iter()
