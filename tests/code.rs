@@ -507,6 +507,18 @@ fn sandbox_layers_left_off_are_recorded_and_unknown_or_uncontained_ones_refused(
     }
     let valid = String::from_utf8_lossy(&kiln(&[&args[..], &["x"]].concat()).stderr).to_string();
     assert!(valid.contains("landlock, seccomp, user_namespace, net_namespace, scratch, uid, cgroup"), "{valid}");
+    // `--sandbox-landlock-abi`: Landlock as an older kernel enforces it, recorded; 1 to 6 only
+    let abi = ["code", "grade", "--problems", s(&problems), "--completions", s(&completions), "--out", s(&out), "--overwrite", "--sandbox-landlock-abi"];
+    let run = kiln(&[&abi[..], &["2"]].concat());
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let summary = lines(&out).pop().unwrap()["summary"].take();
+    let landlock = summary["protections"]["landlock"]["detail"].as_str().unwrap().to_owned();
+    assert!(landlock.starts_with("ABI 2:") && landlock.contains("no truncation outside scratch (ABI 3, kernel 6.2: tried, allowed)"), "{landlock}");
+    assert_eq!(summary["correct"], 1);
+    let run = kiln(&[&abi[..], &["9"]].concat());
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success() && stderr.lines().count() == 1 && stderr.contains("a Landlock ABI to enforce is 1 to 6, not 9"), "{stderr}");
 }
 
 #[test]

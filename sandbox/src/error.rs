@@ -19,6 +19,9 @@ pub enum SandboxError {
     /// A layer name to leave off that the sandbox does not know (the name, the valid ones).
     #[error("unknown sandbox layer {0:?}: the layers that can be left off are {1}")]
     UnknownLayer(String, String),
+    /// A Landlock ABI to enforce outside 1–6 (`SandboxOptions::landlock_abi`).
+    #[error("a Landlock ABI to enforce is 1 to 6, not {0}")]
+    LandlockAbi(u32),
     /// This operating system has no sandbox implementation.
     #[error("kiln's sandbox runs programs only on Unix; this is {0}")]
     Unsupported(&'static str),

@@ -32,6 +32,10 @@ pub struct SandboxOptions {
     pub slots: usize,
     /// The interpreter; `None` finds `python3` (resolving wrappers such as pyenv shims).
     pub python: Option<PathBuf>,
+    /// Enforce Landlock as a kernel of this ABI (1–6) would: only the rights that ABI knows (the
+    /// CLI's `--sandbox-landlock-abi`; recorded in the Landlock layer's detail). For trying what
+    /// older kernels get; it never asks for more than the kernel has. The refusal rule applies.
+    pub landlock_abi: Option<u32>,
     /// When kiln runs as root each slot runs as a uid/gid of its own: the first free ones from
     /// `uid_base` up, reserved (a lock per uid) so that other kiln processes on the machine
     /// never share them.
@@ -46,6 +50,7 @@ impl Default for SandboxOptions {
             slots: 0,
             python: None,
             uid_base: 2_000_000_000,
+            landlock_abi: None,
         }
     }
 }
@@ -88,6 +93,9 @@ impl Sandbox {
     /// `allow_unsafe`.
     pub fn new(opts: SandboxOptions) -> Result<Sandbox, SandboxError> {
         check_layer_names(&opts.skip_layers)?;
+        if let Some(abi) = opts.landlock_abi.filter(|a| !(1..=6).contains(a)) {
+            return Err(SandboxError::LandlockAbi(abi));
+        }
         let mut left_off = opts.skip_layers.clone();
         left_off.sort_unstable_by_key(|l| SKIPPABLE_LAYERS.iter().position(|k| k == l));
         left_off.dedup();
@@ -138,6 +146,7 @@ impl Sandbox {
                 &uids.uids,
                 &name,
                 &opts.skip_layers,
+                opts.landlock_abi,
             )?;
             let protections = Protections {
                 python,

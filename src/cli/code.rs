@@ -41,6 +41,10 @@ pub struct SandboxArgs {
     /// still refuses when the layers left cannot contain a run.
     #[arg(long, value_name = "LAYER[,LAYER...]", value_delimiter = ',', value_parser = parse_layer)]
     pub sandbox_without: Vec<String>,
+    /// Enforce Landlock as a kernel of this ABI (1-6) would, to see what an older kernel gets
+    /// (recorded with the protections); kiln still refuses when the rest cannot contain a run.
+    #[arg(long, value_name = "ABI")]
+    pub sandbox_landlock_abi: Option<u32>,
     /// Per-test time limit in seconds, CPU and wall (LiveCodeBench: 6).
     #[arg(long, default_value_t = 6.0)]
     pub timeout: f64,
@@ -59,6 +63,7 @@ impl SandboxArgs {
         let sandbox = Sandbox::new(SandboxOptions {
             allow_unsafe: self.unsafe_no_sandbox,
             skip_layers: self.sandbox_without.clone(),
+            landlock_abi: self.sandbox_landlock_abi,
             slots: self.slots,
             ..SandboxOptions::default()
         })?;

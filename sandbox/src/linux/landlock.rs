@@ -23,7 +23,7 @@ use landlock::{
 };
 
 /// The newest ABI whose access rights kiln knows how to grant (newer kernels enforce it fully).
-const TARGET: ABI = ABI::V6;
+const TARGET: i64 = 6;
 
 /// The Landlock ABI version of the running kernel; 0 or less when Landlock is unavailable.
 pub(crate) fn kernel_abi() -> i64 {
@@ -96,6 +96,14 @@ pub(crate) struct Paths {
     pub exec_files: Vec<PathBuf>,
     /// Device files readable and writable.
     pub rw_files: Vec<PathBuf>,
+    /// The ABI whose rights are asked for: the kernel's, or lower on request
+    /// (`SandboxOptions::landlock_abi`, as an older kernel would enforce).
+    pub abi: i64,
+}
+
+/// The rights kiln asks for at `abi` (at most those of [`TARGET`]).
+fn rights_abi(abi: i64) -> ABI {
+    ABI::from(abi.clamp(0, TARGET) as i32)
 }
 
 /// The system directories every interpreter needs to read (those that exist).
@@ -116,25 +124,28 @@ pub(crate) fn system_read_dirs() -> Vec<PathBuf> {
 }
 
 /// The access rights of the scratch directory (everything but execution), as the raw bits the
-/// child passes to `landlock_add_rule`: only rights this kernel handles.
-pub(crate) fn scratch_access() -> u64 {
-    let kernel = AccessFs::from_all(ABI::from(kernel_abi().clamp(0, 1 << 16) as i32));
-    (kernel & AccessFs::from_all(TARGET) & !AccessFs::Execute).bits()
+/// child passes to `landlock_add_rule`: only rights handled at `abi` (the kernel's or lower).
+pub(crate) fn scratch_access(abi: i64) -> u64 {
+    (AccessFs::from_all(rights_abi(abi)) & !AccessFs::Execute).bits()
 }
 
 /// Builds the ruleset (without the scratch rule) and returns its descriptor (close-on-exec).
 pub(crate) fn ruleset(paths: &Paths) -> Result<OwnedFd, String> {
     let err = |e: landlock::RulesetError| e.to_string();
     let read_dir: BitFlags<AccessFs> = AccessFs::ReadFile | AccessFs::ReadDir;
-    let mut rs = Ruleset::default()
-        .handle_access(AccessFs::from_all(TARGET))
-        .map_err(err)?
-        .handle_access(AccessNet::from_all(TARGET))
-        .map_err(err)?
-        .scope(Scope::from_all(TARGET))
-        .map_err(err)?
-        .create()
-        .map_err(err)?;
+    let target = rights_abi(paths.abi);
+    let handled = AccessFs::from_all(target);
+    let mut ruleset = Ruleset::default().handle_access(handled).map_err(err)?;
+    // (an ABI without network rights or scopes has none to handle: an empty set is an error)
+    let net = AccessNet::from_all(target);
+    if !net.is_empty() {
+        ruleset = ruleset.handle_access(net).map_err(err)?;
+    }
+    let scopes = Scope::from_all(target);
+    if !scopes.is_empty() {
+        ruleset = ruleset.scope(scopes).map_err(err)?;
+    }
+    let mut rs = ruleset.create().map_err(err)?;
     let mut rules: Vec<(&Path, BitFlags<AccessFs>)> = Vec::new();
     rules.extend(paths.read_dirs.iter().map(|d| (d.as_path(), read_dir)));
     rules.extend(
@@ -153,7 +164,8 @@ pub(crate) fn ruleset(paths: &Paths) -> Result<OwnedFd, String> {
     rules.extend(paths.rw_files.iter().map(|f| (f.as_path(), rw_file)));
     for (path, access) in rules {
         let fd = PathFd::new(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        rs = rs.add_rule(PathBeneath::new(fd, access)).map_err(err)?;
+        // only rights the ruleset handles (truncation from ABI 3)
+        rs = rs.add_rule(PathBeneath::new(fd, access & handled)).map_err(err)?;
     }
     let fd: Option<OwnedFd> = rs.into();
     fd.ok_or_else(|| "the kernel does not support Landlock".to_string())

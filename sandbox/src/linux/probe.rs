@@ -42,6 +42,7 @@ pub(crate) fn probe(
     uids: &[u32],
     name: &str,
     skip: &[String],
+    landlock_abi: Option<u32>,
 ) -> Result<Probed, SandboxError> {
     // SAFETY: plain getter.
     let is_root = unsafe { libc::geteuid() } == 0;
@@ -59,15 +60,16 @@ pub(crate) fn probe(
     platform.filters = filters.ok();
 
     // Landlock: the paths every run may read (each run adds its own scratch directory).
-    let abi = landlock::kernel_abi();
+    let kernel_abi = landlock::kernel_abi();
+    let abi = landlock_abi.map_or(kernel_abi, |cap| kernel_abi.min(i64::from(cap)));
     let mut landlock_err =
         (abi < 1).then(|| "the kernel has no Landlock (or it is disabled)".to_string());
     if landlock_err.is_none() {
-        let paths = landlock_paths(interp, read_dirs);
+        let paths = landlock_paths(interp, read_dirs, abi);
         match landlock::ruleset(&paths) {
             Ok(_) => {
                 platform.landlock = Some(paths);
-                platform.scratch_access = landlock::scratch_access();
+                platform.scratch_access = landlock::scratch_access(abi);
             }
             Err(e) => landlock_err = Some(e),
         }
@@ -259,6 +261,9 @@ pub(crate) fn probe(
                     tcp: trial("tcp-"),
                 };
                 layer.detail = landlock::covers(abi, tried);
+                if abi < kernel_abi {
+                    layer.detail += &format!(" (as ABI {abi} on request; the kernel has {kernel_abi})");
+                }
             }
             layer
         }
@@ -478,7 +483,7 @@ impl Drop for Target {
 }
 
 /// What one slot may touch (see `landlock`).
-fn landlock_paths(interp: &Interpreter, read_dirs: &[PathBuf]) -> landlock::Paths {
+fn landlock_paths(interp: &Interpreter, read_dirs: &[PathBuf], abi: i64) -> landlock::Paths {
     let existing = |v: &[&str]| {
         v.iter()
             .map(PathBuf::from)
@@ -501,6 +506,7 @@ fn landlock_paths(interp: &Interpreter, read_dirs: &[PathBuf]) -> landlock::Path
         ]),
         exec_files: exec,
         rw_files: existing(&["/dev/null"]),
+        abi,
     }
 }
 

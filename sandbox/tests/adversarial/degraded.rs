@@ -60,15 +60,17 @@ fn files(sandbox: &Sandbox) {
     for t in &targets {
         body += &format!("print(attempt(lambda: open({t:?}, 'w').write('x')))\n");
     }
-    // modes and times, which Landlock does not govern (seccomp or the uid drop must)
+    // modes and times, which Landlock does not govern (seccomp or the uid drop must), and
+    // truncation, which Landlock governs from ABI 3
     // (through libc: LiveCodeBench's reliability_guard nulls os.chmod and friends)
     body += "def meta(v):\n    return 'denied' if v == -1 and ctypes.get_errno() in (1, 13) else 'allowed'\n";
     body += &format!("print(meta(libc.chmod(os.fsencode({secret:?}), 0o777)))\n");
     body += &format!("print(meta(libc.utimes(os.fsencode({secret:?}), None)))\n");
+    body += &format!("print(meta(libc.truncate(os.fsencode({secret:?}), 0)))\n");
     let g = grade_in(
         sandbox,
         &probe(&body),
-        &stdin("", "denied\ndenied\ndenied\ndenied\ndenied"),
+        &stdin("", "denied\ndenied\ndenied\ndenied\ndenied\ndenied"),
         &short(),
     );
     assert_eq!(stamp(&secret), before, "the secret's mode or time changed");
@@ -183,6 +185,56 @@ fn each_layer_left_off_is_contained_by_the_others_or_refused() {
         tasks(&sandbox);
         memory_and_disk(&sandbox);
         report.push(format!("{layer}: contained in {:?}", t.elapsed()));
+    }
+    println!("{}", report.join("\n"));
+}
+
+/// Landlock as older kernels enforce it (`landlock_abi`, ABI 1 up to this kernel's): with every
+/// other layer the core hostile programs are contained at each ABI, and the probe reports the
+/// rights it tried (truncation from ABI 3) as the capped ruleset enforced them; with seccomp left
+/// off too, contained by what is left or refused for what needs seccomp.
+#[test]
+fn older_landlock_abis_are_contained_by_the_others_or_refused() {
+    let _alone = common::exclusive();
+    let kernel = common::landlock_abi();
+    assert!(kernel >= 1, "this test needs a kernel with Landlock");
+    let mut report = Vec::new();
+    for abi in 1..=kernel.min(6) as u32 {
+        for skip in [&[][..], &["seccomp"][..]] {
+            let t = Instant::now();
+            let made = Sandbox::new(SandboxOptions {
+                slots: 1,
+                uid_base: UID_BASE + 100 + abi,
+                skip_layers: skip.iter().map(|l| l.to_string()).collect(),
+                landlock_abi: Some(abi),
+                ..SandboxOptions::default()
+            });
+            let sandbox = match made {
+                Err(SandboxError::Unconfined(why)) if !skip.is_empty() => {
+                    assert!(why.contains("seccomp"), "ABI {abi} without seccomp: {why}");
+                    report.push(format!("ABI {abi} {skip:?}: refused in {:?}", t.elapsed()));
+                    continue;
+                }
+                Err(e) => panic!("ABI {abi} {skip:?}: {e}"),
+                Ok(s) => s,
+            };
+            let p = sandbox.protections();
+            assert!(p.confined() && !p.unsafe_mode, "{p}");
+            let detail = &p.landlock.detail;
+            assert!(detail.starts_with(&format!("ABI {abi}:")), "{p}");
+            assert_eq!(detail.contains("on request"), i64::from(abi) < kernel, "{p}");
+            let truncation = if abi >= 3 {
+                "no truncation outside scratch (tried)"
+            } else {
+                "no truncation outside scratch (ABI 3, kernel 6.2: tried, allowed)"
+            };
+            assert!(detail.contains(truncation), "{p}");
+            signals(&sandbox, sandbox.slot_uids().first().copied());
+            files(&sandbox);
+            tasks(&sandbox);
+            memory_and_disk(&sandbox);
+            report.push(format!("ABI {abi} {skip:?}: contained in {:?}", t.elapsed()));
+        }
     }
     println!("{}", report.join("\n"));
 }

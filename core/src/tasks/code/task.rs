@@ -69,6 +69,10 @@ pub struct CodeTaskConfig {
     /// contain a run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sandbox_without: Vec<String>,
+    /// Enforce Landlock as a kernel of this ABI (1–6) would (the CLI's
+    /// `--sandbox-landlock-abi`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_landlock_abi: Option<u32>,
 }
 
 fn lcb_qwen() -> PromptTemplate {
@@ -83,7 +87,7 @@ fn lcb_stop() -> Vec<String> {
 
 impl Default for CodeTaskConfig {
     fn default() -> Self {
-        Self { template: lcb_qwen(), chat_template: None, timeout_s: six(), extraction: Extraction::Lcb, stop: lcb_stop(), unsafe_no_sandbox: false, sandbox_without: Vec::new() }
+        Self { template: lcb_qwen(), chat_template: None, timeout_s: six(), extraction: Extraction::Lcb, stop: lcb_stop(), unsafe_no_sandbox: false, sandbox_without: Vec::new(), sandbox_landlock_abi: None }
     }
 }
 
@@ -120,6 +124,7 @@ impl CodeTask {
         let options = SandboxOptions {
             allow_unsafe: config.unsafe_no_sandbox,
             skip_layers: config.sandbox_without.clone(),
+            landlock_abi: config.sandbox_landlock_abi,
             ..SandboxOptions::default()
         };
         Self::with_sandbox(config, Arc::new(Sandbox::new(options)?))
