@@ -70,18 +70,19 @@ fn parse_kind(text: &str) -> Result<RunKind, String> {
     RunKind::from_name(text)
 }
 
-/// One note line when a run's config uses earlier names (read as their current ones): which,
-/// and the command that rewrites the file.
-pub fn note_legacy(path: &std::path::Path, text: &str, kind: RunKind) {
+/// The note line for a run whose config uses earlier names (read as their current ones): which,
+/// and the command that rewrites the file. Runs print it with their data line, once the run has
+/// started, so that a refused run still ends in its one error line.
+pub fn legacy_note(path: &std::path::Path, text: &str, kind: RunKind) -> Option<String> {
     let notes = config_import::legacy_notes(text, kind);
-    if !notes.is_empty() {
-        eprintln!(
+    (!notes.is_empty()).then(|| {
+        format!(
             "note: {} uses earlier names, read as the current ones ({}); `kiln config upgrade --in-place {}` rewrites it",
             path.display(),
             notes.join("; "),
             path.display()
-        );
-    }
+        )
+    })
 }
 
 pub fn run(args: ConfigArgs) -> Result<()> {
@@ -170,4 +171,22 @@ fn upgrade(file: &Path, in_place: bool, out: Option<&Path>, kind: Option<RunKind
         (false, None) => print!("{}", upgraded.text),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_legacy_note_is_one_line_naming_each_earlier_name_and_the_upgrade() {
+        let path = std::path::Path::new("runs/pretrain.toml");
+        let legacy = "[model]\ninit = \"c.json\"\n[data]\ninterplay = \"d\"\n[train]\nsteps = 1\nmicro_batch = 1\nlr = 1e-3\n[output]\ndir = \"o\"\n";
+        let note = legacy_note(path, legacy, RunKind::Pretrain).expect("earlier names");
+        assert!(!note.contains('\n'), "{note}");
+        assert!(note.starts_with("note: runs/pretrain.toml uses earlier names"), "{note}");
+        assert!(note.contains("[train] lr is read as [optimizer] lr") && note.contains("[data] interplay"), "{note}");
+        assert!(note.ends_with("`kiln config upgrade --in-place runs/pretrain.toml` rewrites it"), "{note}");
+        let current = legacy.replace("interplay = \"d\"", "kind = \"mixture\"\nroot = \"d\"").replace("lr = 1e-3\n", "").replace("[output]", "[optimizer]\nlr = 1e-3\n[output]");
+        assert_eq!(legacy_note(path, &current, RunKind::Pretrain), None, "{current}");
+    }
 }

@@ -36,16 +36,16 @@ pub struct RlArgs {
 pub fn run(method: Method, args: RlArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.config).with_context(|| format!("{}", args.config.display()))?;
     let mut config = PgConfig::load(&args.config, &text, method)?;
+    config.output.allow_config_change |= args.allow_config_change;
+    let devices = args.dist.devices(args.backend, config.train.devices.as_deref())?;
+    let nodes = args.dist.nodes()?;
     let run_kind = match method {
         Method::Grpo => kiln::config_import::RunKind::Rl,
         Method::Opd => kiln::config_import::RunKind::Opd,
     };
-    super::config::note_legacy(&args.config, &text, run_kind);
-    config.output.allow_config_change |= args.allow_config_change;
-    let devices = args.dist.devices(args.backend, config.train.devices.as_deref())?;
-    let nodes = args.dist.nodes()?;
+    let note = super::config::legacy_note(&args.config, &text, run_kind);
     let recompute = config.train.recompute;
-    let job = RlJob { config, method, resume: args.resume, path: args.config, nodes };
+    let job = RlJob { config, method, resume: args.resume, path: args.config, nodes, note };
     kiln::backends::run_replicas_with(&devices, recompute, job)?
 }
 
@@ -55,6 +55,8 @@ struct RlJob {
     resume: bool,
     path: PathBuf,
     nodes: Option<NodeSpec>,
+    /// Earlier names in the config ([`super::config::legacy_note`]), printed with the data line.
+    note: Option<String>,
 }
 
 impl ReplicaJob for RlJob {
@@ -71,6 +73,9 @@ impl ReplicaJob for RlJob {
             self.resume,
             |data| {
                 bar.set_length(data["total_steps"].as_u64().unwrap_or(0));
+                if let Some(note) = &self.note {
+                    bar.println(note);
+                }
                 if let Some(environment) = data["environment"].as_str() {
                     bar.println(format!("rewards graded under {environment}"));
                 }

@@ -43,11 +43,6 @@ pub enum Kind {
 pub fn run(kind: Kind, args: TrainArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.config).with_context(|| format!("{}", args.config.display()))?;
     let mut config = RunConfig::from_toml(&args.config, &text)?;
-    let run_kind = match kind {
-        Kind::Pretrain => kiln::config_import::RunKind::Pretrain,
-        Kind::Sft => kiln::config_import::RunKind::Sft,
-    };
-    super::config::note_legacy(&args.config, &text, run_kind);
     config.output.allow_config_change |= args.allow_config_change;
     match (kind, &config.data) {
         (Kind::Pretrain, DataSection::Mixture(_)) | (Kind::Sft, DataSection::Sft(_)) => {}
@@ -56,14 +51,21 @@ pub fn run(kind: Kind, args: TrainArgs) -> Result<()> {
     }
     let devices = args.dist.devices(args.backend, config.train.devices.as_deref())?;
     let nodes = args.dist.nodes()?;
+    let run_kind = match kind {
+        Kind::Pretrain => kiln::config_import::RunKind::Pretrain,
+        Kind::Sft => kiln::config_import::RunKind::Sft,
+    };
+    let note = super::config::legacy_note(&args.config, &text, run_kind);
     let recompute = config.train.recompute;
-    kiln::backends::run_replicas_with(&devices, recompute, RunJob { config, resume: args.resume, nodes })?
+    kiln::backends::run_replicas_with(&devices, recompute, RunJob { config, resume: args.resume, nodes, note })?
 }
 
 struct RunJob {
     config: RunConfig,
     resume: bool,
     nodes: Option<NodeSpec>,
+    /// Earlier names in the config ([`super::config::legacy_note`]), printed with the data line.
+    note: Option<String>,
 }
 
 impl ReplicaJob for RunJob {
@@ -80,7 +82,12 @@ impl ReplicaJob for RunJob {
             self.resume,
             |data| {
                 bar.set_length(data["total_steps"].as_u64().unwrap_or(0));
-                bar.suspend(|| eprintln!("data: {}", compact(data)));
+                bar.suspend(|| {
+                    if let Some(note) = &self.note {
+                        eprintln!("{note}");
+                    }
+                    eprintln!("data: {}", compact(data));
+                });
             },
             |record| {
                 let step = record.get("step").and_then(Value::as_u64);
