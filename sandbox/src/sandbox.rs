@@ -144,6 +144,7 @@ impl Sandbox {
                 &[harness.dir().to_path_buf()],
                 &work_dirs,
                 &uids.uids,
+                opts.uid_base,
                 &name,
                 &opts.skip_layers,
                 opts.landlock_abi,

@@ -40,6 +40,7 @@ pub(crate) fn probe(
     read_dirs: &[PathBuf],
     work_dirs: &[PathBuf],
     uids: &[u32],
+    uid_base: u32,
     name: &str,
     skip: &[String],
     landlock_abi: Option<u32>,
@@ -158,7 +159,13 @@ pub(crate) fn probe(
             slot0,
             UID_CHECK,
             |o| o == want,
-            &format!("uid/gid {} per slot (reserved against other kiln processes), no groups", id_range(uids)),
+            // (the base, not the uids taken: those depend on what else runs, and the record of
+            // a run must not)
+            &format!(
+                "a uid/gid per slot, the first free from {} (reserved against other kiln \
+                 processes), no groups",
+                uid_base
+            ),
         );
         let when = if t.layers.drop_uid {
             "after the uid drop"
@@ -357,14 +364,6 @@ pub(crate) fn probe(
 
 /// The detail of a layer left off on request.
 const LEFT_OFF: &str = "left off on request (--sandbox-without)";
-
-/// `a–b` for consecutive uids, else the list.
-fn id_range(uids: &[u32]) -> String {
-    match (uids.first(), uids.last()) {
-        (Some(a), Some(b)) if uids.windows(2).all(|w| w[1] == w[0] + 1) && a != b => format!("{a}–{b}"),
-        _ => uids.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
-    }
-}
 
 /// Reads the user namespace's uid map: one id mapped (not the whole range of the host's).
 const USERNS_CHECK: &str = "print(open('/proc/self/uid_map').read().split()[2])";
