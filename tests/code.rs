@@ -239,6 +239,18 @@ fn eval_code_writes_records_and_summaries() {
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     assert_eq!(snapshot(&two), snapshot(&out));
 
+    // `--sandbox-without`, `--sandbox-landlock-abi`: recorded in the summary; the same verdicts.
+    let degraded = tmp.path().join("degraded");
+    let flags = ["--sandbox-without", "net_namespace", "--sandbox-landlock-abi", "3"];
+    let run = kiln(&[&args[..args.len() - 1], &[s(&degraded)], &flags[..]].concat());
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success() && stderr.contains("(left off: net_namespace)"), "{stderr}");
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(degraded.join("model_code_summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["protections"]["skipped"], json!(["net_namespace"]), "{summary}");
+    assert!(summary["protections"]["landlock"]["detail"].as_str().unwrap().starts_with("ABI 3:"), "{summary}");
+    let verdicts = |dir: &Path| lines(&dir.join("model_code_generations.jsonl")).into_iter().map(|r| r["verdict"].clone()).collect::<Vec<_>>();
+    assert_eq!(verdicts(&degraded), verdicts(&out));
+
     // A finished model is skipped; bad selections fail in one line.
     let again = kiln(&args);
     assert!(again.status.success() && String::from_utf8_lossy(&again.stderr).contains("skipped"));
