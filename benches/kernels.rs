@@ -61,6 +61,42 @@ fn bf16_projections(c: &mut Criterion) {
     }
 }
 
+/// The training step's projection products (the 100M config's MLP up projection at 8 × 256
+/// tokens): f32 (burn's GEMM), burn's bf16 matmul (through f32), and kiln's bf16 products (f32
+/// activations rounded to bf16, AVX512-BF16) with their two backward products.
+fn training_products(c: &mut Criterion) {
+    use burn::tensor::DType::BF16;
+    const ROWS: usize = 8 * 256;
+    let (x, w) = (normal([ROWS, D]), normal([D, FF]) * 0.02);
+    let dy = normal([ROWS, FF]);
+    let mut g = c.benchmark_group("train_gemm_2048x768x3072");
+    g.throughput(Throughput::Elements((2 * ROWS * D * FF) as u64));
+    g.bench_function("f32", |b| b.iter(|| x.clone().matmul(w.clone()).into_data()));
+    let (xb, wb) = (x.clone().cast(BF16), w.clone().cast(BF16));
+    g.bench_function("burn_bf16", |b| b.iter(|| xb.clone().matmul(wb.clone()).into_data()));
+    if fused::bf16_products_available::<Cpu>() {
+        g.bench_function("kiln_bf16_products", |b| b.iter(|| fused::bf16_products(x.clone(), w.clone()).unwrap().into_data()));
+    } else {
+        eprintln!("no AVX512-BF16 on this CPU: kiln's bf16 products are not measured");
+    }
+    g.finish();
+    // Forward and both backward products (three GEMMs of the size above).
+    type Ad = burn::backend::Autodiff<Cpu>;
+    let (x, w, dy) = (Tensor::<Ad, 2>::from_inner(x), Tensor::<Ad, 2>::from_inner(w), Tensor::<Ad, 2>::from_inner(dy));
+    let mut g = c.benchmark_group("train_gemm_2048x768x3072_fwd_bwd");
+    g.throughput(Throughput::Elements((3 * 2 * ROWS * D * FF) as u64));
+    let step = |product: &dyn Fn(Tensor<Ad, 2>, Tensor<Ad, 2>) -> Tensor<Ad, 2>| {
+        let (x, w) = (x.clone().require_grad(), w.clone().require_grad());
+        let grads = (product(x.clone(), w.clone()) * dy.clone()).sum().backward();
+        (x.grad(&grads).unwrap().into_data(), w.grad(&grads).unwrap().into_data())
+    };
+    g.bench_function("f32", |b| b.iter(|| step(&|x, w| x.matmul(w))));
+    if fused::bf16_products_available::<Ad>() {
+        g.bench_function("kiln_bf16_products", |b| b.iter(|| step(&|x, w| fused::bf16_products(x, w).unwrap())));
+    }
+    g.finish();
+}
+
 fn attention_bench(c: &mut Criterion) {
     let q = normal([BATCH, SEQ, HEADS, HEAD]);
     let k = normal([BATCH, SEQ, KV, HEAD]);
@@ -147,5 +183,5 @@ fn adamw(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, projections, bf16_projections, attention_bench, rowwise, adamw);
+criterion_group!(benches, projections, bf16_projections, training_products, attention_bench, rowwise, adamw);
 criterion_main!(benches);

@@ -179,6 +179,49 @@ pub fn attention<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, 
     })
 }
 
+#[cfg(target_arch = "x86_64")]
+pub fn bf16_products<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Tensor<B, 2>> {
+    use super::gemm_bf16::{self as g, Operand, Values};
+    let ([m, k], [k2, n]) = (x.dims(), w.dims());
+    if !g::available() || k != k2 {
+        return None;
+    }
+    run::<B, 2, 2, 2>([x, w], move |[x, w]| {
+        fn view(t: &FlexTensor, rows: usize, cols: usize) -> Operand<'_> {
+            Operand::row_major(Values::F32(f32s(t)), rows, cols)
+        }
+        let output = from_vec(g::matmul(view(x, m, k), view(w, k, n)), &[m, n]);
+        let (x, w) = (x.clone(), w.clone());
+        let grad: GradFn = Arc::new(move |dy| {
+            let dy = view(dy, m, n);
+            vec![Some(from_vec(g::matmul(dy, view(&w, k, n).t()), &[m, k])), Some(from_vec(g::matmul(view(&x, m, k).t(), dy), &[k, n]))]
+        });
+        Forward { output, grad }
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+pub fn bf16_matmul<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Tensor<B, 2>> {
+    use super::gemm_bf16::{self as g, Operand, Values};
+    use rayon::prelude::*;
+    if !is_flex::<B>() || x.dtype() != DType::BF16 || w.dtype() != DType::BF16 || x.dims()[1] != w.dims()[0] || !g::available() {
+        return None;
+    }
+    let (x, w) = (primitive::<B, FlexTensor, 2>(x)?, primitive::<B, FlexTensor, 2>(w)?);
+    fn view(t: &FlexTensor) -> Option<Operand<'_>> {
+        let layout = t.layout();
+        let (shape, strides) = (layout.shape(), layout.strides());
+        if strides.iter().any(|s| *s < 0) {
+            return None;
+        }
+        let values = Values::Bf16(&t.storage::<half::bf16>()[layout.start_offset()..]);
+        Some(Operand { values, rows: shape[0], cols: shape[1], row_stride: strides[0] as usize, col_stride: strides[1] as usize })
+    }
+    let (a, b) = (view(&x)?, view(&w)?);
+    let out: Vec<half::bf16> = g::matmul(a, b).par_iter().map(|&v| half::bf16::from_f32(v)).collect();
+    Some(tensor::<B, _, 2>(FlexTensor::from_data(TensorData::new(out, [a.rows, b.cols]))))
+}
+
 pub fn swiglu<B: Backend, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>) -> Option<Tensor<B, D>> {
     let shape = gate.dims();
     if up.dims() != shape {

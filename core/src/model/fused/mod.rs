@@ -11,6 +11,8 @@
 pub mod attention;
 #[cfg(feature = "flex")]
 pub mod elementwise;
+#[cfg(all(feature = "flex", target_arch = "x86_64"))]
+pub mod gemm_bf16;
 pub mod simd;
 
 use std::sync::Arc;
@@ -65,6 +67,50 @@ pub fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>)
     #[cfg(not(feature = "flex"))]
     {
         let _ = (x, cos, sin);
+        None
+    }
+}
+
+/// Whether [`bf16_products`] runs on backend `B` on this CPU (Flex or Flex under autodiff, with
+/// AVX512-BF16).
+pub fn bf16_products_available<B: Backend>() -> bool {
+    #[cfg(all(feature = "flex", target_arch = "x86_64"))]
+    return available::<B>() && gemm_bf16::available();
+    #[cfg(not(all(feature = "flex", target_arch = "x86_64")))]
+    false
+}
+
+/// Whether this CPU has the instructions [`bf16_products`] needs (AVX512-BF16; `KILN_SIMD` not
+/// capping it), whatever the backend.
+pub fn cpu_bf16_products() -> bool {
+    #[cfg(all(feature = "flex", target_arch = "x86_64"))]
+    return gemm_bf16::available();
+    #[cfg(not(all(feature = "flex", target_arch = "x86_64")))]
+    false
+}
+
+/// `x · w` of f32 `x` `[m, k]` and `w` `[k, n]` with both operands rounded to bf16, the products
+/// summed in f32 and returned in f32; under autodiff both gradients are computed the same way
+/// (`dx = dy · wᵀ`, `dw = xᵀ · dy`, f32 out). `None` where [`bf16_products_available`] is false.
+pub fn bf16_products<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Tensor<B, 2>> {
+    #[cfg(all(feature = "flex", target_arch = "x86_64"))]
+    return flex::bf16_products(x, w);
+    #[cfg(not(all(feature = "flex", target_arch = "x86_64")))]
+    {
+        let _ = (x, w);
+        None
+    }
+}
+
+/// `x · w` of bf16 `x` `[m, k]` and `w` `[k, n]` (any strides: the tied head's transposed
+/// embedding is read in place) on Flex without autodiff (inference), products summed in f32,
+/// bf16 out; `None` where [`cpu_bf16_products`] is false or the operands are not bf16.
+pub fn bf16_matmul<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Tensor<B, 2>> {
+    #[cfg(all(feature = "flex", target_arch = "x86_64"))]
+    return flex::bf16_matmul(x, w);
+    #[cfg(not(all(feature = "flex", target_arch = "x86_64")))]
+    {
+        let _ = (x, w);
         None
     }
 }

@@ -233,3 +233,68 @@ fn cached_decoding_with_fused_attention_equals_a_full_forward() {
         seen.iter_mut().for_each(|n| *n += 1);
     }
 }
+
+/// `t` with its values rounded to bf16 (to nearest even), kept in f32, as a constant. (Not
+/// burn-flex's cast: it goes through `half::bf16::from_f64`, which rounds some values just
+/// above a tie down, ~6 in 10⁵ normal values.)
+fn rounded<B: Backend, const D: usize>(t: &Tensor<B, D>) -> Tensor<B, D> {
+    let data = t.clone().detach().into_data();
+    let values: Vec<f32> = data.to_vec::<f32>().unwrap().into_iter().map(|v| half::bf16::from_f32(v).to_f32()).collect();
+    Tensor::from_data(TensorData::new(values, data.shape.clone()), &t.device())
+}
+
+/// bf16 products on f32 operands, forward and both gradients, against burn's f32 products of
+/// the rounded operands (what PyTorch's `bf16-products` fixture run computes); and on a CPU
+/// without AVX512-BF16, that nothing claims them.
+#[test]
+fn bf16_products_are_the_products_of_the_rounded_operands() {
+    if !super::cpu_bf16_products() {
+        assert!(!super::bf16_products_available::<Flex>() && super::bf16_products::<Flex>(Tensor::zeros([2, 2], &Default::default()), Tensor::zeros([2, 2], &Default::default())).is_none());
+        eprintln!("no AVX512-BF16 on this CPU: the bf16 products are declined (checked), their values untested here");
+        return;
+    }
+    let device = Default::default();
+    let n = Distribution::Normal(0.0, 1.0);
+    let (m, k, c) = (37, 70, 45);
+    let x = Tensor::<Ad, 2>::random([m, k], n, &device).require_grad();
+    let w = Tensor::<Ad, 2>::random([k, c], n, &device).require_grad();
+    let upstream = Tensor::<Ad, 2>::random([m, c], n, &device);
+    let y = super::bf16_products(x.clone(), w.clone()).expect("Autodiff<Flex> with AVX512-BF16");
+    let want = rounded(&x).matmul(rounded(&w));
+    let err = max_diff(y.clone().inner(), want.inner());
+    assert!(err < 1e-4, "forward: max |Δ| = {err:e}");
+    let grads = (y * upstream.clone()).sum().backward();
+    let (dx, dw) = (x.grad(&grads).unwrap(), w.grad(&grads).unwrap());
+    let (x, w, dy) = (rounded(&x).inner(), rounded(&w).inner(), rounded(&upstream).inner());
+    let err = max_diff(dx, dy.clone().matmul(w.transpose()));
+    assert!(err < 1e-4, "dx: max |Δ| = {err:e}");
+    let err = max_diff(dw, x.transpose().matmul(dy));
+    assert!(err < 1e-4, "dw: max |Δ| = {err:e}");
+}
+
+/// bf16 inference products (row-major and transposed weights) against burn's bf16 matmul (which
+/// sums the same exact products in f32 and rounds once): equal up to one bf16 rounding step.
+#[test]
+fn bf16_matmul_matches_burns_bf16_product() {
+    use burn::tensor::DType::BF16;
+    if !super::cpu_bf16_products() {
+        assert!(super::bf16_matmul::<Flex>(Tensor::<Flex, 2>::zeros([2, 2], &Default::default()).cast(BF16), Tensor::<Flex, 2>::zeros([2, 2], &Default::default()).cast(BF16)).is_none());
+        eprintln!("no AVX512-BF16 on this CPU: bf16_matmul declines (checked)");
+        return;
+    }
+    let n = Distribution::Normal(0.0, 1.0);
+    let x = Tensor::<Flex, 2>::random([40, 70], n, &Default::default()).cast(BF16);
+    let w = Tensor::<Flex, 2>::random([70, 33], n, &Default::default()).cast(BF16);
+    let wt = Tensor::<Flex, 2>::random([33, 70], n, &Default::default()).cast(BF16).transpose();
+    for w in [w, wt] {
+        let ours = super::bf16_matmul(x.clone(), w.clone()).expect("bf16 on Flex");
+        assert_eq!(ours.dtype(), BF16);
+        let want = x.clone().matmul(w).cast(burn::tensor::DType::F32);
+        let ours = ours.cast(burn::tensor::DType::F32);
+        let bound = want.clone().abs().max().into_scalar().elem::<f32>() / 128.0;
+        let err = max_diff(ours, want);
+        assert!(err <= bound, "max |Δ| = {err:e} > {bound:e}");
+    }
+    assert!(super::bf16_matmul(x.clone().cast(burn::tensor::DType::F32), x.transpose()).is_none(), "f32 activations are not bf16_matmul's");
+}
+
