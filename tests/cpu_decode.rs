@@ -106,7 +106,7 @@ fn projections_take_the_kernel_for_inference_and_after_training() {
     // An optimizer update leaves a contiguous [in, out] weight (AdamW reshapes to 1-D and back).
     let (id, tensor, _) = training.weight.consume();
     let updated = Tensor::<Train, 1>::from_inner(tensor.inner().reshape([k * n]).mul_scalar(0.5)).reshape([k, n]);
-    let stepped = Proj { weight: Param::initialized(id, updated), bias: training.bias }.valid();
+    let stepped = Proj { weight: Param::initialized(id, updated), bias: training.bias, products: None }.valid();
     assert!(matmul(&x, &stepped.weight.val()).is_some(), "an updated weight still reaches the kernel");
 }
 

@@ -60,7 +60,7 @@ fn digit_answer_model(dir: &Path) {
     head[3 * v + 3] = 2.5;
     let matrix = |values: Vec<f32>, shape: [usize; 2]| Param::from_tensor(Tensor::from_data(TensorData::new(values, shape), &device));
     model.embed_tokens.weight = matrix(embed, [v, d]);
-    model.lm_head = Some(Proj { weight: matrix(head, [d, v]), bias: None });
+    model.lm_head = Some(Proj { weight: matrix(head, [d, v]), bias: None, products: None });
     for layer in &mut model.layers {
         let [i, o] = layer.self_attn.o_proj.weight.dims();
         layer.self_attn.o_proj.weight = matrix(vec![0.0; i * o], [i, o]);

@@ -12,6 +12,11 @@
 //! first step is closer to PyTorch's same precision than to f32, bf16-pure's weights end up much
 //! closer to PyTorch's bf16-pure weights than to its f32 ones, and the fraction of weights each
 //! bf16-pure update changed is PyTorch's to 0.02.
+//!
+//! On a CPU with AVX512-BF16, bf16-mixed keeps f32 activations and rounds only the products'
+//! operands to bf16 (`Qwen2::with_compute_dtype`); its reference is then PyTorch's `bf16-products`
+//! run, which computes the same rounding: the first step's loss and gradient norm agree to 1e-5,
+//! later ones to 0.2%.
 
 mod common;
 
@@ -99,15 +104,27 @@ fn steps_match_pytorch<B: AutodiffBackend>(device: &B::Device, precisions: &[Pre
     let tmp = tempfile::tempdir().unwrap();
     let reference = reference();
     let number = |v: &Value, key: &str| v[key].as_f64().unwrap_or_else(|| panic!("{key} in {v}"));
-    let torch = |p: Precision| f32_tensors(&fixture(&format!("precision/{}.safetensors", p.name())));
+    let torch = |run: &str| f32_tensors(&fixture(&format!("precision/{run}.safetensors")));
+    // bf16-mixed on a backend with bf16 products (Flex on CPUs with AVX512-BF16) keeps f32
+    // activations and rounds the products' operands: PyTorch's run of that, to tighter bounds.
+    let products = kiln::model::kernels::kernels::<B>().bf16_products.is_some();
     let initial: Vec<(String, Vec<f32>)> = f32_tensors(&fixture("hf/tied_gqa2/model.safetensors")).into_iter().collect();
     let f32_run = &reference["runs"]["f32"];
     for &precision in precisions {
         let (records, weights) = run::<B>(precision, &tmp.path().join(precision.name()), device);
-        let theirs = &reference["runs"][precision.name()];
+        let key = if precision == Precision::Bf16Mixed && products { "bf16-products" } else { precision.name() };
+        let theirs = &reference["runs"][key];
         assert_eq!(records.len(), theirs.as_array().unwrap().len());
-        let (loss_tol, norm_tol) = if precision == Precision::F32 { (1e-5, 1e-5) } else { (0.02, 0.02) };
         for (k, (ours, theirs)) in records.iter().zip(theirs.as_array().unwrap()).enumerate() {
+            // bf16-products' first step is the same arithmetic (up to the order of f32 sums);
+            // later steps drift as f16-mixed's do, AdamW turning tiny gradient differences into
+            // whole steps (measured: 3e-4 of the loss, 5e-4 of the norm, at step 3).
+            let (loss_tol, norm_tol) = match key {
+                "f32" => (1e-5, 1e-5),
+                "bf16-products" if k == 0 => (1e-5, 1e-5),
+                "bf16-products" => (2e-3, 2e-3),
+                _ => (0.02, 0.02),
+            };
             let (loss, their_loss) = (number(ours, "loss"), number(theirs, "loss"));
             assert!((loss - their_loss).abs() <= loss_tol * their_loss.max(1.0), "{precision} step {k}: loss {loss} vs {their_loss}");
             let (norm, their_norm) = (number(ours, "grad_norm"), number(theirs, "grad_norm"));
@@ -123,13 +140,13 @@ fn steps_match_pytorch<B: AutodiffBackend>(device: &B::Device, precisions: &[Pre
         }
         if precision != Precision::F32 {
             let (loss, their_loss, f32_loss) = (number(&records[0], "loss"), number(&theirs[0], "loss"), number(&f32_run[0], "loss"));
-            assert!((loss - their_loss).abs() < (their_loss - f32_loss).abs(), "{precision}: first loss {loss} is not {their_loss}'s precision (f32 {f32_loss})");
+            assert!((loss - their_loss).abs() < (their_loss - f32_loss).abs(), "{key}: first loss {loss} is not {their_loss}'s precision (f32 {f32_loss})");
         }
-        let moved = mean_diff(&initial, &torch(precision));
-        let off = mean_diff(&weights, &torch(precision));
-        assert!(off <= 0.05 * moved, "{precision}: weights off PyTorch's by {off:e}, the steps moved them by {moved:e}");
+        let moved = mean_diff(&initial, &torch(key));
+        let off = mean_diff(&weights, &torch(key));
+        assert!(off <= 0.05 * moved, "{key}: weights off PyTorch's by {off:e}, the steps moved them by {moved:e}");
         if precision == Precision::Bf16Pure {
-            let rounding = mean_diff(&torch(Precision::F32).into_iter().collect::<Vec<_>>(), &torch(precision));
+            let rounding = mean_diff(&torch("f32").into_iter().collect::<Vec<_>>(), &torch(key));
             assert!(off < 0.25 * rounding, "bf16-pure: kiln is {off:e} from PyTorch's bf16 run, which is {rounding:e} from f32");
             assert_eq!(weights.len(), initial.len());
         }

@@ -109,7 +109,9 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
     // ≈ 17 hidden-sized f32 tensors (the norms' inputs and outputs, residual sums, projection
     // outputs; 68 · h). The i and h terms were fitted on training steps of the tiny model with
     // 4 and 8 layers and 512 and 1024 intermediate sizes (peak RSS, one thread).
-    let fused = request.cpu_kernels && p.compute() == Dtype::F32;
+    // bf16-mixed on a CPU with bf16 products keeps f32 activations (`Qwen2::with_compute_dtype`)
+    // and no bf16 weight copies: the products read the f32 weights.
+    let fused = request.cpu_kernels && (p.compute() == Dtype::F32 || (p == Precision::Bf16Mixed && crate::model::fused::cpu_bf16_products()));
     let per_token_layer = if fused {
         68.0 * h + 14.0 * i + 4.0 * (q + 2.0 * kv) + 4.0 * q + 4.0 * heads
     } else if request.recompute {
@@ -124,7 +126,7 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
     // only the norm's input and output and one log-sum-exp per token.
     let head = if fused { tokens * (8.0 * h + 4.0 * v + 4.0) } else { tokens * (4.0 * h + s * h + 4.0) };
     let weights = params * p.weights().size() as f64;
-    let copy = if p.compute() != p.weights() { params * p.compute().size() as f64 } else { 0.0 };
+    let copy = if p.compute() != p.weights() && !fused { params * p.compute().size() as f64 } else { 0.0 };
     let state = 2.0 * params * p.weights().size() as f64;
     let grads = params * p.weights().size() as f64;
     // The update's temporaries for the largest tensor: the clipped gradient, the new moments,

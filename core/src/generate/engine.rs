@@ -148,7 +148,7 @@ impl<'a, B: Backend> Engine<'a, B> {
     /// layer, in the dtype activations are computed in.
     pub fn kv_bytes_per_position(&self) -> u64 {
         let c = self.model.config();
-        (2 * c.num_hidden_layers * c.num_kv_heads() * c.head_dim() * self.model.compute_dtype().size()) as u64
+        (2 * c.num_hidden_layers * c.num_kv_heads() * c.head_dim() * self.model.activation_dtype().size()) as u64
     }
 
     /// The most sequences of `positions` positions (prompt and new tokens) whose KV cache fits

@@ -3,7 +3,8 @@
 //! burn 0.21 fixes a device's *default* float dtype at its first tensor, once per process, so
 //! kiln never changes the default: half-precision tensors are created with an explicit dtype
 //! ([`Dtype::burn`]) and everything computed from them keeps it. Which backend has which format
-//! (checked by [`Dtype::check`]): Flex (CPU) stores bf16 and f16 and computes through f32;
+//! (checked by [`Dtype::check`]): Flex (CPU) stores bf16 and f16 and computes through f32, but
+//! for the products of bf16 values on CPUs with AVX512-BF16 (`model::fused::gemm_bf16`);
 //! NdArray has neither; wgpu has f16 only on adapters with `SHADER_F16` (Mesa's lavapipe has
 //! it) and no bf16 (WGSL has none); CUDA has both.
 

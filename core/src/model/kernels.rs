@@ -6,7 +6,7 @@
 //! - [`REFERENCE`]: plain burn ops, what every backend runs unless it has its own (wgpu and CUDA
 //!   compile them to CubeCL kernels), and what every other table is tested against;
 //! - the Flex table: `model::fused`'s CPU kernels (f32), each falling back to the reference
-//!   where it declines (another dtype);
+//!   where it declines (another dtype), and bf16 products on CPUs with AVX512-BF16;
 //! - under autodiff, [`custom_op::install`](super::custom_op::install) adds the chunked
 //!   attention with its own backward pass (training).
 
@@ -67,7 +67,15 @@ pub struct Kernels<B: Backend> {
     pub chunked_attention: Option<AttentionFn<B>>,
     /// The AdamW step as one kernel, if the backend has one.
     pub adamw: AdamWFn<B>,
+    /// Where the backend multiplies bf16 natively on f32 activations (Flex on CPUs with
+    /// AVX512-BF16): `x · w` `[m, k] × [k, n]`, both rounded to bf16, summed and returned in f32
+    /// (gradients likewise). bf16-mixed then keeps activations in f32 and rounds only what the
+    /// products read ([`super::proj::Proj::products`]).
+    pub bf16_products: Option<BinaryFn<B>>,
 }
+
+/// A product of two matrices, or `None` where declined.
+pub type BinaryFn<B> = fn(Tensor<B, 2>, Tensor<B, 2>) -> Option<Tensor<B, 2>>;
 
 impl<B: Backend> Clone for Kernels<B> {
     fn clone(&self) -> Self {
@@ -87,6 +95,7 @@ pub fn reference<B: Backend>() -> Kernels<B> {
         fused_attention: |_| false,
         chunked_attention: None,
         adamw: |_, _, _, _| None,
+        bf16_products: None,
     }
 }
 
@@ -110,6 +119,7 @@ fn flex<B: Backend>() -> Kernels<B> {
         fused_attention: |dtype| dtype == DType::F32,
         chunked_attention: None,
         adamw: flex_adamw::<B>,
+        bf16_products: fused::bf16_products_available::<B>().then_some(fused::bf16_products::<B> as BinaryFn<B>),
     }
 }
 

@@ -21,6 +21,7 @@ use burn::tensor::module::linear;
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 
 use super::cpu_decode;
+use super::dtype::Dtype;
 use super::weights::Weights;
 use crate::error::Result;
 
@@ -31,6 +32,11 @@ pub struct Proj<B: Backend> {
     pub weight: Param<Tensor<B, 2>>,
     /// `[out]`.
     pub bias: Option<Param<Tensor<B, 1>>>,
+    /// The dtype the product's operands are rounded to when the activations stay wider (bf16
+    /// for bf16-mixed on a backend with [`Kernels::bf16_products`](super::kernels::Kernels)):
+    /// set by [`Qwen2::with_compute_dtype`](super::Qwen2::with_compute_dtype).
+    #[module(skip)]
+    pub products: Option<Dtype>,
 }
 
 impl<B: Backend> Proj<B> {
@@ -53,12 +59,12 @@ impl<B: Backend> Proj<B> {
             DType::F16 => transposed::<half::f16>(&weight, out_dim, in_dim),
             _ => transposed::<f32>(&weight.convert_dtype(DType::F32), out_dim, in_dim),
         };
-        Self { bias: bias.map(|b| param(b, device)), weight: param(weight, device) }
+        Self { bias: bias.map(|b| param(b, device)), weight: param(weight, device), products: None }
     }
 
     /// `x · W + b` over the last axis of `[B, T, in]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        project(x, self.weight.val(), self.bias.as_ref().map(Param::val))
+        project_with(x, self.weight.val(), self.bias.as_ref().map(Param::val), self.products)
     }
 }
 
@@ -105,14 +111,34 @@ pub fn to_hf<B: Backend, const D: usize>(weight: Tensor<B, D>) -> Tensor<B, D> {
 }
 
 /// `x · weight + bias` over the last axis of `x` `[B, T, in]`, `weight` `[in, out]`, in the dtype
-/// of `x` (weight and bias are cast to it): the CPU decoding kernel where it applies, else one
+/// of `x` (weight and bias are cast to it): the CPU decoding kernel where it applies, else the
+/// CPU's bf16 product for bf16 operands (`fused::bf16_matmul`), else one
 /// `[B·T, in] × [in, out]` product (backends multiply batched operands one batch at a time,
 /// which for decoding would repack the whole weight for every sequence).
 pub fn project<B: Backend>(x: Tensor<B, 3>, weight: Tensor<B, 2>, bias: Option<Tensor<B, 1>>) -> Tensor<B, 3> {
+    project_with(x, weight, bias, None)
+}
+
+/// [`project`], with the operands rounded to `products` (bf16) where that is not the dtype of
+/// `x` and the backend has [`Kernels::bf16_products`](super::kernels::Kernels): f32 `x` and
+/// weight in, f32 out, each product exact and summed in f32.
+pub fn project_with<B: Backend>(x: Tensor<B, 3>, weight: Tensor<B, 2>, bias: Option<Tensor<B, 1>>, products: Option<Dtype>) -> Tensor<B, 3> {
     let [batch, seq, _] = x.dims();
+    if products == Some(Dtype::BF16)
+        && x.dtype() == DType::F32
+        && weight.dtype() == DType::F32
+        && let Some(y) = super::kernels::kernels::<B>().bf16_products.and_then(|f| f(x.clone().flatten::<2>(0, 1), weight.clone()))
+    {
+        let y = match bias {
+            Some(bias) => y + to_dtype(bias, DType::F32).unsqueeze(),
+            None => y,
+        };
+        let out = y.dims()[1];
+        return y.reshape([batch, seq, out]);
+    }
     let (weight, bias) = (to_dtype(weight, x.dtype()), bias.map(|b| to_dtype(b, x.dtype())));
     let x = x.flatten::<2>(0, 1);
-    let y = match cpu_decode::matmul(&x, &weight) {
+    let y = match cpu_decode::matmul(&x, &weight).or_else(|| super::fused::bf16_matmul(x.clone(), weight.clone())) {
         Some(y) => match bias {
             Some(bias) => y + bias.unsqueeze(),
             None => y,

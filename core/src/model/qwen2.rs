@@ -310,8 +310,8 @@ impl<B: Backend> Qwen2<B> {
         let rope = self.rope.tables(inputs.positions.clone());
 
         let mut x = self.embed_tokens.forward(inputs.ids.clone());
-        if let Some(dtype) = self.compute {
-            x = proj::to_dtype(x, dtype.burn());
+        if self.compute.is_some() {
+            x = proj::to_dtype(x, self.activation_dtype().burn());
         }
         let mask = AttnMask::new(key_valid, queries, kv_heads, group, x.dtype());
         for (i, layer) in self.layers.iter().enumerate() {
@@ -334,7 +334,7 @@ impl<B: Backend> Qwen2<B> {
         match &self.lm_head {
             Some(head) => head.forward(hidden),
             // Tied: the embedding `[V, D]` is the head's HF `[out, in]`.
-            None => proj::project(hidden, self.embed_tokens.weight.val().transpose(), None),
+            None => proj::project_with(hidden, self.embed_tokens.weight.val().transpose(), None, self.products()),
         }
     }
 
@@ -385,15 +385,49 @@ impl<B: Backend> Qwen2<B> {
 
     /// The model computing in `dtype` with its weights as they are (mixed precision: f32
     /// weights with bf16 or f16 activations; under autodiff, gradients reach the f32 weights).
+    ///
+    /// bf16 on a backend with [`Kernels::bf16_products`](super::kernels::Kernels) (Flex on CPUs
+    /// with AVX512-BF16) keeps the activations in f32 and rounds to bf16 only the operands of
+    /// the projections' products (forward and backward), as `torch.autocast` rounds what its
+    /// matmuls read: every product is a bf16 one, and the f32 kernels serve everything else.
     pub fn with_compute_dtype(mut self, dtype: Dtype) -> Self {
         self.compute = Some(dtype);
+        let products = (dtype == Dtype::BF16 && kernels::<B>().bf16_products.is_some()).then_some(dtype);
+        self.set_products(products);
         self
+    }
+
+    /// The dtype activations (and the KV cache) are kept in: the compute dtype, but f32 where
+    /// the projections round their operands instead ([`Qwen2::products`]).
+    pub fn activation_dtype(&self) -> Dtype {
+        if self.products().is_some() { Dtype::F32 } else { self.compute_dtype() }
+    }
+
+    /// The dtype the projections round their operands to when the activations stay f32
+    /// (see [`Qwen2::with_compute_dtype`]).
+    pub fn products(&self) -> Option<Dtype> {
+        self.layers.first().and_then(|l| l.mlp.up_proj.products)
+    }
+
+    /// Sets (or, with `None`, clears: activations then in the compute dtype) the projections'
+    /// product rounding of [`Qwen2::with_compute_dtype`].
+    pub(crate) fn set_products(&mut self, products: Option<Dtype>) {
+        for layer in &mut self.layers {
+            let (a, m) = (&mut layer.self_attn, &mut layer.mlp);
+            for p in [&mut a.q_proj, &mut a.k_proj, &mut a.v_proj, &mut a.o_proj, &mut m.gate_proj, &mut m.up_proj, &mut m.down_proj] {
+                p.products = products;
+            }
+        }
+        if let Some(head) = &mut self.lm_head {
+            head.products = products;
+        }
     }
 
     /// The model with every weight in `dtype` (and activations in it).
     pub fn cast(self, dtype: Dtype) -> Self {
         let mut model = self.map(&mut CastParams(dtype.burn()));
         model.compute = None;
+        model.set_products(None);
         model
     }
 

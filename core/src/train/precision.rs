@@ -8,7 +8,11 @@
 //!   statistics, attention's softmax, the log-softmax and the loss in f32. This is what
 //!   DeepSpeed's bf16 mode does under HF Trainer (OpenR1's runs: a bf16 model for compute, f32
 //!   masters and optimizer state). f16 adds dynamic loss scaling ([`LossScale`], torch's
-//!   `GradScaler`), as f16 gradients underflow without it.
+//!   `GradScaler`), as f16 gradients underflow without it. On a CPU with AVX512-BF16, bf16-mixed
+//!   keeps the activations in f32 and rounds to bf16 only the operands of the projections'
+//!   products, forward and backward (each product exact, sums in f32; what `torch.autocast`
+//!   rounds, without rounding the products' outputs), so the fused f32 kernels serve the rest
+//!   and no bf16 copy of the weights is kept ([`Qwen2::with_compute_dtype`]).
 //! - `bf16-pure`: weights, gradients and AdamW state in bf16, as a plain HF Trainer run on a
 //!   model loaded in bf16. Updates much smaller than a weight's bf16 spacing (2⁻⁸ of it) round
 //!   away, so at the seed's 1e-6 learning rates most weights never move (spec code-sft §5.5);
