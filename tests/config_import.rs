@@ -123,6 +123,8 @@ fn verl_dapo_keys_and_overrides_map_to_kiln_names() {
         "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5",
         "trainer.total_training_steps=300",
         "actor_rollout_ref.actor.use_kl_loss=False",
+        "algorithm.rollout_correction.rollout_rs='token_k1,seq_mean_k3'",
+        "algorithm.rollout_correction.rollout_rs_threshold='0.5_2.0,0.15'",
         "+actor_rollout_ref.actor.not_a_verl_key=3",
     ])
     .unwrap();
@@ -133,6 +135,7 @@ fn verl_dapo_keys_and_overrides_map_to_kiln_names() {
     assert_eq!((l.clip_ratio_high, l.clip_ratio_c), (Some(0.28), 10.0));
     assert_eq!(l.adv_estimator.name(), "dr_grpo", "norm_adv_by_std_in_grpo=False");
     assert_eq!(l.tis_imp_ratio_cap, Some(2.0));
+    assert_eq!((l.rollout_rs.as_deref(), l.rejection().unwrap().unwrap().criteria().count()), (Some("token_k1,seq_mean_k3"), 2), "MIS carried");
     assert_eq!(l.kl_coef, 0.0, "use_kl_loss=False");
     let o = l.overlong_buffer.unwrap();
     assert_eq!((o.enable, o.len, o.penalty_factor), (true, 256, 0.5));

@@ -184,6 +184,18 @@ fn estimators_policy_losses_and_aggregations_match_verl_091() {
     }
     assert!(expected.iter().any(|&w| w == cap as f32) && expected.iter().any(|&w| w > 0.0 && w < 1.0), "the cap and sub-1 weights are exercised");
 
+    // Rollout rejection sampling (MIS): verl's kept-token masks, option by option and chained.
+    let rejections = pl["rejection"].as_array().expect("rejection cases: rerun tests/fixtures/make_verl_core_algos.py");
+    assert_eq!(rejections.len(), 15);
+    for case in rejections {
+        let (options, threshold) = (case["rollout_rs"].as_str().unwrap(), case["rollout_rs_threshold"].as_str().unwrap());
+        let rejection = kiln::rl::rejection::Rejection::parse(options, threshold).unwrap();
+        let kept = host(rejection.apply(old.clone(), matrix(&pl["rollout_log_prob"]), &mask));
+        let expected = floats(&case["mask"]);
+        assert_eq!(kept, expected, "{options} {threshold}: kept tokens");
+        assert!(kept.iter().zip(host(mask.clone())).any(|(k, m)| *k == 0.0 && m == 1.0) && kept.contains(&1.0), "{options}: some tokens rejected, some kept");
+    }
+
     // Policy losses: verl 0.9.1's "seq-mean-token-sum-norm" is kiln's "seq-mean-token-sum-norm-dr".
     let width = mask.dims()[1];
     let mut seen = std::collections::BTreeSet::new();
@@ -365,8 +377,8 @@ fn grpo_end_to_end_writes_release_checkpoints_and_resumes_bit_identically() {
 }
 
 /// The methods of the named stages together in one tiny GRPO run: GSPO's loss, truncated
-/// importance sampling, DAPO's overlong shaping and dynamic sampling; the metrics file records
-/// the TIS weights and the filter's generations.
+/// importance sampling, rollout rejection sampling, DAPO's overlong shaping and dynamic sampling;
+/// the metrics file records the TIS weights, the rejected fraction and the filter's generations.
 #[test]
 fn grpo_with_gspo_tis_overlong_buffer_and_filter_groups_runs_and_reports() {
     let tmp = tempfile::tempdir().unwrap();
@@ -377,11 +389,12 @@ fn grpo_with_gspo_tis_overlong_buffer_and_filter_groups_runs_and_reports() {
         .replace("max_response_length = 12", "max_response_length = 12\n\n[rollout.filter_groups]\nmax_num_gen_batches = 2")
         .replace(
             "[output]",
-            "[loss]\npolicy_loss = \"gspo\"\ntis_imp_ratio_cap = 2.0\n\n[loss.overlong_buffer]\nlen = 4\npenalty_factor = 1.0\n\n[output]",
+            "[loss]\npolicy_loss = \"gspo\"\ntis_imp_ratio_cap = 2.0\nrollout_rs = \"token_k1,seq_max_k3\"\nrollout_rs_threshold = \"0.5_2.0,0.5\"\n\n[loss.overlong_buffer]\nlen = 4\npenalty_factor = 1.0\n\n[output]",
         );
     let config = PgConfig::from_toml(&work.join("run.toml"), &text).unwrap();
     let settings = config.settings();
     assert_eq!((settings.policy_loss.name(), settings.tis_imp_ratio_cap), ("gspo", Some(2.0)));
+    assert_eq!(settings.rejection.map(|r| r.criteria().count()), Some(2));
     assert!(settings.overlong_buffer.is_some_and(|o| o.enable && o.len == 4));
     assert!(settings.filter_groups.is_some_and(|f| f.enable && f.max_num_gen_batches == 2));
     let summary = run(work, &text, Method::Grpo, false).unwrap();
@@ -393,6 +406,9 @@ fn grpo_with_gspo_tis_overlong_buffer_and_filter_groups_runs_and_reports() {
         // min(pi_old / pi_rollout, 2): positive, at most the cap.
         let tis = number("tis_weight_mean");
         assert!(tis > 0.0 && tis <= 2.0, "tis_weight_mean {tis}");
+        // Learner and rollout compute alike here: few tokens, if any, are rejected.
+        let rejected = number("rollout_rs_masked_fraction");
+        assert!((0.0..=1.0).contains(&rejected), "rollout_rs_masked_fraction {rejected}");
         let generations = number("filter_groups_generations");
         assert!((1.0..=2.0).contains(&generations), "filter_groups_generations {generations}");
         let informative = number("filter_groups_informative");
@@ -469,6 +485,8 @@ fn bad_configs_are_errors_naming_the_file() {
         (good.replace("[output]", "[loss]\npolicy_loss = \"ppo\"\n\n[output]"), "unknown policy_loss \"ppo\"; valid names: vanilla, gspo, cispo"),
         (good.replace("[output]", "[loss]\nloss_agg_mode = \"token-sum\"\n\n[output]"), "seq-mean-token-sum-norm-dr"),
         (good.replace("[output]", "[loss]\ntis_imp_ratio_cap = 0.0\n\n[output]"), "tis_imp_ratio_cap must be positive"),
+        (good.replace("[output]", "[loss]\nrollout_rs = \"token_k1\"\n\n[output]"), "rollout_rs needs rollout_rs_threshold"),
+        (good.replace("[output]", "[loss]\nrollout_rs = \"token_k9\"\nrollout_rs_threshold = 2\n\n[output]"), "unknown rollout_rs option"),
         (good.replace("[output]", "[loss]\nadv_estimator = \"rloo\"\nreward_scaling = \"batch\"\n\n[output]"), "reward_scaling applies to"),
         (good.replace("[output]", "[loss.overlong_buffer]\nlen = 13\n\n[output]"), "0 < len <= max_response_length (12)"),
         (good.replace("max_response_length = 12", "max_response_length = 12\n[rollout.filter_groups]\nmax_num_gen_batches = 0"), "at least 1"),
@@ -545,6 +563,7 @@ fn a_custom_reward_plugs_in_and_flat_groups_carry_no_signal() {
         agg: LossAgg::SeqMeanTokenMean,
         policy_loss: PolicyLossMode::default(),
         tis_imp_ratio_cap: None,
+        rejection: None,
         overlong_buffer: None,
         filter_groups: None,
         kl: None,
@@ -635,6 +654,7 @@ fn rollouts_sample_in_the_configured_dtype() {
             agg: LossAgg::TokenMean,
             policy_loss: PolicyLossMode::default(),
             tis_imp_ratio_cap: None,
+            rejection: None,
             overlong_buffer: None,
             filter_groups: None,
             kl: None,

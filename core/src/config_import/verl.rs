@@ -67,6 +67,7 @@ pub const MAPPING: &[(&str, &str)] = &[
     ("algorithm.norm_adv_by_std_in_grpo", "[loss] adv_estimator = \"dr_grpo\" when false with grpo"),
     ("algorithm.filter_groups.enable, .max_num_gen_batches", "[rollout.filter_groups] enable, max_num_gen_batches"),
     ("algorithm.rollout_correction.rollout_is = token, .rollout_is_threshold", "[loss] tis_imp_ratio_cap"),
+    ("algorithm.rollout_correction.rollout_rs, .rollout_rs_threshold", "[loss] rollout_rs, rollout_rs_threshold"),
     ("reward.reward_kwargs.overlong_buffer_cfg.enable, .len, .penalty_factor (reward_model.overlong_buffer.*)", "[loss.overlong_buffer] enable, len, penalty_factor"),
     ("trainer.total_epochs", "[train] epochs"),
     ("trainer.total_training_steps", "[train] steps (when set)"),
@@ -80,7 +81,6 @@ pub const MAPPING: &[(&str, &str)] = &[
 const REFUSED: &Refusals = &[
     ("algorithm.use_kl_in_reward", &["false"], "kiln has no KL penalty in the reward (use actor.use_kl_loss: [loss] kl_coef)"),
     ("algorithm.use_pf_ppo", &["false"], "kiln has no PF-PPO reweighting"),
-    ("algorithm.rollout_correction.rollout_rs", &["null"], "kiln has no rollout rejection sampling"),
     ("algorithm.rollout_correction.bypass_mode", &["false"], "kiln's old log-probs are the learner's (decoupled mode)"),
     ("algorithm.rollout_correction.rollout_is_batch_normalize", &["false"], "kiln does not normalise IS weights"),
     ("actor_rollout_ref.actor.entropy_coeff", &["0", "0.0"], "kiln has no entropy bonus"),
@@ -115,6 +115,8 @@ const READ: &[&str] = &[
     "algorithm.filter_groups.max_num_gen_batches",
     "algorithm.rollout_correction.rollout_is",
     "algorithm.rollout_correction.rollout_is_threshold",
+    "algorithm.rollout_correction.rollout_rs",
+    "algorithm.rollout_correction.rollout_rs_threshold",
     "reward_model.reward_manager",
 ];
 
@@ -380,6 +382,20 @@ pub fn import(path: &Path, text: &str, overrides: &[String]) -> Result<Imported>
             c.carry(&key, "loss.tis_imp_ratio_cap", cap);
         }
         Some(other) => return Err(c.refuse(&format!("{rc}.rollout_is"), &Value::from(other), "kiln's truncated importance sampling is per token (rollout_is = token)")),
+    }
+    if let Some(options) = c.text(&format!("{rc}.rollout_rs")) {
+        let key = format!("{rc}.rollout_rs_threshold");
+        let threshold = c.get(&key);
+        let text = match &threshold {
+            Value::String(t) => t.clone(),
+            Value::Number(n) => n.to_string(),
+            _ => return Err(c.refuse(&key, &threshold, "rollout_rs needs a threshold (a number, or verl's string such as \"0.5_2.0\")")),
+        };
+        if let Err(why) = crate::rl::rejection::Rejection::parse(&options, &text) {
+            return Err(c.refuse(&format!("{rc}.rollout_rs"), &Value::from(options), &why));
+        }
+        c.carry(&format!("{rc}.rollout_rs"), "loss.rollout_rs", options);
+        c.carry(&key, "loss.rollout_rs_threshold", threshold);
     }
 
     // DAPO: dynamic sampling and the overlong buffer.

@@ -110,6 +110,13 @@ pub struct LossSection {
     /// Truncated importance sampling: the cap C of `min(π_old / π_rollout, C)` (verl's
     /// `tis_imp_ratio_cap`; absent: off).
     pub tis_imp_ratio_cap: Option<f64>,
+    /// Rollout rejection sampling (masked importance sampling; verl's `rollout_rs`): options
+    /// such as `"token_k1"` or `"token_k1,seq_mean_k3"` whose out-of-bound tokens or responses
+    /// leave the policy loss (absent: off; see `rl::rejection`).
+    pub rollout_rs: Option<String>,
+    /// Their thresholds (verl's `rollout_rs_threshold`): `"0.5_2.0"` (k1's ratio bounds), `0.15`,
+    /// or one per option, comma-separated.
+    pub rollout_rs_threshold: Option<RsThreshold>,
     /// DAPO's overlong reward shaping (verl's `reward_model.overlong_buffer`):
     /// `[loss.overlong_buffer]`.
     pub overlong_buffer: Option<OverlongBuffer>,
@@ -125,6 +132,32 @@ pub struct LossSection {
     pub epsilon: f64,
 }
 
+/// `rollout_rs_threshold`: verl takes a string or a number.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RsThreshold {
+    Number(f64),
+    Text(String),
+}
+
+impl LossSection {
+    /// The rejection criteria of `rollout_rs` / `rollout_rs_threshold`, if set.
+    pub fn rejection(&self) -> std::result::Result<Option<super::rejection::Rejection>, String> {
+        match (&self.rollout_rs, &self.rollout_rs_threshold) {
+            (None, None) => Ok(None),
+            (Some(options), Some(threshold)) => {
+                let threshold = match threshold {
+                    RsThreshold::Number(v) => v.to_string(),
+                    RsThreshold::Text(t) => t.clone(),
+                };
+                super::rejection::Rejection::parse(options, &threshold).map(Some)
+            }
+            (Some(_), None) => Err("rollout_rs needs rollout_rs_threshold".into()),
+            (None, Some(_)) => Err("rollout_rs_threshold needs rollout_rs (the options it bounds)".into()),
+        }
+    }
+}
+
 impl Default for LossSection {
     fn default() -> Self {
         Self {
@@ -136,6 +169,8 @@ impl Default for LossSection {
             adv_estimator: AdvEstimator::default(),
             policy_loss: PolicyLossMode::default(),
             tis_imp_ratio_cap: None,
+            rollout_rs: None,
+            rollout_rs_threshold: None,
             overlong_buffer: None,
             kl_coef: default_kl_coef(),
             kl_estimator: default_kl(),
@@ -277,6 +312,7 @@ impl PgConfig {
             agg: l.agg,
             policy_loss: l.policy_loss,
             tis_imp_ratio_cap: l.tis_imp_ratio_cap,
+            rejection: l.rejection().ok().flatten(),
             overlong_buffer: l.overlong_buffer,
             filter_groups: r.filter_groups,
             kl: (l.kl_coef > 0.0).then_some((l.kl_estimator, l.kl_coef)),
@@ -290,6 +326,7 @@ impl PgConfig {
     pub fn check(&self) -> std::result::Result<(), Refusal> {
         let (d, t) = (Defaults::POLICY_GRADIENT, &self.train);
         self.from_dir().map_err(|m| Refusal::at("model", self.model.init.as_ref().map(|_| "init"), m))?;
+        self.loss.rejection().map_err(|m| Refusal::at("loss", Some("rollout_rs"), format!("[loss] {m}")))?;
         let prompts = self.prompts().map_err(|m| Refusal::at("data", Some("kind"), m))?;
         t.total_steps(|_| 0)?;
         self.output.time_budget()?;

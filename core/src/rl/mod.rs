@@ -24,6 +24,7 @@ pub mod loss;
 pub mod objective;
 #[cfg(feature = "tasks")]
 pub mod prompts;
+pub mod rejection;
 #[cfg(feature = "tasks")]
 pub mod reward;
 #[cfg(feature = "tasks")]

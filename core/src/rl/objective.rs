@@ -12,7 +12,8 @@
 //!    and those into micro-batches, whose losses are scaled by 1 / (micro-batches in the
 //!    mini-batch), as verl's `dp_actor.update_policy` does; each micro-batch's loss is the named
 //!    policy loss ([`PolicyLossMode`]), its per-token losses weighted by truncated importance
-//!    sampling when `tis_imp_ratio_cap` is set.
+//!    sampling when `tis_imp_ratio_cap` is set, and the tokens rollout rejection sampling
+//!    rejects (`rollout_rs`, [`super::rejection`]) left out of it.
 
 use std::time::Instant;
 
@@ -114,6 +115,8 @@ pub struct PgSettings {
     pub policy_loss: PolicyLossMode,
     /// Truncated importance sampling's cap (`None`: off).
     pub tis_imp_ratio_cap: Option<f64>,
+    /// Rollout rejection sampling (masked importance sampling; `None`: off).
+    pub rejection: Option<super::rejection::Rejection>,
     /// DAPO's overlong reward shaping (`None`: off).
     pub overlong_buffer: Option<OverlongBuffer>,
     /// DAPO's dynamic sampling (`None`: off).
@@ -409,7 +412,7 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
                     old: layout.tensor(scored.old, &device),
                     advantages: layout.tensor(advantages.iter().map(|&a| a as f32).collect(), &device),
                     reference: scored.reference.map(|r| layout.tensor(r, &device)),
-                    rollout: s.tis_imp_ratio_cap.map(|_| layout.tensor(raw_rollout_logprobs(&layout, chunk), &device)),
+                    rollout: (s.tis_imp_ratio_cap.is_some() || s.rejection.is_some()).then(|| layout.tensor(raw_rollout_logprobs(&layout, chunk), &device)),
                     scale: 1.0 / count as f64,
                     weight: 1.0 / total_micros as f64,
                     layout,
@@ -462,11 +465,21 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
                     }
                     _ => None,
                 };
+                // Rejected tokens leave the policy loss (and its aggregation's counts), as verl
+                // drops them from the response mask.
+                let mask = match (&s.rejection, &micro.rollout) {
+                    (Some(rejection), Some(rollout)) => {
+                        let kept = rejection.apply(micro.old.clone(), rollout.clone(), &batch.mask);
+                        weighted(&mut metrics, "rollout_rs_masked_fraction", masked_mean(batch.mask.clone() - kept.clone(), &batch.mask));
+                        kept
+                    }
+                    _ => batch.mask.clone(),
+                };
                 let inputs = PolicyLossInputs {
                     log_prob: log_prob.clone(),
                     old_log_prob: micro.old.clone(),
                     advantages: micro.advantages.clone(),
-                    mask: batch.mask.clone(),
+                    mask,
                     is_weights,
                 };
                 let pg = s.policy_loss.compute(inputs, &PolicyLossConfig { clip: s.clip, agg: s.agg, max_response_length: max_length });
@@ -669,6 +682,7 @@ mod tests {
             agg: LossAgg::TokenMean,
             policy_loss: PolicyLossMode::default(),
             tis_imp_ratio_cap: None,
+            rejection: None,
             overlong_buffer: None,
             filter_groups: None,
             kl: None,
