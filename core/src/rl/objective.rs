@@ -12,8 +12,8 @@
 //!    and those into micro-batches, whose losses are scaled by 1 / (micro-batches in the
 //!    mini-batch), as verl's `dp_actor.update_policy` does; each micro-batch's loss is the named
 //!    policy loss ([`PolicyLossMode`]), its per-token losses weighted by truncated importance
-//!    sampling when `tis_imp_ratio_cap` is set, and the tokens rollout rejection sampling
-//!    rejects (`rollout_rs`, [`super::rejection`]) left out of it.
+//!    sampling when `tis_imp_ratio_cap` is set; the tokens rollout rejection sampling rejects
+//!    (`rollout_rs`, [`super::rejection`]) leave every term of the loss.
 
 use std::time::Instant;
 
@@ -444,6 +444,16 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         let weighted = |metrics: &mut Map<String, Value>, key: &str, value: Tensor<B, 1>| {
             metrics.insert(key.into(), json!(value.into_scalar().elem::<f64>() * micro.weight));
         };
+        // Rejected tokens leave every term of the loss and its aggregation's counts, as verl
+        // drops them from the response mask the actor update reads.
+        let mask = match (&s.rejection, &micro.rollout) {
+            (Some(rejection), Some(rollout)) => {
+                let kept = rejection.apply(micro.old.clone(), rollout.clone(), &batch.mask);
+                weighted(&mut metrics, "rollout_rs_masked_fraction", masked_mean(batch.mask.clone() - kept.clone(), &batch.mask));
+                kept
+            }
+            _ => batch.mask.clone(),
+        };
         let mut loss = match &self.signal {
             Signal::Teacher { model: teacher, full_vocab: true, .. } => {
                 let inner = micro.layout.to_device::<B::InnerBackend>(&teacher.device());
@@ -452,7 +462,7 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
                     Some(kl) => kl,
                     None => reverse_kl(model.logits(response_hidden(model, batch)), Tensor::from_inner(teacher.logits(teacher_hidden))),
                 };
-                let kl = aggregate(per_token, &batch.mask, s.agg, max_length);
+                let kl = aggregate(per_token, &mask, s.agg, max_length);
                 weighted(&mut metrics, "teacher_kl_full", kl.clone().detach());
                 kl
             }
@@ -465,21 +475,11 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
                     }
                     _ => None,
                 };
-                // Rejected tokens leave the policy loss (and its aggregation's counts), as verl
-                // drops them from the response mask.
-                let mask = match (&s.rejection, &micro.rollout) {
-                    (Some(rejection), Some(rollout)) => {
-                        let kept = rejection.apply(micro.old.clone(), rollout.clone(), &batch.mask);
-                        weighted(&mut metrics, "rollout_rs_masked_fraction", masked_mean(batch.mask.clone() - kept.clone(), &batch.mask));
-                        kept
-                    }
-                    _ => batch.mask.clone(),
-                };
                 let inputs = PolicyLossInputs {
                     log_prob: log_prob.clone(),
                     old_log_prob: micro.old.clone(),
                     advantages: micro.advantages.clone(),
-                    mask,
+                    mask: mask.clone(),
                     is_weights,
                 };
                 let pg = s.policy_loss.compute(inputs, &PolicyLossConfig { clip: s.clip, agg: s.agg, max_response_length: max_length });
@@ -493,7 +493,7 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
             }
         };
         if let (Some((estimator, beta)), Some(reference)) = (s.kl, &micro.reference) {
-            let kl = aggregate(kl_penalty(log_prob, reference.clone(), estimator), &batch.mask, s.agg, max_length);
+            let kl = aggregate(kl_penalty(log_prob, reference.clone(), estimator), &mask, s.agg, max_length);
             weighted(&mut metrics, "kl_ref", kl.clone().detach());
             loss = loss + kl * beta;
         }
