@@ -124,21 +124,15 @@ pub fn project<B: Backend>(x: Tensor<B, 3>, weight: Tensor<B, 2>, bias: Option<T
 /// weight in, f32 out, each product exact and summed in f32.
 pub fn project_with<B: Backend>(x: Tensor<B, 3>, weight: Tensor<B, 2>, bias: Option<Tensor<B, 1>>, products: Option<Dtype>) -> Tensor<B, 3> {
     let [batch, seq, _] = x.dims();
-    if products == Some(Dtype::BF16)
-        && x.dtype() == DType::F32
-        && weight.dtype() == DType::F32
-        && let Some(y) = super::kernels::kernels::<B>().bf16_products.and_then(|f| f(x.clone().flatten::<2>(0, 1), weight.clone()))
-    {
-        let y = match bias {
-            Some(bias) => y + to_dtype(bias, DType::F32).unsqueeze(),
-            None => y,
-        };
-        let out = y.dims()[1];
-        return y.reshape([batch, seq, out]);
-    }
+    let rounded = products == Some(Dtype::BF16) && x.dtype() == DType::F32 && weight.dtype() == DType::F32;
     let (weight, bias) = (to_dtype(weight, x.dtype()), bias.map(|b| to_dtype(b, x.dtype())));
     let x = x.flatten::<2>(0, 1);
-    let y = match cpu_decode::matmul(&x, &weight).or_else(|| super::fused::bf16_matmul(x.clone(), weight.clone())) {
+    let bf16_products = super::kernels::kernels::<B>().bf16_products.filter(|_| rounded);
+    let y = bf16_products
+        .and_then(|f| f(x.clone(), weight.clone()))
+        .or_else(|| cpu_decode::matmul(&x, &weight))
+        .or_else(|| super::fused::bf16_matmul(x.clone(), weight.clone()));
+    let y = match y {
         Some(y) => match bias {
             Some(bias) => y + bias.unsqueeze(),
             None => y,

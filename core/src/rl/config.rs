@@ -112,7 +112,7 @@ pub struct LossSection {
     pub tis_imp_ratio_cap: Option<f64>,
     /// Rollout rejection sampling (masked importance sampling; verl's `rollout_rs`): options
     /// such as `"token_k1"` or `"token_k1,seq_mean_k3"` whose out-of-bound tokens or responses
-    /// leave the policy loss (absent: off; see `rl::rejection`).
+    /// leave the loss, every term of it (absent: off; see `rl::rejection`).
     pub rollout_rs: Option<String>,
     /// Their thresholds (verl's `rollout_rs_threshold`): `"0.5_2.0"` (k1's ratio bounds), `0.15`,
     /// or one per option, comma-separated.

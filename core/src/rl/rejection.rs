@@ -88,11 +88,10 @@ impl Rejection {
                 KlEstimator::K2 => r.clone().square() * 0.5,
                 KlEstimator::K3 => r.clone().exp() - r.clone() - 1.0,
             };
-            let count = mask.clone().sum_dim(1);
             let stat = match c.level {
                 Level::Token => token,
                 Level::SeqSum => (token * mask.clone()).sum_dim(1).expand([rows, cols]),
-                Level::SeqMean => ((token * mask.clone()).sum_dim(1) / (count + 1e-8)).expand([rows, cols]),
+                Level::SeqMean => ((token * mask.clone()).sum_dim(1) / (mask.clone().sum_dim(1) + 1e-8)).expand([rows, cols]),
                 Level::SeqMax => {
                     let max = token.mask_fill(mask.clone().equal_elem(0.0), f32::NEG_INFINITY).max_dim(1);
                     max.clone().mask_fill(max.equal_elem(f32::NEG_INFINITY), 0.0).expand([rows, cols])

@@ -74,10 +74,7 @@ pub fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>)
 /// Whether [`bf16_products`] runs on backend `B` on this CPU (Flex or Flex under autodiff, with
 /// AVX512-BF16).
 pub fn bf16_products_available<B: Backend>() -> bool {
-    #[cfg(all(feature = "flex", target_arch = "x86_64"))]
-    return available::<B>() && gemm_bf16::available();
-    #[cfg(not(all(feature = "flex", target_arch = "x86_64")))]
-    false
+    available::<B>() && cpu_bf16_products()
 }
 
 /// Whether this CPU has the instructions [`bf16_products`] needs (AVX512-BF16; `KILN_SIMD` not
