@@ -52,7 +52,14 @@ const BLOCK_ROWS: usize = 256;
 /// Output and log-sum-exp of every query: `out` `[B, T, H, d]`, `lse` `[B, T, H]`.
 /// `valid` `[B, S]` is 1 for real keys, 0 for padding.
 pub fn forward(dims: Dims, q: &[f32], k: &[f32], v: &[f32], valid: &[u8], scale: f32) -> (Vec<f32>, Vec<f32>) {
-    check(dims, q, k, v, valid);
+    forward_strided(dims, q, k, v, dims.keys * dims.kv_heads * dims.head_dim, valid, scale)
+}
+
+/// [`forward`] with keys and values read from the first `S` positions of each batch row of a
+/// larger buffer, `kv_stride` elements apart (a KV cache's `[B, capacity, K, d]` buffer, read in
+/// place instead of copied out every decode step).
+pub fn forward_strided(dims: Dims, q: &[f32], k: &[f32], v: &[f32], kv_stride: usize, valid: &[u8], scale: f32) -> (Vec<f32>, Vec<f32>) {
+    check_strided(dims, q, k, v, kv_stride, valid);
     let mut out = vec![0.0f32; dims.q_len()];
     let mut lse = vec![0.0f32; dims.batch * dims.queries * dims.heads];
     let per_block = (BLOCK_ROWS / dims.group()).max(1);
@@ -61,7 +68,7 @@ pub fn forward(dims: Dims, q: &[f32], k: &[f32], v: &[f32], valid: &[u8], scale:
     (0..dims.batch * dims.kv_heads * blocks).into_par_iter().for_each(|task| {
         let (out_ptr, lse_ptr) = (&out_ptr, &lse_ptr);
         let (b, kh, block) = (task / (dims.kv_heads * blocks), task / blocks % dims.kv_heads, task % blocks);
-        let rows = Rows::new(dims, b, kh, block * per_block, ((block + 1) * per_block).min(dims.queries));
+        let rows = Rows::new(dims, kv_stride, b, kh, block * per_block, ((block + 1) * per_block).min(dims.queries));
         let valid = &valid[b * dims.keys..(b + 1) * dims.keys];
         let mut qp = rows.pack(q);
         let mut scores = vec![0.0f32; rows.count * rows.width];
@@ -116,7 +123,7 @@ pub fn backward(
         let mut dkp = vec![0.0f32; dims.keys * d];
         let mut dvp = vec![0.0f32; dims.keys * d];
         for t0 in (0..dims.queries).step_by(per_block) {
-            let rows = Rows::new(dims, b, kh, t0, (t0 + per_block).min(dims.queries));
+            let rows = Rows::new(dims, dims.keys * kv_row(dims) as usize, b, kh, t0, (t0 + per_block).min(dims.queries));
             let (n, w) = (rows.count, rows.width);
             let qp = rows.pack(q);
             let dop = rows.pack(dout);
@@ -156,8 +163,16 @@ pub fn backward(
 }
 
 fn check(dims: Dims, q: &[f32], k: &[f32], v: &[f32], valid: &[u8]) {
+    assert!(k.len() == dims.kv_len() && v.len() == dims.kv_len());
+    check_strided(dims, q, k, v, dims.keys * kv_row(dims) as usize, valid);
+}
+
+fn check_strided(dims: Dims, q: &[f32], k: &[f32], v: &[f32], kv_stride: usize, valid: &[u8]) {
     assert!(dims.kv_heads > 0 && dims.heads.is_multiple_of(dims.kv_heads) && dims.keys >= dims.queries);
-    assert!(q.len() == dims.q_len() && k.len() == dims.kv_len() && v.len() == dims.kv_len());
+    let row = dims.keys * kv_row(dims) as usize;
+    assert!(kv_stride >= row || dims.batch <= 1, "KV rows overlap");
+    let kv_len = if dims.batch == 0 { 0 } else { (dims.batch - 1) * kv_stride + row };
+    assert!(q.len() == dims.q_len() && k.len() >= kv_len && v.len() >= kv_len);
     assert_eq!(valid.len(), dims.batch * dims.keys);
 }
 
@@ -187,10 +202,11 @@ struct Rows {
 }
 
 impl Rows {
-    fn new(dims: Dims, b: usize, kh: usize, t0: usize, t1: usize) -> Self {
+    /// `kv_stride`: elements between batch rows of `k` and `v`.
+    fn new(dims: Dims, kv_stride: usize, b: usize, kh: usize, t0: usize, t1: usize) -> Self {
         let g = dims.group();
         let limits = (0..(t1 - t0) * g).map(|r| dims.offset() + t0 + r / g).collect();
-        let kv_base = (b * dims.keys * dims.kv_heads + kh) * dims.head_dim;
+        let kv_base = b * kv_stride + kh * dims.head_dim;
         Self { dims, b, kh, t0, count: (t1 - t0) * g, width: dims.offset() + t1, limits, kv_base }
     }
 

@@ -162,6 +162,16 @@ pub fn attention<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, 
         return None;
     }
     let scale = 1.0 / (head_dim as f32).sqrt();
+    if is_flex::<B>() && q.dtype() == DType::F32 && k.dtype() == DType::F32 && v.dtype() == DType::F32 {
+        // Inference: keys and values are read where they lie (a KV cache's buffer), not copied.
+        let (q, k, v) = (primitive::<B, FlexTensor, 4>(q)?, primitive::<B, FlexTensor, 4>(k)?, primitive::<B, FlexTensor, 4>(v)?);
+        let q = contiguous(&q)?;
+        let (out, _) = match (kv_rows(&k, dims), kv_rows(&v, dims)) {
+            (Some((ks, stride)), Some((vs, v_stride))) if stride == v_stride => attn::forward_strided(dims, f32s(&q), ks, vs, stride, &mask.valid, scale),
+            _ => attn::forward(dims, f32s(&q), f32s(&contiguous(&k)?), f32s(&contiguous(&v)?), &mask.valid, scale),
+        };
+        return Some(tensor::<B, _, 4>(from_vec(out, &[batch, queries, heads, head_dim])));
+    }
     let mask = mask.clone();
     run::<B, 3, 4, 4>([q, k, v], move |[q, k, v]| {
         let (out, lse) = attn::forward(dims, f32s(q), f32s(k), f32s(v), &mask.valid, scale);
@@ -177,6 +187,22 @@ pub fn attention<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, 
         });
         Forward { output, grad }
     })
+}
+
+/// The values of a `[B, S, K, d]` f32 view whose positions, heads and features lie densely in
+/// each batch row (a prefix of a KV cache's `[B, capacity, K, d]` buffer), from its first element,
+/// and the distance between its batch rows; `None` for any other layout.
+fn kv_rows(t: &FlexTensor, dims: Dims) -> Option<(&[f32], usize)> {
+    let layout = t.layout();
+    let strides = layout.strides();
+    let row = (dims.kv_heads * dims.head_dim) as isize;
+    if strides.len() != 4 || strides[3] != 1 || strides[2] != dims.head_dim as isize || strides[1] != row {
+        return None;
+    }
+    let dense = dims.keys * row as usize;
+    let stride = if dims.batch <= 1 { dense } else { usize::try_from(strides[0]).ok().filter(|&s| s >= dense)? };
+    let values = t.storage::<f32>().get(layout.start_offset()..)?;
+    Some((values, stride))
 }
 
 #[cfg(target_arch = "x86_64")]
