@@ -65,8 +65,14 @@ impl<B: Backend> LayerCache<B> {
             r[dim] = len..needed;
             r
         };
-        let (rk, rv) = (ranges(&kb), ranges(&vb));
-        self.kv = Some((kb.slice_assign(rk, k), vb.slice_assign(rv, v)));
+        let write = |buffer: Tensor<B, 4>, new: Tensor<B, 4>| match crate::model::fused::write_in_place(buffer, dim, len, new) {
+            Ok(written) => written,
+            Err((buffer, new)) => {
+                let range = ranges(&buffer);
+                buffer.slice_assign(range, new)
+            }
+        };
+        self.kv = Some((write(kb, k), write(vb, v)));
         self.len = needed;
         self.filled().expect("just filled")
     }

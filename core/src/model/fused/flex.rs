@@ -189,6 +189,32 @@ pub fn attention<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, 
     })
 }
 
+#[allow(clippy::result_large_err)]
+pub fn write_in_place<B: Backend>(buffer: Tensor<B, 4>, dim: usize, start: usize, value: Tensor<B, 4>) -> Result<Tensor<B, 4>, (Tensor<B, 4>, Tensor<B, 4>)> {
+    let (shape, new) = (buffer.dims(), value.dims());
+    let fits = (0..4).all(|i| if i == dim { start + new[i] <= shape[i] } else { new[i] == shape[i] });
+    if !is_flex::<B>() || buffer.dtype() != DType::F32 || value.dtype() != DType::F32 || !fits {
+        return Err((buffer, value));
+    }
+    let (Some(mut dst), Some(src)) = (primitive::<B, FlexTensor, 4>(buffer.clone()), primitive::<B, FlexTensor, 4>(value.clone()).and_then(|v| contiguous(&v))) else {
+        return Err((buffer, value));
+    };
+    let dense = dst.is_contiguous() && dst.layout().start_offset() == 0 && dst.storage::<f32>().len() == shape.iter().product::<usize>();
+    drop(buffer); // `dst` is now the buffer's only holder, unless someone else holds it too
+    let Some(values) = dense.then(|| dst.try_storage_mut::<f32>()).flatten() else {
+        let buffer = tensor::<B, _, 4>(dst);
+        return Err((buffer, value));
+    };
+    let inner: usize = shape[dim + 1..].iter().product();
+    let outer: usize = shape[..dim].iter().product();
+    let (src, chunk) = (f32s(&src), new[dim] * inner);
+    for o in 0..outer {
+        let at = (o * shape[dim] + start) * inner;
+        values[at..at + chunk].copy_from_slice(&src[o * chunk..(o + 1) * chunk]);
+    }
+    Ok(tensor::<B, _, 4>(dst))
+}
+
 /// The values of a `[B, S, K, d]` f32 view whose positions, heads and features lie densely in
 /// each batch row (a prefix of a KV cache's `[B, capacity, K, d]` buffer), from its first element,
 /// and the distance between its batch rows; `None` for any other layout.

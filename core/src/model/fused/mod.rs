@@ -48,6 +48,21 @@ pub fn attention<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, 
     }
 }
 
+/// `buffer[.., start..start + n, ..] = value` along axis `dim` (`n` = `value`'s length there),
+/// written into `buffer`'s own memory when it is a Flex tensor nothing else holds, laid out densely
+/// (burn-flex's `slice_assign` copies the whole buffer first). `Err` gives both back untouched
+/// where that does not apply (another backend, a shared or strided buffer, another dtype).
+#[allow(clippy::result_large_err)]
+pub fn write_in_place<B: Backend>(buffer: Tensor<B, 4>, dim: usize, start: usize, value: Tensor<B, 4>) -> Result<Tensor<B, 4>, (Tensor<B, 4>, Tensor<B, 4>)> {
+    #[cfg(feature = "flex")]
+    return flex::write_in_place(buffer, dim, start, value);
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = (dim, start);
+        Err((buffer, value))
+    }
+}
+
 /// `silu(gate) · up` (SwiGLU's gating), any shape.
 pub fn swiglu<B: Backend, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>) -> Option<Tensor<B, D>> {
     #[cfg(feature = "flex")]

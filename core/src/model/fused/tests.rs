@@ -308,3 +308,28 @@ fn bf16_matmul_matches_burns_bf16_product() {
     assert!(super::bf16_matmul(x.clone().cast(burn::tensor::DType::F32), x.transpose()).is_none(), "f32 activations are not bf16_matmul's");
 }
 
+
+/// A KV cache's write: in the buffer's own memory when nothing else holds it, values as
+/// `slice_assign` writes them; a shared buffer is given back untouched.
+#[test]
+fn write_in_place_writes_the_slice_or_gives_back() {
+    let device = Default::default();
+    let n = Distribution::Normal(0.0, 1.0);
+    for dim in [1, 2] {
+        let buffer = Tensor::<Flex, 4>::random([3, 7, 5, 4], n, &device);
+        let mut shape = [3, 7, 5, 4];
+        shape[dim] = 2;
+        let value = Tensor::<Flex, 4>::random(shape, n, &device);
+        let mut range = [0..3, 0..7, 0..5, 0..4];
+        range[dim] = 3..5;
+        let want = buffer.clone().slice_assign(range.clone(), value.clone());
+        let shared = buffer.clone();
+        let (back, _) = super::write_in_place(buffer, dim, 3, value.clone()).expect_err("the buffer is shared");
+        assert_eq!(max_diff(back, shared), 0.0, "a shared buffer is left as it was");
+        // `want` with the slice zeroed: a fresh buffer only this test holds.
+        let zeroed = want.clone().slice_assign(range, value.clone() * 0.0);
+        assert!(max_diff(zeroed.clone(), want.clone()) > 0.0);
+        let written = super::write_in_place(zeroed, dim, 3, value).expect("a dense buffer nothing else holds");
+        assert_eq!(max_diff(written, want), 0.0, "dim {dim}");
+    }
+}
