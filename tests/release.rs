@@ -230,9 +230,9 @@ fn evaluation_counts_and_data_commands_are_the_releases() {
 fn every_scale_plans_and_its_effective_configs_read_back() {
     let config = release();
     let tmp = tempfile::tempdir().unwrap();
-    for scale in [FULL, "mini", "tiny"] {
+    for scale in [FULL, "cpu", "mini", "tiny"] {
         let plan = kiln::release::plan(&config, &release_file(), scale, None).unwrap();
-        assert_eq!(plan.runs.len(), 10, "{scale}");
+        assert_eq!(plan.runs.len(), if scale == "cpu" { 5 } else { 10 }, "{scale}: cpu runs one batch");
         if scale != FULL {
             assert!(plan.root.ends_with(format!("interplay-release-{scale}")), "{}", plan.root.display());
             let (model, dir) = plan.model.as_ref().unwrap();
@@ -251,7 +251,7 @@ fn every_scale_plans_and_its_effective_configs_read_back() {
         }
     }
     let e = kiln::release::plan(&config, &release_file(), "huge", None).unwrap_err().to_string();
-    assert!(e.contains("no scale \"huge\"") && e.contains("full, mini, tiny"), "{e}");
+    assert!(e.contains("no scale \"huge\"") && e.contains("full, cpu, mini, tiny"), "{e}");
 }
 
 fn kiln(args: &[&str]) -> Output {
@@ -343,6 +343,15 @@ fn tiny_release_runs_end_to_end_resumes_and_skips() {
     let md = std::fs::read_to_string(root.join("summary.md")).unwrap();
     assert_eq!(md.lines().filter(|l| l.starts_with("| 020305 |") || l.starts_with("| 050302 |")).count(), 10, "{md}");
     assert!(md.contains("| 050302 | `opd_refkl_op13_20_step2` |") && md.contains("0.5165"), "{md}");
+    // The paper's charts per batch: every model's accuracy by op, and RL/OPD against the base.
+    for batch in ["020305", "050302"] {
+        for (chart, label) in [("accuracy_by_op", "rl op15_20"), ("rl_vs_base", "opd − base")] {
+            let name = format!("{batch}_{chart}.svg");
+            let svg = std::fs::read_to_string(root.join(&name)).unwrap();
+            assert!(svg.starts_with("<svg") && svg.contains(label) && svg.matches("<circle").count() >= 19, "{name}: {svg}");
+            assert!(md.contains(&format!("]({name})")), "{md}");
+        }
+    }
 
     // Again: every stage is finished and nothing is rewritten.
     let final_rl = root.join("020305/rl/op11_14_step2/model.safetensors");
@@ -393,4 +402,23 @@ fn tiny_release_runs_end_to_end_resumes_and_skips() {
     let log = ok(kiln(&two.iter().map(String::as_str).collect::<Vec<_>>()));
     assert!(log.contains("on 2 devices: cpu,cpu") && log.contains("050302: 5 models"), "{log}");
     assert!(files(&evals) == one_device, "050302/evals on two devices differs from one device");
+}
+
+/// The cpu scale maps the release's ops onto its own: the 020305 mixture (typo included), the RL
+/// ranges, the ID threshold of the evaluation; 050302 is left out.
+#[test]
+fn the_cpu_scale_maps_the_release_ops() {
+    let plan = kiln::release::plan(&release(), &release_file(), "cpu", None).unwrap();
+    assert_eq!(plan.batches, ["020305"]);
+    assert_eq!(plan.eval.id_op_threshold, 4);
+    let DataSection::Mixture(m) = &pretrain(run(&plan, "020305", "pretrain")).data else { panic!("a mixture") };
+    assert_eq!((m.ops.as_deref(), m.preset.as_ref()), (Some(&[2, 3, 4][..]), None));
+    let probs = m.probs.as_ref().unwrap();
+    assert!(probs.iter().zip([1.0, 0.3, 0.5]).all(|(a, b)| (a - b).abs() < 1e-9), "020305 as written, op 3 = .86: {probs:?}");
+    for (name, ops) in [("op11_14", vec![5, 6]), ("op13_20", vec![6, 7, 8]), ("op15_20", vec![7, 8]), ("opd_refkl", vec![5, 6])] {
+        let DataSection::Prompts(p) = &pg(run(&plan, "020305", name)).data else { panic!("prompts") };
+        assert_eq!(p.ops, ops, "{name}");
+    }
+    let effects = kiln::release::report::effects(&[], plan.ops.as_ref());
+    assert!(effects.iter().any(|e| e.claim == "RL on op 5-6 (release 11-14) raises OOD accuracy over the base (020305)"), "{effects:?}");
 }

@@ -223,6 +223,11 @@ impl ScaleModel {
 pub struct ScaleProfile {
     /// The model it trains instead of the configs' (`[scale.<name>.model]`).
     pub model: Option<ScaleModel>,
+    /// The scale's op for each release op (`{ "2-4" = 2, "5-7" = 3, … }`, [`super::ops::OpMap`]):
+    /// the configs' op lists, mixtures and thresholds are mapped; without it they are kept.
+    pub ops: Option<BTreeMap<String, u32>>,
+    /// Only these `[[batch]]`es, by name (default: every batch).
+    pub batches: Option<Vec<String>>,
     /// Replaces `[data] splits`.
     pub splits: Option<Vec<SplitSpec>>,
     #[serde(default)]
@@ -324,6 +329,15 @@ impl ReleaseConfig {
         for (name, profile) in &self.scale {
             if name == "full" || name.is_empty() {
                 return Err(format!("[scale.{name}]: `full` is the configs as written; name smaller scales otherwise"));
+            }
+            if let Some(unknown) = profile.batches.iter().flatten().find(|b| !self.batches.iter().any(|c| &c.name == *b)) {
+                return Err(format!("[scale.{name}] batches: no [[batch]] named {unknown:?}"));
+            }
+            if profile.batches.as_ref().is_some_and(Vec::is_empty) {
+                return Err(format!("[scale.{name}] batches: name at least one"));
+            }
+            if let Some(ops) = &profile.ops {
+                super::ops::OpMap::parse(ops).map_err(|e| format!("[scale.{name}] {e}"))?;
             }
             if let Some(model) = &profile.model {
                 let plain = !model.name.is_empty() && model.name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));

@@ -4,6 +4,7 @@
 //! layout with a run index per batch and a summary table.
 //!
 //! - [`config`]: `release.toml` (batches and their run configs, data, evaluation, scales);
+//! - [`ops`]: a smaller scale's ops standing for the release's;
 //! - [`plan`]: the runs at one scale, pointed into the layout (pure: reads configs only);
 //! - [`runner`]: the stages, each resumable;
 //! - [`index`]: a batch's run index (`runs.json`, `README.md`);
@@ -14,6 +15,7 @@
 
 pub mod config;
 pub mod index;
+pub mod ops;
 pub mod plan;
 pub mod report;
 pub mod runner;

@@ -13,6 +13,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
+use super::ops::OpMap;
 use super::config::{EvalModels, EvalSection, PgScale, PretrainScale, ReleaseConfig, ScaleModel, SplitSpec};
 use crate::error::{Error, Result};
 use crate::eval::{EvalSettings, ModelEntry, release_models};
@@ -158,6 +159,8 @@ pub struct Plan {
     /// Pre-training runs first, then RL, then OPD (each in batch order).
     pub runs: Vec<PlannedRun>,
     pub eval: EvalSection,
+    /// The scale's ops for the release's (`None`: the release's own).
+    pub ops: Option<OpMap>,
 }
 
 impl Plan {
@@ -242,6 +245,10 @@ pub fn plan(config: &ReleaseConfig, path: &Path, scale: &str, out: Option<&Path>
         (m, dir)
     });
     let model_dir = model.as_ref().map(|(_, dir)| dir.clone());
+    let ops = match profile.and_then(|p| p.ops.as_ref()) {
+        Some(table) => Some(OpMap::parse(table).map_err(|e| Error::config(path, format!("[scale.{scale}] {e}")))?),
+        None => None,
+    };
     let default = PretrainScale::default();
     let no_pg = PgScale::default();
     let (pt_scale, rl_scale, opd_scale) = match profile {
@@ -249,15 +256,17 @@ pub fn plan(config: &ReleaseConfig, path: &Path, scale: &str, out: Option<&Path>
         None => (&default, &no_pg, &no_pg),
     };
 
+    let chosen = profile.and_then(|p| p.batches.as_ref());
+    let batches: Vec<_> = config.batches.iter().filter(|b| chosen.is_none_or(|names| names.contains(&b.name))).collect();
     let mut runs = Vec::new();
-    for batch in &config.batches {
+    for batch in &batches {
         let dir = root.join(&batch.name);
-        let pretrain = plan_pretrain(&batch.name, &batch.pretrain, &dir, &data, model_dir.as_deref(), pt_scale)?;
+        let pretrain = plan_pretrain(&batch.name, &batch.pretrain, &dir, &data, model_dir.as_deref(), pt_scale, ops.as_ref())?;
         let base = pretrain.published.clone();
         let model = pretrain.model.clone();
         runs.push(pretrain);
         for source in &batch.rl {
-            runs.push(plan_pg(&batch.name, source, RunKind::Grpo, &dir, &data, &base, &model, rl_scale, None)?);
+            runs.push(plan_pg(&batch.name, source, RunKind::Grpo, &dir, &data, &base, &model, rl_scale, ops.as_ref(), None)?);
         }
         if let (Some(source), Some(teacher)) = (&batch.opd, &batch.teacher) {
             let teacher_run = runs
@@ -265,7 +274,7 @@ pub fn plan(config: &ReleaseConfig, path: &Path, scale: &str, out: Option<&Path>
                 .find(|r| r.batch == batch.name && r.kind == RunKind::Grpo && &r.name == teacher)
                 .ok_or_else(|| Error::config(path, format!("[[batch]] {}: teacher {teacher:?} is none of its rl runs", batch.name)))?;
             let teacher = (teacher.as_str(), teacher_run.published.clone());
-            runs.push(plan_pg(&batch.name, source, RunKind::Opd, &dir, &data, &base, &model, opd_scale, Some(teacher))?);
+            runs.push(plan_pg(&batch.name, source, RunKind::Opd, &dir, &data, &base, &model, opd_scale, ops.as_ref(), Some(teacher))?);
         }
     }
     runs.sort_by_key(|r| r.kind.stage());
@@ -276,9 +285,16 @@ pub fn plan(config: &ReleaseConfig, path: &Path, scale: &str, out: Option<&Path>
         seed: config.data.seed,
         splits: profile.and_then(|p| p.splits.clone()).unwrap_or_else(|| config.data.splits.clone()),
         model,
-        batches: config.batches.iter().map(|b| b.name.clone()).collect(),
+        batches: batches.iter().map(|b| b.name.clone()).collect(),
         runs,
-        eval: profile.and_then(|p| p.eval.clone()).unwrap_or_else(|| config.eval.clone()),
+        eval: {
+            let mut eval = profile.and_then(|p| p.eval.clone()).unwrap_or_else(|| config.eval.clone());
+            if let Some(ops) = &ops {
+                eval.id_op_threshold = ops.threshold(eval.id_op_threshold);
+            }
+            eval
+        },
+        ops,
     })
 }
 
@@ -294,7 +310,7 @@ fn steps_of(source: &Path, steps: Option<u64>, epochs: Option<f64>) -> Result<u6
     }
 }
 
-fn plan_pretrain(batch: &str, source: &Path, dir: &Path, data: &Path, model_dir: Option<&Path>, s: &PretrainScale) -> Result<PlannedRun> {
+fn plan_pretrain(batch: &str, source: &Path, dir: &Path, data: &Path, model_dir: Option<&Path>, s: &PretrainScale, ops: Option<&OpMap>) -> Result<PlannedRun> {
     let mut c = RunConfig::from_toml(source, &read(source)?)?;
     if let Some(model_dir) = model_dir {
         c.model.init = Some(model_dir.join("config.json"));
@@ -314,6 +330,12 @@ fn plan_pretrain(batch: &str, source: &Path, dir: &Path, data: &Path, model_dir:
     mixture.root = data.to_path_buf();
     if let Some(preset) = &mut mixture.preset {
         *preset = clean(preset)?;
+    }
+    if let Some(map) = ops {
+        // The mixture over the scale's ops, inline (the preset's name stays in the source config).
+        let (preset, _) = crate::train::run::mixture_of(mixture).map_err(|e| Error::config(source, e.to_string()))?;
+        let (ops, probs) = map.mixture(&preset.ops, &preset.probs);
+        (mixture.ops, mixture.probs, mixture.preset, mixture.setting) = (Some(ops), Some(probs), None, None);
     }
     set(&mut mixture.tokens, s.tokens.map(|t| Some(TokenCount::Number(t))));
     if let Some(cutoff) = s.cutoff_len {
@@ -358,6 +380,7 @@ fn plan_pg(
     base: &Path,
     model: &str,
     s: &PgScale,
+    ops: Option<&OpMap>,
     teacher: Option<(&str, PathBuf)>,
 ) -> Result<PlannedRun> {
     let mut c = PgConfig::from_toml(source, &read(source)?)?;
@@ -370,6 +393,9 @@ fn plan_pg(
         return Err(Error::config(source, "a release's RL and OPD runs read [data] dir (per-op files of <root>/data/heldout)"));
     }
     prompts.dir = Some(data.join("heldout"));
+    if let Some(map) = ops {
+        prompts.ops = map.ops(&prompts.ops);
+    }
     set(&mut prompts.max_prompt_length, s.max_prompt_length);
     if let Some(steps) = s.steps {
         (c.train.steps, c.train.epochs) = (Some(steps), None);
@@ -390,6 +416,10 @@ fn plan_pg(
         set(&mut eval.every, s.validation_every.map(Some));
         set(&mut eval.rows_per_op, s.validation_rows_per_op.map(Some));
         set(&mut eval.max_new_tokens, s.validation_max_new_tokens.map(Some));
+        if let Some(map) = ops {
+            eval.ops = map.ops(&eval.ops);
+            eval.id_max_op = Some(map.op(eval.id_max_op.unwrap_or(crate::rl::config::ID_MAX_OP)));
+        }
     }
     let (name, out) = match kind {
         RunKind::Opd => ("opd_refkl".to_owned(), dir.join("opd_refkl").join("sweep")),

@@ -8,6 +8,7 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::ops::OpMap;
 use super::plan::{Plan, PlannedRun, RunKind, model_name};
 use crate::error::{Error, Result};
 use crate::io::write_atomic;
@@ -50,7 +51,8 @@ pub const RELEASE_SAMPLES: (u64, u64) = (1_152_000, 1_280_000);
 /// An effect of the release and whether this run shows it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Effect {
-    pub claim: &'static str,
+    /// The claim, its op ranges as this run's scale names them (`RL on op 5-6 (release 11-14)`).
+    pub claim: String,
     /// The compared numbers, as in the release and here.
     pub reference: String,
     pub here: Option<String>,
@@ -131,6 +133,7 @@ type Model = (&'static str, &'static str);
 
 /// A claim that in each pair the first model beats the second on one measure.
 struct Claim {
+    /// Its text; `{11-14}` is an op range of the release ([`render`]).
     claim: &'static str,
     /// ID (0), OOD (1) or total (2).
     which: usize,
@@ -138,12 +141,12 @@ struct Claim {
 }
 
 const CLAIMS: [Claim; 6] = [
-    Claim { claim: "050302's base beats 020305's in distribution (more easy data)", which: 0, pairs: &[(("050302", "pretrain"), ("020305", "pretrain"))] },
-    Claim { claim: "RL on op 11-14 raises OOD accuracy over the base (020305)", which: 1, pairs: &[(("020305", "rl op11_14"), ("020305", "pretrain"))] },
-    Claim { claim: "RL on op 11-14 raises OOD accuracy over the base (050302)", which: 1, pairs: &[(("050302", "rl op11_14"), ("050302", "pretrain"))] },
-    Claim { claim: "RL on op 11-14 raises ID accuracy too (020305)", which: 0, pairs: &[(("020305", "rl op11_14"), ("020305", "pretrain"))] },
+    Claim { claim: "050302's base beats 020305's in distribution (op {2-10}: more easy data)", which: 0, pairs: &[(("050302", "pretrain"), ("020305", "pretrain"))] },
+    Claim { claim: "RL on op {11-14} raises OOD accuracy over the base (020305)", which: 1, pairs: &[(("020305", "rl op11_14"), ("020305", "pretrain"))] },
+    Claim { claim: "RL on op {11-14} raises OOD accuracy over the base (050302)", which: 1, pairs: &[(("050302", "rl op11_14"), ("050302", "pretrain"))] },
+    Claim { claim: "RL on op {11-14} raises ID accuracy too (020305)", which: 0, pairs: &[(("020305", "rl op11_14"), ("020305", "pretrain"))] },
     Claim {
-        claim: "RL at the edge of competence helps most: OOD op11_14 > op13_20 > op15_20 (020305)",
+        claim: "RL at the edge of competence helps most: OOD accuracy after RL on op {11-14} > {13-20} > {15-20} (020305)",
         which: 1,
         pairs: &[(("020305", "rl op11_14"), ("020305", "rl op13_20")), (("020305", "rl op13_20"), ("020305", "rl op15_20"))],
     },
@@ -158,8 +161,26 @@ const CLAIMS: [Claim; 6] = [
     },
 ];
 
-/// The effects, on the reference's figures and on `rows`.
-pub fn effects(rows: &[Row]) -> Vec<Effect> {
+/// `template` with each op range `{a-b}` of the release as `map` names it ([`OpMap::range`]).
+pub fn render(template: &str, map: Option<&OpMap>) -> String {
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let Some(close) = rest[open..].find('}').map(|c| open + c) else { break };
+        let inner = &rest[open + 1..close];
+        let bounds = inner.split_once('-').and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
+        out += &rest[..open];
+        match bounds {
+            Some((lo, hi)) => out += &OpMap::range(map, lo, hi),
+            None => out += &rest[open..=close],
+        }
+        rest = &rest[close + 1..];
+    }
+    out + rest
+}
+
+/// The effects, on the reference's figures and on `rows` (their claims' op ranges as `map` names them).
+pub fn effects(rows: &[Row], map: Option<&OpMap>) -> Vec<Effect> {
     let here = |batch: &str, role: &str| -> Option<Measured> {
         rows.iter().find(|r| r.batch == batch && r.role == role).and_then(|r| Some((r.accuracy?, r.samples)))
     };
@@ -181,7 +202,7 @@ pub fn effects(rows: &[Row]) -> Vec<Effect> {
             Some((texts.join(", "), holds, zero, resolved))
         };
         let (reference, in_release, ..) = check(&reference).expect("the reference has every model");
-        out.push(effect(claim.claim, reference, in_release, check(&here)));
+        out.push(effect(render(claim.claim, map), reference, in_release, check(&here)));
     }
     for (batch, teacher) in [("020305", "rl op11_14"), ("050302", "rl op13_20")] {
         let compare = |lookup: &dyn Fn(&str, &str) -> Option<Measured>| -> Option<Verdict> {
@@ -191,22 +212,77 @@ pub fn effects(rows: &[Row]) -> Vec<Effect> {
             Some((format!("{:.3} vs {:.3}", opd.0, teacher.0), gap <= 0.01, opd.0 == 0.0 && teacher.0 == 0.0, resolved))
         };
         let claim = if batch == "020305" {
-            "OPD matches its teacher's total accuracy within 0.01 (020305, op11_14 teacher)"
+            "OPD matches its teacher's total accuracy within 0.01 (020305, teacher: RL on op {11-14})"
         } else {
-            "OPD matches its teacher's total accuracy within 0.01 (050302, op13_20 teacher)"
+            "OPD matches its teacher's total accuracy within 0.01 (050302, teacher: RL on op {13-20})"
         };
         let (reference, in_release, ..) = compare(&reference).expect("the reference has every model");
-        out.push(effect(claim, reference, in_release, compare(&here)));
+        out.push(effect(render(claim, map), reference, in_release, compare(&here)));
     }
     out
 }
 
-fn effect(claim: &'static str, reference: String, in_release: bool, here: Option<Verdict>) -> Effect {
+fn effect(claim: String, reference: String, in_release: bool, here: Option<Verdict>) -> Effect {
     let (here, holds, all_zero, resolved) = match here {
         Some((text, holds, zero, resolved)) => (Some(text), Some(holds), zero, resolved),
         None => (None, None, false, None),
     };
     Effect { claim, reference, here, in_release, holds, all_zero, resolved }
+}
+
+/// A model's answer accuracy per op (ID and OOD ops together) from its `<name>_metrics.json` in
+/// the batch's `evals/`; empty where it was not evaluated.
+pub fn accuracy_by_op(plan: &Plan, batch: &str, model: &str) -> Result<Vec<(u32, f64)>> {
+    let path = plan.batch_dir(batch).join("evals").join(format!("{model}_metrics.json"));
+    if !path.is_file() {
+        return Ok(Vec::new());
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let value: Value = serde_json::from_str(&text).map_err(|e| Error::json(&path, None, e))?;
+    let mut out: Vec<(u32, f64)> = ["id", "ood"]
+        .iter()
+        .filter_map(|part| value[part]["per_op_accuracy"].as_object())
+        .flat_map(|ops| ops.iter().filter_map(|(op, acc)| Some((op.parse().ok()?, acc.as_f64()?))))
+        .collect();
+    out.sort_by_key(|&(op, _)| op);
+    Ok(out)
+}
+
+/// Per batch, two SVG charts as the paper draws them, next to `summary.md`:
+/// `<batch>_accuracy_by_op.svg` (every final model's accuracy by op) and
+/// `<batch>_rl_vs_base.svg` (each RL and OPD model's accuracy minus its base's, by op). Returns
+/// the markdown that shows them.
+#[cfg(feature = "plot")]
+fn charts(plan: &Plan, rows: &[Row]) -> Result<String> {
+    use crate::plot::{LineChart, Scale, Series, line_chart};
+    let mut md = String::new();
+    for batch in &plan.batches {
+        let mut series = Vec::new();
+        for row in rows.iter().filter(|r| &r.batch == batch) {
+            let points: Vec<(f64, f64)> = accuracy_by_op(plan, batch, &row.model)?.into_iter().map(|(op, a)| (op as f64, a)).collect();
+            if !points.is_empty() {
+                series.push(Series { label: row.role.clone(), points });
+            }
+        }
+        let Some(base) = series.iter().find(|s| s.label == "pretrain").cloned() else { continue };
+        let id = OpMap::range(plan.ops.as_ref(), 2, 10);
+        let title = format!("{batch}: answer accuracy by op (ID = op {id})");
+        let by_op = format!("{batch}_accuracy_by_op.svg");
+        line_chart(&LineChart { title: &title, x_label: "op", y_label: "accuracy", x_scale: Scale::Linear, y_range: Some((0.0, 1.0)), series: &series }, &plan.root.join(&by_op))?;
+        let gains: Vec<Series> = series
+            .iter()
+            .filter(|s| s.label != "pretrain")
+            .map(|s| Series {
+                label: format!("{} − base", s.label),
+                points: s.points.iter().filter_map(|&(op, a)| base.points.iter().find(|p| p.0 == op).map(|p| (op, a - p.1))).collect(),
+            })
+            .collect();
+        let title = format!("{batch}: accuracy after RL / OPD minus the base's, by op");
+        let vs_base = format!("{batch}_rl_vs_base.svg");
+        line_chart(&LineChart { title: &title, x_label: "op", y_label: "accuracy − base", x_scale: Scale::Linear, y_range: None, series: &gains }, &plan.root.join(&vs_base))?;
+        md += &format!("\n## {batch}\n\n![{batch}: accuracy by op]({by_op})\n\n![{batch}: RL and OPD against the base]({vs_base})\n");
+    }
+    Ok(md)
 }
 
 /// `<root>/summary.csv`: one row per release model, this run's accuracies beside the release's
@@ -228,13 +304,15 @@ fn csv(rows: &[Row]) -> String {
 /// Writes `<root>/summary.md`, `summary.csv` and `summary.json`; returns the markdown.
 pub fn write(plan: &Plan) -> Result<String> {
     let rows = rows(plan)?;
-    let effects = effects(&rows);
+    let effects = effects(&rows, plan.ops.as_ref());
     let f = |a: Option<Accuracy>, which: usize| a.map_or("—".to_owned(), |a| format!("{:.4}", pick(a, which)));
     let mut md = format!(
-        "# Interplay release ({} scale)\n\nFinal models of every run: answer accuracy over all samples (ID = op 2-10, OOD = op 11-20), \
+        "# Interplay release ({} scale)\n\nFinal models of every run: answer accuracy over all samples (ID = op {}, OOD = op {}), \
          here and in the release (docs/release-layout.md). Written by `kiln release run` from `{}`.\n\n\
          | batch | model | ID | OOD | total | release ID | release OOD | release total |\n|---|---|---:|---:|---:|---:|---:|---:|\n",
         plan.scale,
+        OpMap::range(plan.ops.as_ref(), 2, 10),
+        OpMap::range(plan.ops.as_ref(), 11, 20),
         plan.config.display()
     );
     for r in &rows {
@@ -264,6 +342,10 @@ pub fn write(plan: &Plan) -> Result<String> {
         };
         md += &format!("| {} | {} | {} | {shown} |\n", e.claim, e.reference, e.here.as_deref().unwrap_or("—"));
     }
+    #[cfg(feature = "plot")]
+    {
+        md += &charts(plan, &rows)?;
+    }
     write_atomic(&plan.root.join("summary.md"), &md)?;
     write_atomic(&plan.root.join("summary.csv"), &csv(&rows))?;
     let json = json!({ "scale": plan.scale, "models": rows, "effects": effects });
@@ -276,6 +358,18 @@ pub fn write(plan: &Plan) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A scale's claims name its op ranges and the release's.
+    #[test]
+    fn claims_name_the_scaled_ranges() {
+        let table = [("2-4", 2), ("5-7", 3), ("8-10", 4), ("11-12", 5), ("13-14", 6), ("15-17", 7), ("18-20", 8)];
+        let map = OpMap::parse(&table.iter().map(|(k, v)| (k.to_string(), *v)).collect()).unwrap();
+        let scaled = effects(&[], Some(&map));
+        assert_eq!(scaled[1].claim, "RL on op 5-6 (release 11-14) raises OOD accuracy over the base (020305)");
+        assert_eq!(scaled[4].claim, "RL at the edge of competence helps most: OOD accuracy after RL on op 5-6 (release 11-14) > 6-8 (release 13-20) > 7-8 (release 15-20) (020305)");
+        assert_eq!(effects(&[], None)[1].claim, "RL on op 11-14 raises OOD accuracy over the base (020305)");
+        assert_eq!(render("{x} and {2-10", None), "{x} and {2-10");
+    }
 
     /// The release's own figures show every effect listed.
     #[test]
@@ -291,7 +385,7 @@ mod tests {
                 reference: Some((r.2, r.3, r.4)),
             })
             .collect();
-        for effect in effects(&rows) {
+        for effect in effects(&rows, None) {
             assert!(effect.in_release, "{effect:?}");
             assert_eq!((effect.holds, effect.all_zero, effect.resolved), (Some(true), false, Some(true)), "{effect:?}");
             assert_eq!(effect.here.as_ref(), Some(&effect.reference));
@@ -299,23 +393,23 @@ mod tests {
         // The same accuracies over a mini-sized evaluation (72 ID, 80 OOD samples): the large
         // gaps stay beyond two standard errors, the small ones do not.
         let small: Vec<Row> = rows.iter().map(|r| Row { samples: Some((72, 80)), ..r.clone() }).collect();
-        let resolved: Vec<Option<bool>> = effects(&small).iter().map(|e| e.resolved).collect();
+        let resolved: Vec<Option<bool>> = effects(&small, None).iter().map(|e| e.resolved).collect();
         // ID 0.659 vs 0.362: a difference of 0.297 against an SE of 0.080; neither step of
         // op11_14 > op13_20 > op15_20 (OOD, 020305: 0.080 against an SE of 0.074, 0.129
         // against 0.065); 050302's op13_20 vs its base in total: 0.1130 against 2 SE = 0.1136;
         // OPD vs teacher, 0.572 vs 0.574: 0.008 from the 0.01 threshold, SE 0.057.
         assert_eq!(resolved, [Some(true), Some(true), Some(true), Some(true), Some(false), Some(false), Some(false), Some(false)]);
         let unknown: Vec<Row> = rows.iter().map(|r| Row { samples: None, ..r.clone() }).collect();
-        assert!(effects(&unknown).iter().all(|e| e.resolved.is_none()));
-        let missing = effects(&rows[..5]);
+        assert!(effects(&unknown, None).iter().all(|e| e.resolved.is_none()));
+        let missing = effects(&rows[..5], None);
         assert_eq!(missing[0].holds, None);
         assert_eq!(missing[1].holds, Some(true));
         let zeros: Vec<Row> = rows.iter().map(|r| Row { accuracy: Some((0.0, 0.0, 0.0)), ..r.clone() }).collect();
-        for effect in effects(&zeros) {
+        for effect in effects(&zeros, None) {
             assert!(effect.all_zero, "{effect:?}");
         }
         let mut flipped = rows.clone();
         flipped[0].accuracy = Some((0.9, 0.9, 0.9));
-        assert_eq!(effects(&flipped)[0].holds, Some(false), "020305's base above 050302's");
+        assert_eq!(effects(&flipped, None)[0].holds, Some(false), "020305's base above 050302's");
     }
 }

@@ -354,7 +354,7 @@ fn training_samples(task: &dyn Task, data: &DataSection, tokenizer: &Tokenizer, 
 }
 
 /// The PRESET mixture and its token budget.
-fn mixture_of(data: &MixtureData) -> Result<(Preset, f64)> {
+pub(crate) fn mixture_of(data: &MixtureData) -> Result<(Preset, f64)> {
     let typo = match data.typo {
         Typo::Reproduce => TypoPolicy::Reproduce,
         Typo::Fix => TypoPolicy::Fix,
