@@ -31,7 +31,7 @@ struct RunArgs {
     /// The release file (examples/configs/release/release.toml).
     #[arg(long)]
     config: PathBuf,
-    /// `full` (the configs as written), or a smaller scale of the file (`mini`, `tiny`).
+    /// `full` (the configs as written), or a smaller scale of the file (`cpu`, `mini`, `tiny`).
     #[arg(long, default_value = FULL)]
     scale: String,
     /// Stages to run, comma-separated (data always runs first and keeps what exists).
@@ -116,6 +116,9 @@ struct View {
     bar: Option<ProgressBar>,
     /// When the bar's work started, its position then, and when a plain line was last printed.
     started: Option<(Instant, u64)>,
+    /// When the first unit of work finished and the position then: the ETA's rate is measured
+    /// from there, so setup before it (reading and packing the data) does not inflate it.
+    first: Option<(Instant, u64)>,
     last_line: Option<Instant>,
     run_started: Option<Instant>,
     message: String,
@@ -130,6 +133,7 @@ impl View {
         bar.set_position(at);
         self.bar = Some(bar);
         self.started = Some((Instant::now(), at));
+        self.first = None;
         self.last_line = Some(Instant::now());
     }
 
@@ -137,13 +141,16 @@ impl View {
         let Some(bar) = &self.bar else { return };
         bar.set_position(position);
         bar.set_message(self.message.clone());
+        if self.first.is_none() && self.started.is_some_and(|(_, p0)| position > p0) {
+            self.first = Some((Instant::now(), position));
+        }
         // Without a terminal the bar is hidden: a line every 30 s with the ETA.
         if bar.is_hidden()
-            && let (Some((t0, p0)), Some(last)) = (self.started, self.last_line)
+            && let (Some((t0, _)), Some((t1, p1)), Some(last)) = (self.started, self.first, self.last_line)
             && last.elapsed() >= Duration::from_secs(30)
         {
-            let (done, total) = (position.saturating_sub(p0), bar.length().unwrap_or(0).saturating_sub(p0));
-            let eta = (done > 0).then(|| t0.elapsed().mul_f64(total.saturating_sub(done) as f64 / done as f64));
+            let (done, left) = (position.saturating_sub(p1), bar.length().unwrap_or(0).saturating_sub(position));
+            let eta = (done > 0).then(|| t1.elapsed().mul_f64(left as f64 / done as f64));
             eprintln!(
                 "  {position}/{} after {}, ETA {} {}",
                 bar.length().unwrap_or(0),
