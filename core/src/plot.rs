@@ -50,6 +50,17 @@ pub struct BarChart<'a> {
     pub y_range: Option<(f64, f64)>,
 }
 
+/// `{op: value}` of an evaluation's metrics (`per_op_accuracy`) as `(op, value)` sorted by op;
+/// keys that are not integers and values that are not numbers are skipped.
+pub fn per_op(object: &serde_json::Value) -> Vec<(i64, f64)> {
+    let mut values: Vec<(i64, f64)> = object
+        .as_object()
+        .map(|o| o.iter().filter_map(|(op, v)| Some((op.parse().ok()?, v.as_f64()?))).collect())
+        .unwrap_or_default();
+    values.sort_by_key(|v| v.0);
+    values
+}
+
 const SIZE: (u32, u32) = (800, 500);
 
 /// Tableau's ten colours, cycled.

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use kiln::eval::release::natural_cmp;
-use kiln::plot::{BarChart, LineChart, Scale, Series, bar_chart, line_chart};
+use kiln::plot::{BarChart, LineChart, Scale, Series, bar_chart, line_chart, per_op};
 use serde_json::Value;
 
 #[derive(Debug, Args)]
@@ -82,16 +82,6 @@ fn pass_points(object: &Value) -> Vec<(f64, f64)> {
         .unwrap_or_default();
     points.sort_by(|a, b| a.0.total_cmp(&b.0));
     points
-}
-
-/// `{op: v}` as `(op, v)`, by op.
-fn per_op(object: &Value) -> Vec<(i64, f64)> {
-    let mut values: Vec<(i64, f64)> = object
-        .as_object()
-        .map(|o| o.iter().filter_map(|(op, v)| Some((op.parse().ok()?, v.as_f64()?))).collect())
-        .unwrap_or_default();
-    values.sort_by_key(|v| v.0);
-    values
 }
 
 /// The strict `total_pass_at_k` of the model's ID or OOD generations file.

@@ -230,22 +230,17 @@ fn effect(claim: String, reference: String, in_release: bool, here: Option<Verdi
     Effect { claim, reference, here, in_release, holds, all_zero, resolved }
 }
 
-/// A model's answer accuracy per op (ID and OOD ops together) from its `<name>_metrics.json` in
-/// the batch's `evals/`; empty where it was not evaluated.
-pub fn accuracy_by_op(plan: &Plan, batch: &str, model: &str) -> Result<Vec<(u32, f64)>> {
+/// A model's answer accuracy per op (its `total` block) from its `<name>_metrics.json` in the
+/// batch's `evals/`; empty where it was not evaluated.
+#[cfg(feature = "plot")]
+pub fn accuracy_by_op(plan: &Plan, batch: &str, model: &str) -> Result<Vec<(i64, f64)>> {
     let path = plan.batch_dir(batch).join("evals").join(format!("{model}_metrics.json"));
     if !path.is_file() {
         return Ok(Vec::new());
     }
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
     let value: Value = serde_json::from_str(&text).map_err(|e| Error::json(&path, None, e))?;
-    let mut out: Vec<(u32, f64)> = ["id", "ood"]
-        .iter()
-        .filter_map(|part| value[part]["per_op_accuracy"].as_object())
-        .flat_map(|ops| ops.iter().filter_map(|(op, acc)| Some((op.parse().ok()?, acc.as_f64()?))))
-        .collect();
-    out.sort_by_key(|&(op, _)| op);
-    Ok(out)
+    Ok(crate::plot::per_op(&value["total"]["per_op_accuracy"]))
 }
 
 /// Per batch, two SVG charts as the paper draws them, next to `summary.md`:
