@@ -41,11 +41,25 @@ pub fn rows_per_chunk(batch: usize, heads: usize, queries: usize, keys: usize, m
 }
 
 /// The mask `[B, K, G·c, S]` (true = hidden) of queries `first..first + c` of `T` over the keys
-/// `key_valid` `[B, S]`.
+/// `key_valid` `[B, S]`, whose last `T` are the queries' own.
 pub fn chunk_mask<B: Backend>(key_valid: &Tensor<B, 2, Int>, queries: usize, first: usize, c: usize, kv_heads: usize, group: usize) -> Tensor<B, 4, Bool> {
+    chunk_mask_before(key_valid, queries, first, c, 0, kv_heads, group)
+}
+
+/// [`chunk_mask`] where the queries' own keys are followed by `after` more (padding, which
+/// `key_valid` marks 0).
+pub fn chunk_mask_before<B: Backend>(
+    key_valid: &Tensor<B, 2, Int>,
+    queries: usize,
+    first: usize,
+    c: usize,
+    after: usize,
+    kv_heads: usize,
+    group: usize,
+) -> Tensor<B, 4, Bool> {
     let device = key_valid.device();
     let [batch, keys] = key_valid.dims();
-    let start = (keys - queries + first) as i64;
+    let start = (keys - after - queries + first) as i64;
     let shape = [batch, c, keys];
     let rows = Tensor::<B, 1, Int>::arange(start..start + c as i64, &device).reshape([1, c, 1]).expand(shape);
     let cols = Tensor::<B, 1, Int>::arange(0..keys as i64, &device).reshape([1, 1, keys]).expand(shape);

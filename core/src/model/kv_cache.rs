@@ -23,6 +23,14 @@ pub struct LayerCache<B: Backend> {
 /// Positions a buffer grows by at least (and rounds its size up to).
 const GROW: usize = 64;
 
+/// Decoding on the GPU backends attends over the cached keys rounded up to a multiple of this
+/// (the extra ones masked, [`LayerCache::append_padded`]): burn's kernels are compiled, and
+/// autotuned, per shape, and their vector widths follow the key count's factors, so a key count
+/// that grew by one at every token cost new kernels at every token (measured on lavapipe: about
+/// 4 kernels, 4 s, per decoded token after the first). Rounded, the shapes change once per 64
+/// tokens, for at most 63 masked keys per query.
+pub const KEY_BUCKET: usize = GROW;
+
 impl<B: Backend> LayerCache<B> {
     fn empty(seq_dim: usize) -> Self {
         Self { kv: None, len: 0, seq_dim }
@@ -49,13 +57,33 @@ impl<B: Backend> LayerCache<B> {
     /// `[batch, kv_heads, seq, head_dim]`, 1 for the fused CPU path's `[batch, seq, kv_heads,
     /// head_dim]`) and returns the full ones (views of the buffers).
     pub fn append_along(&mut self, k: Tensor<B, 4>, v: Tensor<B, 4>, dim: usize) -> (Tensor<B, 4>, Tensor<B, 4>) {
-        let Some((kb, vb)) = self.kv.take() else {
-            *self = Self::holding(Some((k.clone(), v.clone())), dim);
-            return (k, v);
-        };
+        self.append_padded(k, v, dim, 0)
+    }
+
+    /// [`LayerCache::append_along`], returning the first `keys` positions of the buffers when
+    /// that is more than the filled ones (see [`KEY_BUCKET`]): the positions past the filled
+    /// ones hold zeros, for keys the attention mask hides.
+    pub fn append_padded(&mut self, k: Tensor<B, 4>, v: Tensor<B, 4>, dim: usize, keys: usize) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let (len, needed) = (self.len, self.len + k.dims()[dim]);
-        let (kb, vb) = if needed > kb.dims()[dim] {
-            let capacity = needed.max(len + len / 2).next_multiple_of(GROW);
+        let (kb, vb) = match self.kv.take() {
+            None if keys <= needed => {
+                *self = Self::holding(Some((k.clone(), v.clone())), dim);
+                return (k, v);
+            }
+            // Nothing cached yet, but padded keys asked for: zeros of that room.
+            None => {
+                let zeros = |t: &Tensor<B, 4>| {
+                    let mut shape = t.dims();
+                    shape[dim] = keys.next_multiple_of(GROW);
+                    Tensor::zeros(shape, (&t.device(), t.dtype()))
+                };
+                (zeros(&k), zeros(&v))
+            }
+            Some(kv) => kv,
+        };
+        let room = needed.max(keys);
+        let (kb, vb) = if room > kb.dims()[dim] {
+            let capacity = room.max(len + len / 2).next_multiple_of(GROW);
             (grow(kb, dim, len, capacity), grow(vb, dim, len, capacity))
         } else {
             (kb, vb)
@@ -74,7 +102,10 @@ impl<B: Backend> LayerCache<B> {
         };
         self.kv = Some((write(kb, k), write(vb, v)));
         self.len = needed;
-        self.filled().expect("just filled")
+        match self.kv.as_ref() {
+            Some((k, v)) if keys > needed => (k.clone().narrow(dim, 0, keys), v.clone().narrow(dim, 0, keys)),
+            _ => self.filled().expect("just filled"),
+        }
     }
 }
 
@@ -247,5 +278,26 @@ mod tests {
         let stacked = KvCache::stack(vec![one, a]);
         assert_eq!(stacked.layers[0].filled().unwrap().0.dims(), [5, 1, 4, 2]);
         assert_eq!(stacked.len(), 4);
+    }
+
+    #[test]
+    fn padded_keys_are_the_filled_ones_then_zeros() {
+        let mut cache = LayerCache::<Flex>::empty(2);
+        let (prompt, next) = (chunk([2, 1, 5, 3]), chunk([2, 1, 1, 3]));
+        // The prefill fills exactly; a decoding step asks for keys up to the next bucket.
+        cache.append_padded(prompt.clone(), prompt.clone(), 2, 5);
+        let (k, v) = cache.append_padded(next.clone(), next.clone(), 2, KEY_BUCKET);
+        assert_eq!((k.dims(), v.dims(), cache.len), ([2, 1, KEY_BUCKET, 3], [2, 1, KEY_BUCKET, 3], 6));
+        let filled = Tensor::cat(vec![prompt, next], 2);
+        k.clone().narrow(2, 0, 6).into_data().assert_eq(&filled.into_data(), true);
+        let rest: Vec<f32> = k.narrow(2, 6, KEY_BUCKET - 6).into_data().to_vec().unwrap();
+        assert!(rest.iter().all(|&x| x == 0.0), "positions past the filled ones are zeros");
+        // Asking for fewer keys than are filled returns the filled ones.
+        let (k, _) = cache.append_padded(chunk([2, 1, 1, 3]), chunk([2, 1, 1, 3]), 2, 0);
+        assert_eq!(k.dims(), [2, 1, 7, 3]);
+        // From an empty cache too.
+        let mut empty = LayerCache::<Flex>::empty(2);
+        let (k, _) = empty.append_padded(chunk([1, 2, 3, 4]), chunk([1, 2, 3, 4]), 2, 8);
+        assert_eq!((k.dims(), empty.len), ([1, 2, 8, 4], 3));
     }
 }

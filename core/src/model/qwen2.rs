@@ -17,7 +17,7 @@ use super::kernels::kernels;
 use super::dtype::Dtype;
 use super::fused::{self, KeyMask};
 use super::inputs::Inputs;
-use super::kv_cache::{KvCache, LayerCache};
+use super::kv_cache::{KEY_BUCKET, KvCache, LayerCache};
 use super::proj::{self, Proj};
 use super::rope::{RopeTables, RotaryEmbedding};
 use super::weights::Weights;
@@ -108,7 +108,7 @@ impl<B: Backend> Attention<B> {
         let k = rope.apply(split(self.k_proj.forward(x.clone()), kv_heads)); // [B, K, T, d]
         let v = split(self.v_proj.forward(x), kv_heads); // [B, K, T, d]
         let (k, v) = match cache {
-            Some(cache) => cache.append(k, v), // [B, K, S, d]
+            Some(cache) => cache.append_padded(k, v, 2, mask.keys()), // [B, K, S, d]
             None => (k, v),
         };
 
@@ -178,6 +178,13 @@ impl<B: Backend> AttnMask<B> {
     /// The mask for `queries` new tokens over keys `key_valid` `[B, S]` (1 = real token), in the
     /// form the attention of backend `B` and activations of `dtype` take.
     pub fn new(key_valid: Tensor<B, 2, Int>, queries: usize, kv_heads: usize, group: usize, dtype: DType) -> Self {
+        Self::padded(key_valid, queries, 0, kv_heads, group, dtype)
+    }
+
+    /// [`AttnMask::new`], hiding `pad` more keys after the queries' own where the dense form is
+    /// taken (decoding from a cache on the GPU backends: see [`KEY_BUCKET`]); the other forms
+    /// take none.
+    pub fn padded(key_valid: Tensor<B, 2, Int>, queries: usize, pad: usize, kv_heads: usize, group: usize, dtype: DType) -> Self {
         if Self::is_fused(dtype) {
             let [batch, keys] = key_valid.dims();
             let valid: Vec<u8> = key_valid.into_data().convert::<i64>().iter::<i64>().map(|v| (v != 0) as u8).collect();
@@ -198,7 +205,20 @@ impl<B: Backend> AttnMask<B> {
             );
             return Self::Chunked { key_valid, rows };
         }
+        if pad > 0 && chunked_attention::rows_per_chunk(batch, heads, queries, keys + pad, max_buffer) == queries {
+            let key_valid = Tensor::cat(vec![key_valid, Tensor::zeros([batch, pad], &device)], 1);
+            return Self::Dense(chunked_attention::chunk_mask_before(&key_valid, queries, 0, queries, pad, kv_heads, group));
+        }
         Self::Dense(attention_mask(key_valid, queries, kv_heads, group))
+    }
+
+    /// The keys attended over: the cached and new ones, and the padding after them.
+    pub fn keys(&self) -> usize {
+        match self {
+            Self::Dense(mask) => mask.dims()[3],
+            Self::Chunked { key_valid, .. } => key_valid.dims()[1],
+            Self::Keys(keys) => keys.keys,
+        }
     }
 }
 
@@ -294,16 +314,22 @@ impl<B: Backend> Qwen2<B> {
     pub fn forward_hidden(&self, inputs: &Inputs<B>, mut cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
         let queries = inputs.ids.dims()[1];
         let valid = inputs.valid.clone().int();
-        let key_valid = match cache.as_deref_mut() {
+        let (key_valid, decoding) = match cache.as_deref_mut() {
             Some(cache) => {
-                let all = match cache.key_valid.take() {
-                    Some(old) => Tensor::cat(vec![old, valid], 1),
-                    None => valid,
+                let (all, decoding) = match cache.key_valid.take() {
+                    Some(old) => (Tensor::cat(vec![old, valid], 1), true),
+                    None => (valid, false),
                 };
                 cache.key_valid = Some(all.clone());
-                all
+                (all, decoding)
             }
-            None => valid,
+            None => (valid, false),
+        };
+        // Decoding on a GPU backend: keys rounded up to a multiple of KEY_BUCKET (the rest hidden).
+        let keys = key_valid.dims()[1];
+        let pad = match decoding && !kernels::<B>().host_memory {
+            true => keys.next_multiple_of(KEY_BUCKET) - keys,
+            false => 0,
         };
         let kv_heads = self.config.num_kv_heads();
         let group = self.config.num_attention_heads / kv_heads;
@@ -313,7 +339,7 @@ impl<B: Backend> Qwen2<B> {
         if self.compute.is_some() {
             x = proj::to_dtype(x, self.activation_dtype().burn());
         }
-        let mask = AttnMask::new(key_valid, queries, kv_heads, group, x.dtype());
+        let mask = AttnMask::padded(key_valid, queries, pad, kv_heads, group, x.dtype());
         for (i, layer) in self.layers.iter().enumerate() {
             let layer_cache = cache.as_deref_mut().map(|c| &mut c.layers[i]);
             x = layer.forward(x, &rope, &mask, layer_cache);
