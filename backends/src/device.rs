@@ -175,6 +175,36 @@ fn limit_of<B: Backend>(device: &B::Device) -> Option<(String, u64)> {
     None
 }
 
+/// What the device's allocator holds now (cubecl's memory pools), for the GPU backends; `None`
+/// on the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// Bytes of live tensors (without padding).
+    pub in_use: u64,
+    /// Bytes the pools have reserved from the device (what `nvidia-smi` sees of the process,
+    /// less the context). Pools keep pages, so after a step this bounds its peak from above.
+    pub reserved: u64,
+}
+
+/// The device allocator's [`MemoryUsage`] (waits for the work queued so far).
+pub fn memory_usage<B: Backend>(device: &B::Device) -> Option<MemoryUsage> {
+    #[allow(unused_variables)]
+    let any = device as &dyn Any;
+    #[cfg(feature = "wgpu")]
+    if let Some(device) = any.downcast_ref::<burn::backend::wgpu::WgpuDevice>() {
+        use burn::cubecl::Runtime;
+        let usage = burn::backend::wgpu::WgpuRuntime::client(device).memory_usage().ok()?;
+        return Some(MemoryUsage { in_use: usage.bytes_in_use, reserved: usage.bytes_reserved });
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(device) = any.downcast_ref::<burn::backend::cuda::CudaDevice>() {
+        use burn::cubecl::Runtime;
+        let usage = burn::cubecl::cuda::CudaRuntime::client(device).memory_usage().ok()?;
+        return Some(MemoryUsage { in_use: usage.bytes_in_use, reserved: usage.bytes_reserved });
+    }
+    None
+}
+
 /// Stops the job with [`DeviceError::TooLarge`] when a tensor of `bytes` would not fit in one
 /// buffer of `device`, before anything is allocated; `what` names the tensor and `hint` says
 /// what to change. [`crate::run`] and its siblings return it as the job's error (other callers
@@ -201,8 +231,9 @@ pub fn too_large<B: Backend>(device: &B::Device, bytes: u64, what: impl FnOnce()
 
 /// Settles cubecl's configuration before a GPU device is first used (once per process), from
 /// what cubecl itself reads (`cubecl.toml`, `burn.toml`'s `[cubecl]`, `CUBECL_*`), adding
-/// what kiln wants and the user did not set: compiled kernels cached on disk beside the
-/// autotune results (CUDA's PTX; wgpu's WGSL pipelines have no disk cache in cubecl 0.10), so
+/// what kiln wants and the user did not set: `KILN_KERNEL_CACHE=DIR` keeps the autotune results
+/// in DIR instead of the nearest Cargo project's `target/`, and compiled kernels are cached on
+/// disk beside them (CUDA's PTX; wgpu's WGSL pipelines have no disk cache in cubecl 0.10), so
 /// that a second process does not compile them again. A configuration the embedding program
 /// set itself is left as it is.
 pub fn configure_kernels() {
@@ -215,6 +246,9 @@ pub fn configure_kernels() {
                 return;
             }
             let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
+            if let Some(dir) = std::env::var_os("KILN_KERNEL_CACHE").filter(|d| !d.is_empty()) {
+                config.autotune.cache = burn::cubecl::config::cache::CacheConfig::File(dir.into());
+            }
             if config.compilation.cache.is_none() {
                 config.compilation.cache = Some(config.autotune.cache.clone());
             }
