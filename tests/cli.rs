@@ -167,3 +167,77 @@ fn config_errors_are_one_line_naming_file_and_line() {
         assert!(line.contains(p) && line.contains(expected), "{line}");
     }
 }
+
+/// `kiln generate --prompt-logprobs`: every prompt token's log-prob, the prompts of different
+/// lengths scored together, against transformers on each sequence alone.
+#[test]
+fn generate_prompt_logprobs_match_transformers() {
+    let reference = Reference::load("tied_gqa2");
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    let lines: Vec<String> = reference.expected.sequences.iter().map(|s| serde_json::json!({ "prompt_ids": s }).to_string()).collect();
+    std::fs::write(&prompts, lines.join("\n")).unwrap();
+    let model = reference.dir.to_str().unwrap();
+    let args = ["generate", "--model", model, "--prompts", prompts.to_str().unwrap(), "--temperature", "0", "--max-new-tokens", "2", "--json", "--prompt-logprobs"];
+    let samples = stdout_json_lines(&kiln(&args));
+    assert_eq!(samples.len(), reference.expected.sequences.len());
+    for (i, (sample, seq)) in samples.iter().zip(&reference.expected.sequences).enumerate() {
+        let logprobs = sample["prompt_logprobs"].as_array().unwrap_or_else(|| panic!("no prompt_logprobs in {sample}"));
+        assert_eq!(logprobs.len(), seq.len());
+        assert!(logprobs[0].is_null());
+        let (shape, logits) = reference.tensor(&format!("single.{i}.logits"));
+        let vocab = shape[1];
+        for t in 1..seq.len() {
+            let row = &logits[(t - 1) * vocab..t * vocab];
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let lse = max + row.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
+            let expected = row[seq[t] as usize] as f64 - lse;
+            let ours = logprobs[t].as_f64().unwrap();
+            assert!((ours - expected).abs() < 1e-4, "prompt {i} position {t}: {ours} vs {expected}");
+        }
+    }
+    let err = one_line_error(&kiln(&["generate", "--model", model, "--prompt-ids", "1,2", "--prompt-logprobs"]));
+    assert!(err.contains("--json"), "{err}");
+}
+
+/// `kiln step`: one AdamW step's loss and gradient norm equal PyTorch's first step in f32
+/// (`make_precision_fixtures.py`: the same sequences, lr, betas, clipping), the model after it
+/// is written, and bad input is one line that touches nothing.
+#[test]
+fn step_matches_pytorch_and_refuses_bad_input() {
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(fixture("precision/training.json")).unwrap()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data.jsonl");
+    let sequences = reference["sequences"].as_array().unwrap();
+    let lines: Vec<String> = sequences.iter().map(|s| serde_json::json!({ "input_ids": s }).to_string()).collect();
+    std::fs::write(&data, lines.join("\n")).unwrap();
+    let model = fixture("hf/tied_gqa2");
+    let out = tmp.path().join("after");
+    let args = |out: &Path, data: &Path| {
+        let v: Vec<String> = ["step", "--model", model.to_str().unwrap(), "--data", data.to_str().unwrap(), "--out", out.to_str().unwrap(), "--json"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        v
+    };
+    let record = stdout_json_lines(&Command::new(env!("CARGO_BIN_EXE_kiln")).args(args(&out, &data)).output().unwrap()).remove(0);
+    let torch = &reference["runs"]["f32"][0];
+    for key in ["loss", "grad_norm"] {
+        let (ours, theirs) = (record[key].as_f64().unwrap(), torch[key].as_f64().unwrap());
+        assert!((ours - theirs).abs() <= 1e-5 * theirs, "{key}: {ours} vs torch's {theirs}");
+    }
+    let after = kiln::model::hf::read_f32_safetensors(&out.join("model.safetensors")).unwrap();
+    let before = kiln::model::hf::read_f32_safetensors(&model.join("model.safetensors")).unwrap();
+    let (name, (_, moved)) = after.iter().next().unwrap();
+    assert_ne!(moved, &before[name].1, "{name} did not move");
+
+    // The output exists: refused, and left as it was.
+    let kept = std::fs::read(out.join("model.safetensors")).unwrap();
+    let err = one_line_error(&Command::new(env!("CARGO_BIN_EXE_kiln")).args(args(&out, &data)).output().unwrap());
+    assert!(err.contains("exists and is not empty"), "{err}");
+    assert_eq!(std::fs::read(out.join("model.safetensors")).unwrap(), kept);
+    // A sequence without a target, named by its line.
+    std::fs::write(&data, "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [4]}\n").unwrap();
+    let err = one_line_error(&Command::new(env!("CARGO_BIN_EXE_kiln")).args(args(&tmp.path().join("b"), &data)).output().unwrap());
+    assert!(err.contains("data.jsonl line 2"), "{err}");
+}

@@ -120,9 +120,11 @@ impl TrainJob for TrainBenchJob {
         let start = Start::<B>::new(&loop_config, false, &mut objective, &device, || Qwen2::random_as(&config, 0, &device, weights))?;
         let mut step_times = Vec::new();
         let mut rss = Vec::new();
+        let mut memory = DeviceMemory::default();
         train(start, &mut objective, &loop_config, |_| Ok(Default::default()), |record| {
             step_times.push(record["step_s"].as_f64().unwrap_or(f64::NAN));
             rss.extend(record.get("rss_mib").and_then(serde_json::Value::as_f64));
+            memory.sample::<B>(&device);
         })?;
         std::fs::remove_dir_all(&out).ok();
         let mut timed = step_times[2..].to_vec();
@@ -143,6 +145,7 @@ impl TrainJob for TrainBenchJob {
             "rss_mib_first_last": [rss.first(), rss.last()],
             "recompute": args.recompute,
             "peak_rss_mib": kiln::train::metrics::peak_rss_mib(),
+            "device_memory": memory.figures(),
             "autotune": autotune(args.backend),
         });
         // No figure from a run the device failed in.
@@ -237,6 +240,8 @@ fn generation_figures<B: Backend>(model: &Qwen2<B>, args: &BenchArgs, sampler: S
     // On the CPU backend the host does everything; elsewhere, the share of a decoding step the
     // host was busy (not waiting for the device's sampled tokens): the goal is under 10%.
     let host_share = (args.backend != DeviceSpec::Cpu).then(|| steps.host_share());
+    let mut memory = DeviceMemory::default();
+    memory.sample::<B>(&model.device());
     let decoded = (sequences * (args.new_tokens - 1)) as f64;
     Ok(serde_json::json!({
         "engine": "kiln",
@@ -256,8 +261,35 @@ fn generation_figures<B: Backend>(model: &Qwen2<B>, args: &BenchArgs, sampler: S
         "end_to_end_tokens_per_s": (sequences * args.new_tokens) as f64 / total,
         "decode_step_ms": 1e3 * steps.total_s / steps.steps.max(1) as f64,
         "host_share_of_step": host_share,
+        "device_memory": memory.figures(),
         "autotune": autotune(args.backend),
     }))
+}
+
+/// The device allocator's largest figures over the samples taken (GPU backends; the CPU's
+/// memory is `peak_rss_mib`).
+#[derive(Default)]
+struct DeviceMemory {
+    in_use: u64,
+    reserved: u64,
+    sampled: bool,
+}
+
+impl DeviceMemory {
+    fn sample<B: Backend>(&mut self, device: &B::Device) {
+        if let Some(usage) = kiln::backends::device::memory_usage::<B>(device) {
+            (self.in_use, self.reserved, self.sampled) = (self.in_use.max(usage.in_use), self.reserved.max(usage.reserved), true);
+        }
+    }
+
+    /// `{"in_use_max_bytes", "reserved_max_bytes"}` (sampled after each step or run; pools keep
+    /// pages, so the reserved figure bounds the peak from above), or null on the CPU.
+    fn figures(&self) -> serde_json::Value {
+        match self.sampled {
+            true => serde_json::json!({ "in_use_max_bytes": self.in_use, "reserved_max_bytes": self.reserved }),
+            false => serde_json::Value::Null,
+        }
+    }
 }
 
 /// On a GPU backend, the kernels burn's autotune chose for each tuned operation (matmul,

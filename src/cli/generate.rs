@@ -8,6 +8,7 @@ use burn::tensor::backend::Backend;
 use clap::Args;
 use kiln::backends::{DeviceSpec, Job};
 use kiln::generate::{Engine, Sampler, SamplingParams, StopCriteria};
+use kiln::model::logprobs::sequence_logprobs;
 use kiln::model::{Dtype, hf};
 use kiln::tokenizer::Tokenizer;
 use serde::Deserialize;
@@ -76,6 +77,10 @@ pub struct GenerateArgs {
     /// Print one JSON object per sample.
     #[arg(long)]
     json: bool,
+    /// With --json: each sample also gives `prompt_logprobs`, the log-prob of every prompt
+    /// token given the ones before it (`null` for the first), as vLLM's `prompt_logprobs=0`.
+    #[arg(long, requires = "json")]
+    prompt_logprobs: bool,
 }
 
 /// One line of a `--prompts` file.
@@ -170,6 +175,10 @@ impl Job for GenerateJob {
             engine.max_batch_size = engine.max_batch_size.min(rows);
         }
 
+        let prompt_logprobs = match args.prompt_logprobs {
+            true => Some(prompts_logprobs(&model, &prompt_ids, engine.max_batch_size)?),
+            false => None,
+        };
         let bar = progress::bar((prompt_ids.len() * args.n) as u64, "samples");
         let results = engine.generate(&prompt_ids, &params, |p| {
             bar.set_position(p.finished as u64);
@@ -177,11 +186,18 @@ impl Job for GenerateJob {
         })?;
         bar.finish_and_clear();
 
+        if args.backend != kiln::backends::DeviceSpec::Cpu {
+            eprintln!("{}", autotune_line());
+        }
         let mut out = std::io::stdout().lock();
         for (prompt_index, samples) in results.iter().enumerate() {
             for sample in samples {
                 if args.json {
-                    writeln!(out, "{}", serde_json::to_string(sample)?)?;
+                    let mut line = serde_json::to_value(sample)?;
+                    if let (Some(all), Some(fields)) = (&prompt_logprobs, line.as_object_mut()) {
+                        fields.insert("prompt_logprobs".into(), serde_json::json!(all[prompt_index]));
+                    }
+                    writeln!(out, "{line}")?;
                 } else {
                     if results.len() > 1 || args.n > 1 {
                         writeln!(out, "--- prompt {prompt_index} sample {} ({:?})", sample.sample_index, sample.finish_reason)?;
@@ -191,5 +207,33 @@ impl Job for GenerateJob {
             }
         }
         Ok(())
+    }
+}
+
+/// The log-probs of every prompt's tokens, `rows` prompts at a time, the LM head over as many
+/// positions at once as keep its f32 logits near 64 MiB.
+fn prompts_logprobs<B: Backend>(model: &kiln::model::Qwen2<B>, prompts: &[Vec<u32>], rows: usize) -> Result<Vec<Vec<Option<f32>>>> {
+    let mut all = Vec::with_capacity(prompts.len());
+    for group in prompts.chunks(rows.max(1)) {
+        let positions = ((64usize << 20) / (4 * group.len() * model.config().vocab_size.max(1))).clamp(1, 512);
+        all.extend(sequence_logprobs(model, group, positions).context("--prompt-logprobs")?);
+    }
+    Ok(all)
+}
+
+/// The kernels burn's autotune chose on this machine so far (cubecl's cache), one stderr line:
+/// per tuned operation, each kernel and how many shapes it won.
+fn autotune_line() -> String {
+    let choices = kiln::backends::device::autotune_choices();
+    let ops: Vec<String> = choices
+        .iter()
+        .map(|(op, kernels)| {
+            let kernels: Vec<String> = kernels.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
+            format!("{op}: {}", kernels.join(", "))
+        })
+        .collect();
+    match ops.is_empty() {
+        true => "autotune: nothing tuned yet".into(),
+        false => format!("autotune (kernel ×shapes won): {}", ops.join("; ")),
     }
 }

@@ -23,6 +23,7 @@ mod progress;
 mod quickstart;
 mod release;
 mod rl;
+mod step;
 mod train;
 
 use anyhow::Result;
@@ -46,6 +47,9 @@ enum Command {
     Logprobs(logprobs::LogprobsArgs),
     /// Write a randomly initialised Hugging Face model directory from a config.json.
     Init(init::InitArgs),
+    /// One AdamW step on given token sequences: the loss, the gradient norm and the model after
+    /// it (parity checks against another trainer).
+    Step(step::StepArgs),
     /// Measure prefill and decode throughput.
     Bench(bench::BenchArgs),
     /// Memory by part and FLOPs of a training step and of generation, from a config.json.
@@ -80,6 +84,7 @@ impl Cli {
             Command::Generate(args) => generate::run(args),
             Command::Logprobs(args) => logprobs::run(args),
             Command::Init(args) => init::run(args),
+            Command::Step(args) => step::run(args),
             Command::Bench(args) => bench::run(args),
             Command::Plan(args) => plan::run(args),
             Command::Pretrain(args) => train::run(train::Kind::Pretrain, args),

@@ -1,0 +1,136 @@
+//! `kiln step`: one AdamW step of the training loop on given token sequences, for parity checks
+//! against another trainer (`scripts/gpu_parity.py` compares it with PyTorch): prints the loss
+//! and the gradient norm, and writes the model after the step.
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use burn::tensor::backend::AutodiffBackend;
+use clap::Args;
+use kiln::backends::{DeviceSpec, TrainJob};
+use kiln::data::Sample;
+use kiln::model::hf::{self, SaveDtype};
+use kiln::train::{AdamWConfig, Decay, LoopConfig, NextTokenLoss, Precision, SavePolicy, Schedule, Start, train};
+use serde::Deserialize;
+
+#[derive(Debug, Args)]
+pub struct StepArgs {
+    /// Hugging Face model directory to start from.
+    #[arg(long)]
+    model: PathBuf,
+    /// JSONL file, one `{"input_ids": [ids]}` per line: one micro-batch of all of them (right
+    /// padded), every next token a target, the loss their mean next-token cross-entropy.
+    #[arg(long)]
+    data: PathBuf,
+    /// Where the model after the step is written (f32; must not exist or be empty).
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long, default_value = "cpu", value_parser = super::parse_backend)]
+    backend: DeviceSpec,
+    /// f32, bf16-mixed, f16-mixed or bf16-pure (as `[train] precision`).
+    #[arg(long, default_value = "f32")]
+    precision: Precision,
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f64,
+    #[arg(long, default_value_t = 0.0)]
+    weight_decay: f64,
+    /// Gradient norm clipped to this (0: no clipping).
+    #[arg(long, default_value_t = 1.0)]
+    max_grad_norm: f64,
+    /// Print `{"loss", "grad_norm", ...}` (the step's metrics record) as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Line {
+    input_ids: Vec<u32>,
+}
+
+fn read_sequences(path: &Path) -> Result<Vec<Vec<u32>>> {
+    let file = std::fs::File::open(path).with_context(|| path.display().to_string())?;
+    let mut sequences = Vec::new();
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.with_context(|| path.display().to_string())?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let parsed: Line = serde_json::from_str(&line).with_context(|| format!("{} line {}", path.display(), i + 1))?;
+        if parsed.input_ids.len() < 2 {
+            bail!("{} line {}: a sequence needs at least 2 tokens (one target)", path.display(), i + 1);
+        }
+        sequences.push(parsed.input_ids);
+    }
+    if sequences.is_empty() {
+        bail!("{}: no sequences", path.display());
+    }
+    Ok(sequences)
+}
+
+pub fn run(args: StepArgs) -> Result<()> {
+    if args.out.read_dir().is_ok_and(|mut d| d.next().is_some()) {
+        bail!("--out {} exists and is not empty", args.out.display());
+    }
+    let backend = args.backend;
+    kiln::backends::run_training(backend, StepJob(args))?
+}
+
+struct StepJob(StepArgs);
+
+impl TrainJob for StepJob {
+    type Output = Result<()>;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<()> {
+        let args = self.0;
+        let sequences = read_sequences(&args.data)?;
+        let batch = sequences.len();
+        let scratch = tempfile_dir()?;
+        let config = LoopConfig {
+            total_steps: 1,
+            schedule: Schedule { base_lr: args.lr, warmup_steps: 0, total_steps: 1, decay: Decay::Constant },
+            optimizer: AdamWConfig {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: args.weight_decay,
+                max_grad_norm: (args.max_grad_norm > 0.0).then_some(args.max_grad_norm),
+            },
+            out_dir: scratch.clone(),
+            save: SavePolicy { last: false, ..Default::default() },
+            eval_every: None,
+            eval_steps: Vec::new(),
+            time_budget: None,
+            companions: None,
+            run_config: serde_json::Value::Null,
+            allow_config_change: false,
+            precision: args.precision,
+        };
+        let mut objective = NextTokenLoss::new(sequences.into_iter().map(Sample::all_targets).collect(), batch, 1, 0, 0)?;
+        let dir = args.model.clone();
+        let start = Start::<B>::new(&config, false, &mut objective, &device, || hf::load::<B>(&dir, &device));
+        let mut record = None;
+        let trained = start.and_then(|start| train(start, &mut objective, &config, |_| Ok(Default::default()), |r| record = Some(r.clone())));
+        std::fs::remove_dir_all(&scratch).ok();
+        let (model, _) = trained?;
+        // Nothing written from a step the device failed in.
+        kiln::backends::device::check::<B>(&device)?;
+        hf::save(&model, &args.out, SaveDtype::F32, Some(&args.model)).with_context(|| format!("writing {}", args.out.display()))?;
+        let record = record.context("the step wrote no metrics record")?;
+        if args.json {
+            println!("{}", serde_json::Value::Object(record));
+        } else {
+            let number = |key: &str| record.get(key).and_then(serde_json::Value::as_f64).unwrap_or(f64::NAN);
+            println!("loss {:.6}  grad_norm {:.6}  -> {}", number("loss"), number("grad_norm"), args.out.display());
+        }
+        Ok(())
+    }
+}
+
+/// A fresh directory for the loop's own files (metrics, lock), removed after the step.
+fn tempfile_dir() -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("kiln-step-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())));
+    std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
+    Ok(dir)
+}
