@@ -1,254 +1,328 @@
 #!/usr/bin/env bash
-# GPU acceptance for kiln in one command, within 360 s of GPU time (one H100/H200): the parity
-# tests on CUDA in f32 and bf16, kiln against transformers run on the same GPU there and then
-# (scripts/torch_parity.py: log-probs and greedy tokens), `kiln bench` generation for the paper's 100M model (its own
-# vocab and the 1.5B model's 151,936, so the host's share of a large vocab shows) and training
-# at 8 × 2,048 tokens, and one Qwen2.5-Coder-1.5B bf16-mixed step at 4,096 tokens; then one
-# table (Markdown) and one JSON file of tokens/s, MFU against the peak of the dtype the matmuls
-# run in, peak device memory beside `kiln plan`'s figure, and the kernels autotune chose.
+# The GPU acceptance run in one command, within 360 s of GPU time (one H100/H200):
+#   parity  kiln against transformers/PyTorch run on the same GPU there and then, at real shapes
+#           (scripts/gpu_parity.py: random Qwen2 models with head_dim 64 and 128, GQA 4:1 and 6:1,
+#           the 1.5B model's vocab of 151,936, sequences up to 4,096 tokens in padded batches):
+#           log-probs in f32 and bf16, greedy tokens, KV-cached decoding against full recompute,
+#           one AdamW step (loss, gradient norm, weights) in f32 and bf16-mixed;
+#   speed   kiln and torch/transformers side by side on the same GPU: generation (prefill,
+#           decode, end to end) of the paper's 100M model at batch 64 and 256 (its own vocab and
+#           151,936) and of Qwen2.5-Coder-1.5B in bf16 at batch 32; training tok/s and MFU
+#           (against the peak of the dtype the matmuls run in) of the 100M model at 8 × 2,048
+#           and of one 1.5B bf16-mixed step at 4,096 tokens; the device allocator's peak beside
+#           `kiln plan`'s figure; the kernels burn's autotune chose;
+# and writes one table (results.md) and one JSON file (results.json) under $OUT.
 #
-# The GPU machine needs no Rust toolchain and no network. Build where cargo is, stripped, so
-# the binaries travel with the checkout (64 MiB in all):
+# The GPU machine needs no Rust toolchain and no network. Build where cargo is, stripped, so the
+# binary travels with the checkout (64 MiB in all):
 #
-#   scripts/gpu-check.sh --build        # -> gpu-bin/{kiln,hf_parity-*,half_precision-*}, sizes printed
+#   scripts/gpu-check.sh --build        # -> gpu-bin/kiln, its size checked
 #
 # and on the GPU machine, from the checkout's root:
 #
 #   KILN_BIN=gpu-bin/kiln scripts/gpu-check.sh
 #
-# Settings (environment): KILN_BIN (default target/release/kiln), TEST_BIN_DIR (default: the
-# directory of KILN_BIN), DEVICE (cuda:0), PEAK_TFLOPS / PEAK_F32_TFLOPS (dense bf16 and f32
-# peaks; by default from the GPU's name), OUT (where the figures go; default a temporary
-# directory). Kernels compiled and autotuned by one step are cached on disk (cubecl's cache in
-# the checkout's target/, which kiln points compiled kernels to as well) for the next steps.
-# `--dry-run` prints the plan, the budget and the commands without touching a GPU; CI runs it.
+# Every row without a GPU, at small shapes (CI runs it on lavapipe, tests/gpu_check.rs):
+#
+#   KILN_BIN=target/debug/kiln scripts/gpu-check.sh --backend wgpu --small
+#
+# Its parity rows are checked against references torch made on the CPU, committed
+# (tests/fixtures/gpu_check/small.json; `scripts/gpu_parity.py reference --shapes small` remakes
+# them); its torch speed columns run where `python3 -c 'import torch'` works, else say so; it
+# exits non-zero when a parity row or a kiln command fails, as the GPU run does.
+#
+# Settings (environment): KILN_BIN (default target/release/kiln), PYTHON (python3), OUT (where
+# the figures go; default a temporary directory), PEAK_TFLOPS / PEAK_F32_TFLOPS (dense bf16 and
+# f32 peaks; by default from the GPU's name). Kernels compiled and autotuned by one step are
+# cached on disk (cubecl's cache under the checkout's target/, which kiln points compiled kernels
+# to as well) for the next. `--dry-run` prints the plan, `budget N s` and every command without
+# running any; CI runs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-MODE=run
-case "${1:-}" in
-    --dry-run) MODE=dry ;;
-    --build) MODE=build ;;
-    "") ;;
-    *) echo "usage: scripts/gpu-check.sh [--dry-run | --build]" >&2; exit 2 ;;
-esac
+MODE=run SMALL=0 BACKEND="${DEVICE:-cuda:0}"
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --dry-run) MODE=dry ;;
+        --build) MODE=build ;;
+        --small) SMALL=1 ;;
+        --backend) BACKEND="${2:?--backend needs a device, e.g. cuda:0 or wgpu}"; shift ;;
+        --backend=*) BACKEND="${1#--backend=}" ;;
+        *) echo "usage: scripts/gpu-check.sh [--dry-run | --build] [--backend cuda:0|wgpu|cpu] [--small]" >&2; exit 2 ;;
+    esac
+    shift
+done
 DRY=0
 [ "$MODE" = dry ] && DRY=1
-BUDGET=360   # seconds of GPU time for the whole check
+BUDGET=360   # seconds of GPU time for the whole check (full shapes)
+PYTHON="${PYTHON:-python3}"
 
 if [ "$MODE" = build ]; then
-    # Symbols stripped: three unstripped binaries are ~4× larger and may not travel.
+    # Symbols stripped: unstripped, the binary is ~4× larger and may not travel.
     export CARGO_PROFILE_RELEASE_STRIP=symbols
     cargo build --locked --release --features cuda
-    cargo test --locked --release --features cuda --no-run --test hf_parity --test half_precision
     rm -rf gpu-bin && mkdir -p gpu-bin
-    cp target/release/kiln gpu-bin/
-    for test in hf_parity half_precision; do
-        bin=$(find target/release/deps -maxdepth 1 -type f -executable -name "$test-*" -printf '%T@ %p\n' | sort -n | tail -1 | cut -d' ' -f2)
-        cp "$bin" gpu-bin/
-    done
-    du -ch gpu-bin/* | sed 's/^/gpu-bin: /'
-    total=$(du -cb gpu-bin/* | tail -1 | cut -f1)
-    [ "$total" -le $((48 << 20)) ] || { echo "gpu-bin is $((total >> 20)) MiB: with the checkout it may not fit the 64 MiB that travels" >&2; exit 1; }
+    cp "${CARGO_TARGET_DIR:-target}/release/kiln" gpu-bin/
+    du -h gpu-bin/kiln | sed 's/^/gpu-bin: /'
+    size=$(stat -c %s gpu-bin/kiln)
+    [ "$size" -le $((48 << 20)) ] || { echo "gpu-bin/kiln is $((size >> 20)) MiB: with the checkout it may not fit the 64 MiB that travels" >&2; exit 1; }
     echo "carry gpu-bin with the working tree and run: KILN_BIN=gpu-bin/kiln scripts/gpu-check.sh"
     exit 0
 fi
 
 KILN="${KILN_BIN:-target/release/kiln}"
-TEST_BIN_DIR="${TEST_BIN_DIR:-$(dirname "$KILN")}"
-DEVICE="${DEVICE:-cuda:0}"
 if [ -z "${OUT:-}" ]; then
     OUT=$(mktemp -d)
     [ "$DRY" = 1 ] && trap 'rm -rf "$OUT"' EXIT
 fi
-M100=tests/fixtures/interplay/qwen2_100M/config.json
-M15=examples/configs/qwen2.5-coder-1.5b/config.json
 mkdir -p "$OUT"
 ROWS="$OUT/rows.tsv"
 : >"$ROWS"
 START=$(date +%s)
 FAILED=0
+GPU_RUN=0
+case "$BACKEND" in cuda*) GPU_RUN=1 ;; esac
 
 say() { printf '\n=== %s (%ss)\n' "$1" "$(($(date +%s) - START))"; }
 die() { echo "gpu-check: $*" >&2; exit 1; }
 [ -x "$KILN" ] || die "no kiln binary at $KILN (build it with \`scripts/gpu-check.sh --build\`, or set KILN_BIN)"
+TORCH=0
+"$PYTHON" -c 'import torch, transformers' 2>/dev/null && TORCH=1
 
-# Each step's time limit, and the plan's sum (the dry run prints it; it must stay ≤ BUDGET).
+# The shapes. Full: the models the issue names. Small: stand-ins with the same structure (GQA,
+# head_dim 64/128, a vocab larger than the 100M model's) that lavapipe runs in minutes.
+M100=tests/fixtures/interplay/qwen2_100M/config.json
+M15=examples/configs/qwen2.5-coder-1.5b/config.json
+M100V="$OUT/qwen2_100M_vocab151936.json"
+derive() { # source out key=value...
+    "$PYTHON" - "$@" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+for kv in sys.argv[3:]:
+    k, v = kv.split("=", 1)
+    c[k] = json.loads(v)
+json.dump(c, open(sys.argv[2], "w"), indent=1)
+PY
+}
+derive "$M100" "$M100V" vocab_size=151936
+if [ "$SMALL" = 1 ]; then
+    SHAPES=small HALF=f16
+    # WGSL has no bf16: f16 stands for it on wgpu (and in the committed references).
+    S100="$OUT/small_100M.json" S100V="$OUT/small_100M_vocab8192.json" S15="$OUT/small_1.5B.json"
+    derive "$M100" "$S100" hidden_size=128 intermediate_size=256 num_hidden_layers=2 num_attention_heads=4 num_key_value_heads=2
+    derive "$S100" "$S100V" vocab_size=8192
+    derive "$M15" "$S15" hidden_size=256 intermediate_size=512 num_hidden_layers=2 num_attention_heads=2 num_key_value_heads=1 vocab_size=8192 max_position_embeddings=512 bos_token_id=null eos_token_id=null
+    C100=$S100 C100V=$S100V C15=$S15
+    B64=4 B256=8 B32=4 PROMPT=16 NEW=8 TB=2 TSEQ=64 LSEQ=128
+    L_REF=0 L_CMP=1500 L_GEN=240 L_TRAIN=300 L_TORCH=600
+else
+    SHAPES=full HALF=bf16
+    C100=$M100 C100V=$M100V C15=$M15
+    B64=64 B256=256 B32=32 PROMPT=128 NEW=128 TB=8 TSEQ=2048 LSEQ=4096
+    L_REF=45 L_CMP=80 L_GEN=15 L_TRAIN=20 L_TORCH=55
+fi
+MIXED=$HALF-mixed
+
+# Each step's time limit, and the plan's sum (the dry run prints it; on a GPU it must stay ≤ BUDGET).
 PLANNED=0
 plan() { PLANNED=$((PLANNED + $1)); }
-plan 60                 # parity: hf_parity, half_precision (30 s each)
-plan 45                 # parity: PyTorch on this GPU, computed here (scripts/torch_parity.py)
-plan $((4 * 25))        # generation: 100M f32/bf16 at its vocab and at 151,936 vocab
-plan $((2 * 40))        # training: 100M f32 and bf16-mixed, 8 × 2,048
-plan 75                 # training: 1.5B bf16-mixed, 1 × 4,096
-[ "$PLANNED" -le "$BUDGET" ] || die "the plan needs $PLANNED s, over the budget of $BUDGET s"
+plan $L_REF; plan $L_CMP                       # parity: torch's references, then kiln against them
+plan $((3 * L_GEN)); plan $((2 * L_GEN))       # generation: 100M ×3, 1.5B (twice the time)
+plan $((2 * L_TRAIN)); plan $((3 * L_TRAIN))   # training: 100M ×2, 1.5B at 4,096 tokens (three times)
+[ "$TORCH" = 1 ] || [ "$GPU_RUN" = 1 ] && plan $L_TORCH   # torch's side of the speed rows, one process
+if [ "$GPU_RUN" = 1 ] && [ "$PLANNED" -gt "$BUDGET" ]; then die "the plan needs $PLANNED s, over the budget of $BUDGET s"; fi
 
-# Time left of the budget, and a step's limit: its own, or what is left if that is less.
-limit() { local left=$((BUDGET - ($(date +%s) - START))); [ "$left" -lt "$1" ] && echo $((left > 1 ? left : 1)) || echo "$1"; }
+# Time left of the plan, and a step's limit: its own, or what is left if that is less.
+limit() { local left=$((PLANNED - ($(date +%s) - START))); [ "$left" -lt "$1" ] && echo $((left > 1 ? left : 1)) || echo "$1"; }
 
-# Peak device memory of one command: nvidia-smi sampled every 100 ms while it runs.
-run_measured() { # name, timeout_s, command...
-    local name=$1 seconds
+# One step: prints its command and limit, runs it (stdout to $OUT/<name>.json), records a failure.
+step() { # name timeout_s command...
+    local name=$1 seconds rc=0
     seconds=$(limit "$2")
     shift 2
     echo "+ (≤ ${seconds}s) $*"
     [ "$DRY" = 1 ] && return 0
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$OUT/$name.mem" &
-    local sampler=$!
-    local rc=0
     timeout "$seconds" "$@" >"$OUT/$name.json" 2>"$OUT/$name.err" || rc=$?
-    kill "$sampler" 2>/dev/null || true
-    wait "$sampler" 2>/dev/null || true
     if [ "$rc" -ne 0 ]; then
         tail -3 "$OUT/$name.err" >&2
-        echo "$name: failed (exit $rc)" >&2
+        echo "$name: failed (exit $rc$([ "$rc" = 124 ] && echo ", after its ${seconds} s"))" >&2
         FAILED=1
     fi
 }
 
-# FLOPs per token of a training step or of a decoding step, from `kiln plan` (runs on the CPU).
-flops_per_token() { # config batch seq precision kind(train|decode)
-    "$KILN" plan --json --config "$1" --batch "$2" --seq "$3" --precision "$4" | python3 -c '
+kiln_plan() { # config batch seq precision key [--recompute]
+    "$KILN" plan --json --config "$1" --batch "$2" --seq "$3" --precision "$4" ${6:-} | "$PYTHON" -c '
 import json, sys
 p = json.load(sys.stdin)
-print(p["training_flops"] / (p["batch_per_device"] * p["seq"]) if sys.argv[1] == "train" else p["decode_flops_per_token"])' "$5"
-}
-
-planned_gib() { # config batch seq precision [--recompute]
-    "$KILN" plan --json --config "$1" --batch "$2" --seq "$3" --precision "$4" ${5:-} | python3 -c '
-import json, sys; print(round(json.load(sys.stdin)["training_peak"] / 2**30, 1))'
-}
-
-row() { # name kind(train|decode) flops_per_token matmul_dtype(f32|bf16) planned_gib
-    echo -e "$1\t$2\t$3\t$4\t$5" >>"$ROWS"
+key = sys.argv[1]
+print(p["training_flops"] / (p["batch_per_device"] * p["seq"]) if key == "train_flops" else p[key])' "$5"
 }
 
 say "device and libraries"
-if [ "$DRY" = 1 ]; then
-    GPU="(dry run)"
-    MEM_GIB=141
-else
-    command -v nvidia-smi >/dev/null || die "nvidia-smi not found: this script needs an NVIDIA GPU (use --dry-run elsewhere)"
+if [ "$GPU_RUN" = 1 ] && [ "$DRY" = 0 ]; then
+    command -v nvidia-smi >/dev/null || die "nvidia-smi not found: --backend $BACKEND needs an NVIDIA GPU (--dry-run, or --backend wgpu --small, elsewhere)"
     GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
     MEM_GIB=$(($(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1) / 1024))
+    [ "$TORCH" = 1 ] || die "the GPU run compares against torch on the same GPU: \`$PYTHON -c 'import torch, transformers'\` failed"
+elif [ "$GPU_RUN" = 1 ]; then
+    GPU="(dry run)" MEM_GIB=141
+else
+    GPU="$BACKEND on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')" MEM_GIB=-
 fi
 # Dense peaks (TFLOP/s): bf16 tensor cores, and f32 (what burn's f32 matmuls are measured against).
+PEAK_BF16="" PEAK_F32=""
 case "$GPU" in
     *H100*PCIe*) PEAK_BF16=756; PEAK_F32=51 ;;
-    *H100*|*H200*|*GH200*) PEAK_BF16=989; PEAK_F32=67 ;;
+    *H100*|*H200*|*GH200*|"(dry run)") PEAK_BF16=989; PEAK_F32=67 ;;
     *A100*) PEAK_BF16=312; PEAK_F32=19.5 ;;
     *L40S*) PEAK_BF16=362; PEAK_F32=91.6 ;;
-    *) PEAK_BF16=989; PEAK_F32=67 ;;
 esac
 PEAK_BF16=${PEAK_TFLOPS:-$PEAK_BF16}
 PEAK_F32=${PEAK_F32_TFLOPS:-$PEAK_F32}
-echo "$GPU, ${MEM_GIB} GiB; dense peaks: bf16 ${PEAK_BF16}, f32 ${PEAK_F32} TFLOP/s; figures in $OUT; budget ${PLANNED} s of ${BUDGET} s"
-echo "budget $PLANNED s"
-# NVRTC (CUDA's runtime compiler, which cubecl compiles kernels with) and NCCL: from the system,
-# LD_LIBRARY_PATH, or the nvidia-* wheels that PyPI's torch brings.
-wheel_libs=$(python3 - <<'PY' 2>/dev/null || true
+echo "$GPU, ${MEM_GIB} GiB; dense peaks: bf16 ${PEAK_BF16:--}, f32 ${PEAK_F32:--} TFLOP/s; $SHAPES shapes; torch $([ "$TORCH" = 1 ] && echo found || echo "not installed (kiln's figures only)"); figures in $OUT"
+echo "budget $PLANNED s$([ "$GPU_RUN" = 1 ] && echo " of $BUDGET s")"
+if [ "$GPU_RUN" = 1 ]; then
+    # NVRTC (CUDA's runtime compiler, which cubecl compiles kernels with) and NCCL: from the
+    # system, LD_LIBRARY_PATH, or the nvidia-* wheels that PyPI's torch brings.
+    wheel_libs=$("$PYTHON" - <<'PY' 2>/dev/null || true
 import glob, os, site
-dirs = [p for d in site.getsitepackages() + [site.getusersitepackages()] for p in glob.glob(os.path.join(d, "nvidia", "*", "lib"))]
+dirs = [p for d in site.getsitepackages() + [site.getusersitepackages()] for p in glob.glob(os.path.join(d, "nvidia", "*", "lib")) + glob.glob(os.path.join(d, "nvidia", "cu*", "lib"))]
 print(":".join(sorted(set(dirs))))
 PY
 )
-[ -n "$wheel_libs" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$wheel_libs"
-for lib in libnvrtc libnccl; do
-    found=""
-    ld_path=${LD_LIBRARY_PATH:-}
-    for dir in ${ld_path//:/ } /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu; do
-        found=$(ls "$dir"/$lib.so* 2>/dev/null | head -1 || true)
-        [ -n "$found" ] && break
+    [ -n "$wheel_libs" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$wheel_libs"
+    for lib in libnvrtc libnccl; do
+        found=""
+        ld_path=${LD_LIBRARY_PATH:-}
+        for dir in ${ld_path//:/ } /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu; do
+            found=$(ls "$dir"/$lib.so* 2>/dev/null | head -1 || true)
+            [ -n "$found" ] && break
+        done
+        [ -z "$found" ] && found=$(ldconfig -p 2>/dev/null | awk -v l="$lib.so" '$1 ~ "^"l { print $NF; exit }')
+        if [ -n "$found" ]; then
+            echo "$lib: $found"
+        else
+            msg="$lib.so not found (looked in LD_LIBRARY_PATH, the nvidia-* wheels' lib directories, /usr/local/cuda/lib64, /usr/lib/x86_64-linux-gnu and ldconfig)"
+            if [ "$lib" = libnvrtc ] && [ "$DRY" = 0 ]; then die "$msg"; else echo "$msg"; fi
+        fi
     done
-    [ -z "$found" ] && found=$(ldconfig -p 2>/dev/null | awk -v l="$lib.so" '$1 ~ "^"l { print $NF; exit }')
-    if [ -n "$found" ]; then
-        echo "$lib: $found"
-    else
-        msg="$lib.so not found (looked in LD_LIBRARY_PATH, the nvidia-* wheels' lib directories, /usr/local/cuda/lib64, /usr/lib/x86_64-linux-gnu and ldconfig)"
-        if [ "$lib" = libnvrtc ] && [ "$DRY" = 0 ]; then die "$msg"; else echo "$msg"; fi
-    fi
-done
-
-say "parity on CUDA: f32 and bf16 logits against transformers"
-for test in hf_parity half_precision; do
-    bin=$(find "$TEST_BIN_DIR" -maxdepth 1 -type f -name "$test-*" ! -name '*.d' | head -1)
-    if [ -z "$bin" ]; then
-        [ "$DRY" = 1 ] && bin="$TEST_BIN_DIR/$test-<hash>" || die "no $test test binary in $TEST_BIN_DIR (build with \`scripts/gpu-check.sh --build\`)"
-    fi
-    seconds=$(limit 30)
-    echo "+ (≤ ${seconds}s) KILN_REPO_DIR=$PWD $bin cuda --test-threads 1"
-    if [ "$DRY" = 0 ]; then
-        KILN_REPO_DIR="$PWD" timeout "$seconds" "$bin" cuda --test-threads 1 || FAILED=1
-    fi
-done
-
-say "parity on this GPU: kiln on $DEVICE against transformers on cuda (log-probs, 32 greedy tokens; f32 must agree)"
-seconds=$(limit 45)
-echo "+ (≤ ${seconds}s) python3 scripts/torch_parity.py --kiln $KILN --device cuda --backend $DEVICE --out $OUT"
-if [ "$DRY" = 0 ]; then
-    timeout "$seconds" python3 scripts/torch_parity.py --kiln "$KILN" --device cuda --backend "$DEVICE" --out "$OUT" || FAILED=1
 fi
 
-say "generation, 100M (batch 64, prompt 128, 128 new tokens), its vocab and 151,936"
-M100V="$OUT/qwen2_100M_vocab151936.json"
-python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["vocab_size"] = 151936; json.dump(c, open(sys.argv[2], "w"))' "$M100" "$M100V"
-for vocab in 2200 151936; do
-    config=$M100; [ "$vocab" = 151936 ] && config=$M100V
-    for dtype in f32 bf16; do
-        run_measured "gen-100M-v$vocab-$dtype" 25 "$KILN" bench --backend "$DEVICE" --config "$config" --dtype "$dtype" \
-            --batch 64 --prompt-len 128 --new-tokens 128 --repeats 1
-        row "gen-100M-v$vocab-$dtype" decode "$(flops_per_token "$config" 64 256 "$( [ $dtype = f32 ] && echo f32 || echo bf16-mixed)" decode)" "$dtype" -
-    done
-done
+say "parity: kiln on $BACKEND against transformers/torch ($SHAPES shapes; f32 and $HALF)"
+MODELS="$OUT/models"
+if [ "$SMALL" = 1 ]; then
+    REFERENCE=tests/fixtures/gpu_check/small.json
+    echo "references: $REFERENCE (torch on the CPU, committed)"
+else
+    REFERENCE="$OUT/reference.json"
+    step reference "$L_REF" "$PYTHON" scripts/gpu_parity.py reference --shapes full --device cuda --half "$HALF" \
+        --kiln "$KILN" --models "$MODELS" --out "$REFERENCE"
+fi
+step compare "$L_CMP" "$PYTHON" scripts/gpu_parity.py compare --reference "$REFERENCE" --kiln "$KILN" --backend "$BACKEND" \
+    --models "$MODELS" --out "$OUT"
+[ "$DRY" = 0 ] && [ -f "$OUT/parity.md" ] && cat "$OUT/parity.md"
 
-say "training, 100M (batch 8 × 2,048 tokens, AdamW)"
-for precision in f32 bf16-mixed; do
-    run_measured "train-100M-$precision" 40 "$KILN" bench --train --backend "$DEVICE" --config "$M100" \
-        --precision "$precision" --batch 8 --prompt-len 2048 --repeats 2
-    row "train-100M-$precision" train "$(flops_per_token "$M100" 8 2048 "$precision" train)" \
-        "$( [ $precision = f32 ] && echo f32 || echo bf16)" "$(planned_gib "$M100" 8 2048 "$precision")"
-done
+# The speed rows: name, kind (generate|train), config, dtype or precision, batch, prompt or
+# sequence length, new tokens, limit, torch's dtype or autocast, extra kiln flags.
+TORCH_ROWS="$OUT/torch_rows.json"
+echo "[" >"$TORCH_ROWS"
+speed_row() { # name kind config dtype batch len new seconds [flags]
+    local name=$1 kind=$2 config=$3 dtype=$4 batch=$5 len=$6 new=$7 seconds=$8 flags=${9:-} flops planned matmul
+    if [ "$kind" = generate ]; then
+        step "$name" "$seconds" "$KILN" bench --backend "$BACKEND" --config "$config" --dtype "$dtype" \
+            --batch "$batch" --prompt-len "$len" --new-tokens "$new" --repeats 1
+        flops=$(kiln_plan "$config" "$batch" $((len + new)) "$([ "$dtype" = f32 ] && echo f32 || echo "$dtype-mixed")" decode_flops_per_token)
+        planned=$(kiln_plan "$config" "$batch" $((len + new)) "$([ "$dtype" = f32 ] && echo f32 || echo "$dtype-mixed")" generation_peak)
+        matmul=$dtype
+        echo "{\"name\": \"$name\", \"kind\": \"generate\", \"config\": \"$config\", \"batch\": $batch, \"prompt_len\": $len, \"new_tokens\": $new, \"dtype\": \"$dtype\"}," >>"$TORCH_ROWS"
+    else
+        step "$name" "$seconds" "$KILN" bench --train --backend "$BACKEND" --config "$config" --precision "$dtype" \
+            --batch "$batch" --prompt-len "$len" --repeats 2 $flags
+        flops=$(kiln_plan "$config" "$batch" "$len" "$dtype" train_flops $flags)
+        planned=$(kiln_plan "$config" "$batch" "$len" "$dtype" training_peak $flags)
+        matmul=$([ "$dtype" = f32 ] && echo f32 || echo "${dtype%-mixed}")
+        echo "{\"name\": \"$name\", \"kind\": \"train\", \"config\": \"$config\", \"batch\": $batch, \"seq\": $len, \"steps\": 2, \"autocast\": \"$([ "$dtype" = f32 ] && echo none || echo bf16)\"}," >>"$TORCH_ROWS"
+    fi
+    echo -e "$name\t$kind\t$flops\t$matmul\t$planned" >>"$ROWS"
+}
 
-say "Qwen2.5-Coder-1.5B: one bf16-mixed step at 4,096 tokens (recompute)"
-need=$(planned_gib "$M15" 1 4096 bf16-mixed --recompute)
-echo "planned peak $need GiB of ${MEM_GIB} GiB"
-run_measured "train-1.5B-bf16-mixed" 75 "$KILN" bench --train --backend "$DEVICE" --config "$M15" \
-    --precision bf16-mixed --recompute --batch 1 --prompt-len 4096 --repeats 1
-row "train-1.5B-bf16-mixed" train "$(flops_per_token "$M15" 1 4096 bf16-mixed train)" bf16 "$need"
+say "generation: 100M at batch $B64 and $B256 (its vocab and 151,936), 1.5B in $HALF at batch $B32; prompt $PROMPT, $NEW new tokens"
+speed_row gen-100M-f32-b$B64 generate "$C100" f32 "$B64" "$PROMPT" "$NEW" "$L_GEN"
+speed_row gen-100M-v151936-$HALF-b$B64 generate "$C100V" "$HALF" "$B64" "$PROMPT" "$NEW" "$L_GEN"
+speed_row gen-100M-v151936-$HALF-b$B256 generate "$C100V" "$HALF" "$B256" "$PROMPT" "$NEW" "$L_GEN"
+speed_row gen-1.5B-$HALF-b$B32 generate "$C15" "$HALF" "$B32" "$PROMPT" "$NEW" $((2 * L_GEN))
+
+say "training: 100M at $TB × $TSEQ tokens (f32, $MIXED), 1.5B $MIXED at $LSEQ tokens (recompute)"
+speed_row train-100M-f32 train "$C100" f32 "$TB" "$TSEQ" - "$L_TRAIN"
+speed_row train-100M-$MIXED train "$C100" "$MIXED" "$TB" "$TSEQ" - "$L_TRAIN"
+speed_row train-1.5B-$MIXED train "$C15" "$MIXED" 1 "$LSEQ" - $((3 * L_TRAIN)) --recompute
+sed -i '$ s/,$//' "$TORCH_ROWS"
+echo "]" >>"$TORCH_ROWS"
+
+if [ "$TORCH" = 1 ] || [ "$GPU_RUN" = 1 ]; then
+    say "torch/transformers on the same device: the same rows, one process"
+    device=cpu; [ "$GPU_RUN" = 1 ] && device=cuda
+    step torch "$L_TORCH" "$PYTHON" benches/torch_rows.py --device "$device" --rows "$TORCH_ROWS" --out "$OUT" --seconds $((L_TORCH - 15))
+else
+    say "torch/transformers: not installed here, so the speed rows have kiln's figures only"
+fi
 
 say "results"
-python3 - "$OUT" "$ROWS" "$PEAK_BF16" "$PEAK_F32" "$DRY" "$GPU" <<'PY'
+"$PYTHON" - "$OUT" "$ROWS" "${PEAK_BF16:-0}" "${PEAK_F32:-0}" "$DRY" "$GPU" <<'PY'
 import json, os, sys
 out, rows, peak_bf16, peak_f32, dry, gpu = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1", sys.argv[6]
-peaks = {"bf16": peak_bf16 * 1e12, "f32": peak_f32 * 1e12}
-lines = [f"| run ({gpu}) | tok/s | MFU (peak of the matmul dtype) | host share of a decoding step | peak memory | planned |", "|---|---:|---:|---:|---:|---:|"]
+peaks = {"bf16": peak_bf16 * 1e12, "f16": peak_bf16 * 1e12, "f32": peak_f32 * 1e12}
+
+def figures(path):
+    if dry or not os.path.exists(path) or not os.path.getsize(path):
+        return None
+    try:
+        return json.loads(open(path).read().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+
+gib = lambda b: f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
+lines = [f"| run ({gpu}) | kiln tok/s | torch tok/s | kiln / torch | MFU (peak of the matmul dtype) | host share of a decoding step | device peak: kiln (allocator) | torch (allocator) | planned |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
 results = []
 for line in open(rows):
     name, kind, flops, dtype, planned = line.rstrip("\n").split("\t")
-    result = {"name": name, "kind": kind, "flops_per_token": float(flops), "matmul_dtype": dtype, "planned_gib": None if planned == "-" else float(planned)}
-    path = os.path.join(out, name + ".json")
-    if not dry and os.path.exists(path) and os.path.getsize(path):
-        figures = json.loads(open(path).read().strip().splitlines()[-1])
-        result["figures"] = figures
-        rate = figures.get("tokens_per_s") if kind == "train" else figures.get("decode_tokens_per_s")
-        if figures.get("host_share_of_step") is not None:
-            result["host_share"] = figures["host_share_of_step"]
-        if rate:
-            result["tokens_per_s"] = rate
-            result["mfu"] = rate * float(flops) / peaks[dtype]
-        used = [int(x) for x in open(os.path.join(out, name + ".mem")).read().split() if x.isdigit()]
-        if used:
-            result["peak_memory_gib"] = max(used) / 1024
+    result = {"name": name, "kind": kind, "flops_per_token": float(flops), "matmul_dtype": dtype, "planned_bytes": float(planned)}
+    key = "tokens_per_s" if kind == "train" else "decode_tokens_per_s"
+    kiln, torch = figures(os.path.join(out, name + ".json")), figures(os.path.join(out, name + ".torch.json"))
+    if kiln:
+        result["kiln"] = kiln
+        result["tokens_per_s"] = kiln.get(key)
+        if kiln.get(key) and peaks[dtype]:
+            result["mfu"] = kiln[key] * float(flops) / peaks[dtype]
+        if kiln.get("host_share_of_step") is not None:
+            result["host_share"] = kiln["host_share_of_step"]
+        memory = kiln.get("device_memory") or {}
+        result["peak_bytes"] = memory.get("reserved_max_bytes")
+    if torch:
+        result["torch"] = torch
+        result["torch_tokens_per_s"] = torch.get(key)
+        result["torch_peak_bytes"] = torch.get("peak_memory_bytes")
+        if torch.get("error"):
+            result["torch_error"] = torch["error"]
+    if result.get("tokens_per_s") and result.get("torch_tokens_per_s"):
+        result["ratio"] = result["tokens_per_s"] / result["torch_tokens_per_s"]
     results.append(result)
-    fmt = lambda key, f: f(result[key]) if key in result and result[key] is not None else "-"
-    lines.append(f"| {name} | {fmt('tokens_per_s', lambda v: f'{v:,.0f}')} | {fmt('mfu', lambda v: f'{100 * v:.1f}% ({dtype})')} "
-                 f"| {fmt('host_share', lambda v: f'{100 * v:.0f}%')} "
-                 f"| {fmt('peak_memory_gib', lambda v: f'{v:.1f} GiB')} | {fmt('planned_gib', lambda v: f'{v} GiB')} |")
+    fmt = lambda k, f: f(result[k]) if result.get(k) is not None else "-"
+    lines.append(f"| {name} | {fmt('tokens_per_s', lambda v: f'{v:,.0f}')} | {fmt('torch_tokens_per_s', lambda v: f'{v:,.0f}')} "
+                 f"| {fmt('ratio', lambda v: f'{v:.2f}x')} | {fmt('mfu', lambda v: f'{100 * v:.1f}% ({dtype})')} "
+                 f"| {fmt('host_share', lambda v: f'{100 * v:.0f}%')} | {fmt('peak_bytes', gib)} | {fmt('torch_peak_bytes', gib)} "
+                 f"| {fmt('planned_bytes', gib)} |")
+parity = json.load(open(os.path.join(out, "parity.json"))) if not dry and os.path.exists(os.path.join(out, "parity.json")) else None
 table = "\n".join(lines)
+if parity:
+    table += "\n\n" + open(os.path.join(out, "parity.md")).read().strip()
 print(table)
 open(os.path.join(out, "results.md"), "w").write(table + "\n")
-json.dump({"gpu": gpu, "peaks_tflops": {"bf16": peak_bf16, "f32": peak_f32}, "dry_run": dry, "rows": results}, open(os.path.join(out, "results.json"), "w"), indent=1)
-print(f"\n({'dry run: nothing was run' if dry else 'tok/s: training steps or decoding; MFU from kiln plan FLOPs'}; written: results.md, results.json)")
+json.dump({"gpu": gpu, "peaks_tflops": {"bf16": peak_bf16, "f32": peak_f32}, "dry_run": dry, "rows": results,
+           "parity": parity}, open(os.path.join(out, "results.json"), "w"), indent=1)
+kind = "dry run: nothing was run" if dry else "tok/s: training steps, or decoding; MFU from kiln plan's FLOPs"
+print(f"\n({kind}; written: results.md, results.json)")
 PY
 say "done"
 [ "$FAILED" = 0 ] || die "some checks failed (see above and $OUT)"
