@@ -104,7 +104,6 @@ for kv in sys.argv[3:]:
 json.dump(c, open(sys.argv[2], "w"), indent=1)
 PY
 }
-derive "$M100" "$M100V" vocab_size=151936
 if [ "$SMALL" = 1 ]; then
     SHAPES=small HALF=f16
     # WGSL has no bf16: f16 stands for it on wgpu (and in the committed references).
@@ -117,6 +116,7 @@ if [ "$SMALL" = 1 ]; then
     L_REF=0 L_CMP=1500 L_GEN=240 L_TRAIN=300 L_TORCH=600
 else
     SHAPES=full HALF=bf16
+    derive "$M100" "$M100V" vocab_size=151936
     C100=$M100 C100V=$M100V C15=$M15
     B64=64 B256=256 B32=32 PROMPT=128 NEW=128 TB=8 TSEQ=2048 LSEQ=4096
     L_REF=45 L_CMP=80 L_GEN=15 L_TRAIN=20 L_TORCH=55
@@ -150,12 +150,12 @@ step() { # name timeout_s command...
     fi
 }
 
-kiln_plan() { # config batch seq precision key [--recompute]
-    "$KILN" plan --json --config "$1" --batch "$2" --seq "$3" --precision "$4" ${6:-} | "$PYTHON" -c '
+kiln_plan() { # config batch seq precision flops_key peak_key [--recompute]: "<flops per token>\t<peak bytes>"
+    "$KILN" plan --json --config "$1" --batch "$2" --seq "$3" --precision "$4" ${7:-} | "$PYTHON" -c '
 import json, sys
 p = json.load(sys.stdin)
-key = sys.argv[1]
-print(p["training_flops"] / (p["batch_per_device"] * p["seq"]) if key == "train_flops" else p[key])' "$5"
+value = lambda key: p["training_flops"] / (p["batch_per_device"] * p["seq"]) if key == "train_flops" else p[key]
+print(*(value(k) for k in sys.argv[1:]), sep="\t")' "$5" "$6"
 }
 
 say "device and libraries"
@@ -231,15 +231,14 @@ speed_row() { # name kind config dtype batch len new seconds [flags]
     if [ "$kind" = generate ]; then
         step "$name" "$seconds" "$KILN" bench --backend "$BACKEND" --config "$config" --dtype "$dtype" \
             --batch "$batch" --prompt-len "$len" --new-tokens "$new" --repeats 1
-        flops=$(kiln_plan "$config" "$batch" $((len + new)) "$([ "$dtype" = f32 ] && echo f32 || echo "$dtype-mixed")" decode_flops_per_token)
-        planned=$(kiln_plan "$config" "$batch" $((len + new)) "$([ "$dtype" = f32 ] && echo f32 || echo "$dtype-mixed")" generation_peak)
+        IFS=$'\t' read -r flops planned < <(kiln_plan "$config" "$batch" $((len + new)) \
+            "$([ "$dtype" = f32 ] && echo f32 || echo "$dtype-mixed")" decode_flops_per_token generation_peak)
         matmul=$dtype
         echo "{\"name\": \"$name\", \"kind\": \"generate\", \"config\": \"$config\", \"batch\": $batch, \"prompt_len\": $len, \"new_tokens\": $new, \"dtype\": \"$dtype\"}," >>"$TORCH_ROWS"
     else
         step "$name" "$seconds" "$KILN" bench --train --backend "$BACKEND" --config "$config" --precision "$dtype" \
             --batch "$batch" --prompt-len "$len" --repeats 2 $flags
-        flops=$(kiln_plan "$config" "$batch" "$len" "$dtype" train_flops $flags)
-        planned=$(kiln_plan "$config" "$batch" "$len" "$dtype" training_peak $flags)
+        IFS=$'\t' read -r flops planned < <(kiln_plan "$config" "$batch" "$len" "$dtype" train_flops training_peak $flags)
         matmul=$([ "$dtype" = f32 ] && echo f32 || echo "${dtype%-mixed}")
         echo "{\"name\": \"$name\", \"kind\": \"train\", \"config\": \"$config\", \"batch\": $batch, \"seq\": $len, \"steps\": 2, \"autocast\": \"$([ "$dtype" = f32 ] && echo none || echo bf16)\"}," >>"$TORCH_ROWS"
     fi
