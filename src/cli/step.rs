@@ -20,7 +20,8 @@ pub struct StepArgs {
     #[arg(long)]
     model: PathBuf,
     /// JSONL file, one `{"input_ids": [ids]}` per line: one micro-batch of all of them (right
-    /// padded), every next token a target, the loss their mean next-token cross-entropy.
+    /// padded, or packed with `--padding-free`), every next token a target, the loss their mean
+    /// next-token cross-entropy.
     #[arg(long)]
     data: PathBuf,
     /// Where the model after the step is written (f32; must not exist or be empty).
@@ -38,6 +39,10 @@ pub struct StepArgs {
     /// Gradient norm clipped to this (0: no clipping).
     #[arg(long, default_value_t = 1.0)]
     max_grad_norm: f64,
+    /// The sequences packed into one row without padding (`[train] padding_free`): positions
+    /// restarting and attention within each sequence, the same loss as padded.
+    #[arg(long)]
+    padding_free: bool,
     /// Print `{"loss", "grad_norm", ...}` (the step's metrics record) as JSON.
     #[arg(long)]
     json: bool,
@@ -107,7 +112,7 @@ impl TrainJob for StepJob {
             allow_config_change: false,
             precision: args.precision,
         };
-        let mut objective = NextTokenLoss::new(sequences.into_iter().map(Sample::all_targets).collect(), batch, 1, 0, 0)?;
+        let mut objective = NextTokenLoss::new(sequences.into_iter().map(Sample::all_targets).collect(), batch, 1, 0, 0)?.padding_free(args.padding_free);
         let dir = args.model.clone();
         let start = Start::<B>::new(&config, false, &mut objective, &device, || hf::load::<B>(&dir, &device));
         let mut record = None;

@@ -12,7 +12,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use super::mixture::{Preset, Shard, Take, effective_shares, select, shard_label, sort_shards};
-use super::packing::{PACKING_GROUP, pack_ffd};
+use super::packing::{PACKING_GROUP, pack_ffd, pack_ffd_documents};
 use super::sample::Sample;
 use crate::error::{Error, Result};
 use crate::tasks::Task;
@@ -56,7 +56,9 @@ fn tokenize_shard(task: &dyn Task, path: &Path, tokenizer: &Tokenizer) -> Result
 }
 
 /// The packed blocks of the mixture `preset` at `token_budget` over `<root>/train/<op>/`, rows
-/// read by `task`.
+/// read by `task`: each block one sample, or with `neat` the block's documents
+/// ([`pack_ffd_documents`]: no attention across them).
+#[allow(clippy::too_many_arguments)]
 pub fn pretrain_samples(
     task: &dyn Task,
     root: &Path,
@@ -65,7 +67,8 @@ pub fn pretrain_samples(
     tokenizer: &Tokenizer,
     cutoff: usize,
     seed: u64,
-) -> Result<(Vec<Sample>, MixtureReport)> {
+    neat: bool,
+) -> Result<(Vec<Vec<Sample>>, MixtureReport)> {
     let mut shards: BTreeMap<u32, Vec<Shard>> = BTreeMap::new();
     let mut tokenized: BTreeMap<PathBuf, TokenizedShard> = BTreeMap::new();
     for &op in &preset.ops {
@@ -101,7 +104,10 @@ pub fn pretrain_samples(
             rows.extend(order[..keep].iter().map(|&i| shard.rows[i].clone()));
         }
     }
-    let blocks: Vec<Sample> = pack_ffd(rows, cutoff, PACKING_GROUP).into_iter().map(Sample::all_targets).collect();
+    let blocks: Vec<Vec<Sample>> = match neat {
+        true => pack_ffd_documents(rows, cutoff, PACKING_GROUP).into_iter().map(|docs| docs.into_iter().map(Sample::all_targets).collect()).collect(),
+        false => pack_ffd(rows, cutoff, PACKING_GROUP).into_iter().map(|block| vec![Sample::all_targets(block)]).collect(),
+    };
     let report = report(preset, token_budget, &takes, blocks.len());
     Ok((blocks, report))
 }

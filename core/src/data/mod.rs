@@ -11,4 +11,4 @@ pub mod sample;
 #[cfg(feature = "tasks")]
 pub mod sft_source;
 
-pub use sample::{Sample, TrainBatch, collate};
+pub use sample::{Sample, TrainBatch, collate, collate_packed, collate_rows};

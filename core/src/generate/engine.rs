@@ -433,6 +433,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             ids: Tensor::from_data(TensorData::new(ids, shape), device),
             positions: Tensor::from_data(TensorData::new(positions, shape), device),
             valid: Tensor::from_data(TensorData::new(valid, shape), device),
+            documents: None,
         }
     }
 }

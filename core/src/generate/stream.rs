@@ -114,6 +114,7 @@ impl<'a, B: Backend> Stream<'a, B> {
                 ids: Tensor::from_data(TensorData::new(vec![sampled.token as i64], [1, 1]), &device),
                 positions: Tensor::from_data(TensorData::new(vec![position], [1, 1]), &device),
                 valid: Tensor::from_data(TensorData::new(vec![true], [1, 1]), &device),
+                documents: None,
             };
             let hidden = self.model.forward_hidden(&step, Some(&mut self.cache));
             self.next = Some(self.model.logits(hidden).reshape([vocab]));

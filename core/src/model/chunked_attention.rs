@@ -6,8 +6,9 @@
 //! (the queries are the last `T` keys: a cache of `S − T` before them), `d` head size, `c` queries
 //! per chunk. Query head `h = k·G + g` reads KV head `k` (K/V are never repeated: the `G` heads of
 //! a group are folded into the rows of one product). A query sees the keys up to its own
-//! position that are real (`key_valid` 1), and itself also when it is padding, so no row is empty
-//! (as `qwen2::attention_mask`).
+//! position that are real and of its own document (`key_valid` labels keys: 0 padding, equal
+//! nonzero labels one document of a packed row), and itself always, so no row is empty (as
+//! `qwen2::attention_mask`; see [`chunk_mask`]).
 //!
 //! Forward, per chunk: scores `[B, K, G·c, S]` in f32, masked, their log-sum-exp (kept, `[B, H, T]`)
 //! and the output. Backward, per chunk: the scores are recomputed, `P = exp(S − lse)`,
@@ -42,6 +43,11 @@ pub fn rows_per_chunk(batch: usize, heads: usize, queries: usize, keys: usize, m
 
 /// The mask `[B, K, G·c, S]` (true = hidden) of queries `first..first + c` of `T` over the keys
 /// `key_valid` `[B, S]`, whose last `T` are the queries' own.
+///
+/// `key_valid` labels each key: 0 is padding, and equal nonzero labels are one document (a
+/// batch without packing labels every real token 1). A query sees the keys up to its own
+/// position that carry its label, and itself always; a padding query (label 0) sees every
+/// real key before it, so no row is empty and unpacked batches keep their rule.
 pub fn chunk_mask<B: Backend>(key_valid: &Tensor<B, 2, Int>, queries: usize, first: usize, c: usize, kv_heads: usize, group: usize) -> Tensor<B, 4, Bool> {
     chunk_mask_before(key_valid, queries, first, c, 0, kv_heads, group)
 }
@@ -65,8 +71,12 @@ pub fn chunk_mask_before<B: Backend>(
     let cols = Tensor::<B, 1, Int>::arange(0..keys as i64, &device).reshape([1, 1, keys]).expand(shape);
     let future = cols.clone().greater(rows.clone());
     let not_self = cols.not_equal(rows);
-    let padded = key_valid.clone().equal_elem(0).reshape([batch, 1, keys]).expand(shape);
-    let mask = future.bool_or(padded.bool_and(not_self)); // [B, c, S]
+    let key_label = key_valid.clone().reshape([batch, 1, keys]).expand(shape);
+    let query_label = key_valid.clone().narrow(1, start as usize, c).reshape([batch, c, 1]).expand(shape);
+    // Hidden unless its own: padding keys, and keys of another document than a real query's.
+    let other_document = key_label.clone().not_equal(query_label.clone()).bool_and(query_label.not_equal_elem(0));
+    let unseen = key_label.equal_elem(0).bool_or(other_document);
+    let mask = future.bool_or(unseen.bool_and(not_self)); // [B, c, S]
     mask.reshape([batch, 1, 1, c, keys]).expand([batch, kv_heads, group, c, keys]).reshape([batch, kv_heads, group * c, keys])
 }
 
@@ -140,14 +150,31 @@ pub fn forward<B: Backend>(q: &Tensor<B, 4>, k: &Tensor<B, 4>, v: &Tensor<B, 4>,
     let dims = Dims::new(q, k, rows);
     let (mut outs, mut lses) = (Vec::new(), Vec::new());
     for (first, c) in dims.chunks() {
-        let scores = dims.scores(dims.take(q, first, c), k, key_valid, first, c);
-        let max = scores.clone().max_dim(3).detach();
-        let p = (scores - max.clone()).exp();
-        let sum = p.clone().sum_dim(3);
-        outs.push(p.matmul(v.clone()) / sum.clone());
-        lses.push(sum.log() + max);
+        let (out, lse) = softmax_values(dims.scores(dims.take(q, first, c), k, key_valid, first, c), v);
+        outs.push(out);
+        lses.push(lse);
     }
     (dims.join(outs), dims.join(lses))
+}
+
+/// `softmax(scores) · v` and the scores' log-sum-exp: masked f32 scores `[B, K, R, S]`, v
+/// `[B, K, S, d]`.
+fn softmax_values<B: Backend>(scores: Tensor<B, 4>, v: &Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    let max = scores.clone().max_dim(3).detach();
+    let p = (scores - max.clone()).exp();
+    let sum = p.clone().sum_dim(3);
+    (p.matmul(v.clone()) / sum.clone(), sum.log() + max)
+}
+
+/// Attention of queries `[B, K, G·T, d]` over k, v `[B, K, S, d]` (f32) under a dense mask
+/// `[B, K, G·T, S]` (true = hidden), in the operations of [`forward`], unchunked: the output
+/// `[B, K, G·T, d]`. Used instead of burn's attention op, which on wgpu (lavapipe) was measured
+/// 8.8e-3 off transformers' f32 log-probs over a 1,098-token row where these operations are
+/// 1.9e-5 off (tests/packing.rs).
+pub fn masked<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, mask: Tensor<B, 4, Bool>) -> Tensor<B, 4> {
+    let scale = 1.0 / (q.dims()[3] as f64).sqrt();
+    let scores = (q.matmul(k.swap_dims(2, 3)) * scale).mask_fill(mask, f32::NEG_INFINITY);
+    softmax_values(scores, &v).0
 }
 
 /// The gradients of q, k, v from the output's gradient `dout` (see the module docs).
@@ -226,7 +253,8 @@ mod tests {
     use super::{attention, forward, rows_per_chunk};
 
     /// The reference: key `j` is visible to query `t` (at position `S − T + t`) when it is not
-    /// later and is real or the query itself.
+    /// later and is the query itself, or real and of the query's document (a padding query's
+    /// being any).
     fn reference<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, valid: &[u8]) -> Tensor<B, 4> {
         let [b, h, t, d] = q.dims();
         let [_, kv, s, _] = k.dims();
@@ -234,7 +262,10 @@ mod tests {
         let scores = q.matmul(repeat(k).swap_dims(2, 3)) / (d as f64).sqrt();
         let hidden: Vec<bool> = (0..b * t * s)
             .map(|i| (i / (t * s), (i / s) % t, i % s))
-            .map(|(bi, ti, j)| !(j <= s - t + ti && (valid[bi * s + j] != 0 || j == s - t + ti)))
+            .map(|(bi, ti, j)| {
+                let (own, key) = (valid[bi * s + s - t + ti], valid[bi * s + j]);
+                !(j <= s - t + ti && (j == s - t + ti || (key != 0 && (own == 0 || key == own))))
+            })
             .collect();
         let hidden = Tensor::<B, 4, Bool>::from_data(TensorData::new(hidden, [b, 1, t, s]), &scores.device()).expand([b, h, t, s]);
         softmax(scores.mask_fill(hidden, f32::NEG_INFINITY), 3).matmul(repeat(v))
@@ -244,7 +275,8 @@ mod tests {
         (a - b).abs().max().into_scalar().elem::<f32>()
     }
 
-    /// Batch 3 (row 1 left-padded by 2, row 2 right-padded by 3), `h` heads on `kv`, `t` queries
+    /// Batch 3 (row 0 three packed documents, row 1 left-padded by 2, row 2 right-padded by 3
+    /// after two packed documents), `h` heads on `kv`, `t` queries
     /// over `s` keys, head size `d`: max |Δ| of the output and of dq, dk, dv (for a random
     /// output gradient) between the custom op at `rows` queries per chunk and the reference.
     fn compare<C: CheckpointStrategy>(h: usize, kv: usize, t: usize, s: usize, d: usize, rows: usize) -> [f32; 4] {
@@ -253,10 +285,10 @@ mod tests {
         let b = 3;
         let n = Distribution::Normal(0.0, 1.0);
         let valid: Vec<u8> = (0..b * s)
-            .map(|i| match i / s {
-                1 => (i % s >= 2) as u8,
-                2 => (i % s < s - 3) as u8,
-                _ => 1,
+            .map(|i| match (i / s, i % s) {
+                (1, j) => (j >= 2) as u8,
+                (2, j) => if j < s - 3 { 1 + (2 * j >= s) as u8 } else { 0 },
+                (_, j) => 1 + (3 * j / s) as u8,
             })
             .collect();
         let key_valid = Tensor::<Ad<C>, 2, Int>::from_data(TensorData::new(valid.iter().map(|&x| x as i64).collect::<Vec<_>>(), [b, s]), &device);

@@ -1,8 +1,11 @@
-//! Model inputs: token ids with their positions and a validity mask.
+//! Model inputs: token ids with their positions and a validity mask, and for packed rows the
+//! document of each token.
 //!
 //! Padding may sit on either side. Positions count real tokens only (`cumsum(valid) - 1`, clamped
 //! at 0), as `transformers.generate` derives them from the attention mask, so a left-padded row
-//! sees exactly the positions it would see alone.
+//! sees exactly the positions it would see alone. A packed row (padding-free training: several
+//! documents concatenated, TRL's `padding_free`) restarts the positions at each document, and
+//! attention never crosses documents, so each document sees what it would see alone.
 
 use burn::tensor::{Bool, Int, Tensor, TensorData, backend::Backend};
 
@@ -15,6 +18,9 @@ pub struct Inputs<B: Backend> {
     pub positions: Tensor<B, 2, Int>,
     /// True where the token is real (not padding).
     pub valid: Tensor<B, 2, Bool>,
+    /// Packed rows: each token's document within its row (0, 1, …); attention stays within a
+    /// document. `None`: one sequence per row. Not for decoding from a KV cache.
+    pub documents: Option<Tensor<B, 2, Int>>,
 }
 
 /// Host-side `[batch, seq]` token block, row-major.
@@ -24,6 +30,8 @@ pub struct HostBatch {
     pub seq: usize,
     pub ids: Vec<u32>,
     pub valid: Vec<bool>,
+    /// Packed rows: each token's document within its row (see [`Inputs::documents`]).
+    pub documents: Option<Vec<u32>>,
 }
 
 impl HostBatch {
@@ -56,15 +64,42 @@ impl HostBatch {
             valid.extend(std::iter::repeat_n(true, row.len()));
             valid.extend(std::iter::repeat_n(false, after));
         }
-        Ok(Self { batch: rows.len(), seq, ids, valid })
+        Ok(Self { batch: rows.len(), seq, ids, valid, documents: None })
     }
 
-    /// Positions `cumsum(valid) - 1`, clamped at 0, per row.
+    /// Packs the documents of each of `rows` into one row (concatenated, in order), right-padded
+    /// with `pad_id` to the longest row: padding-free batches.
+    pub fn packed(rows: &[Vec<&[u32]>], pad_id: u32) -> Result<Self> {
+        let joined: Vec<Vec<u32>> = rows.iter().map(|docs| docs.concat()).collect();
+        if let Some(i) = rows.iter().position(|docs| docs.iter().any(|d| d.is_empty())) {
+            return Err(Error::InvalidInput(format!("row {i} of the packed batch holds an empty document")));
+        }
+        let mut batch = Self::right_padded(&joined, pad_id)?;
+        let mut documents = Vec::with_capacity(batch.ids.len());
+        for docs in rows {
+            let mut row: Vec<u32> = docs.iter().enumerate().flat_map(|(i, d)| std::iter::repeat_n(i as u32, d.len())).collect();
+            let last = row.last().copied().unwrap_or(0);
+            row.resize(batch.seq, last);
+            documents.extend(row);
+        }
+        batch.documents = Some(documents);
+        Ok(batch)
+    }
+
+    /// Positions per row: `cumsum(valid) - 1`, clamped at 0, restarting at each document of a
+    /// packed row.
     pub fn positions(&self) -> Vec<i64> {
+        let seq = self.seq.max(1);
         let mut positions = Vec::with_capacity(self.ids.len());
-        for row in self.valid.chunks(self.seq.max(1)) {
+        for (r, row) in self.valid.chunks(seq).enumerate() {
             let mut seen = 0i64;
-            for &v in row {
+            for (t, &v) in row.iter().enumerate() {
+                if let Some(docs) = &self.documents
+                    && t > 0
+                    && docs[r * seq + t] != docs[r * seq + t - 1]
+                {
+                    seen = 0;
+                }
                 seen += v as i64;
                 positions.push((seen - 1).max(0));
             }
@@ -80,6 +115,10 @@ impl HostBatch {
             ids: Tensor::from_data(TensorData::new(ids, shape), device),
             positions: Tensor::from_data(TensorData::new(self.positions(), shape), device),
             valid: Tensor::from_data(TensorData::new(self.valid.clone(), shape), device),
+            documents: self.documents.as_ref().map(|docs| {
+                let docs: Vec<i64> = docs.iter().map(|&d| d as i64).collect();
+                Tensor::from_data(TensorData::new(docs, shape), device)
+            }),
         }
     }
 }
@@ -98,5 +137,15 @@ mod tests {
         assert_eq!(r.ids, vec![5, 0, 8, 9]);
         assert_eq!(r.positions(), vec![0, 0, 0, 1]);
         assert!(HostBatch::left_padded(&[vec![1], vec![]], 0).is_err());
+    }
+
+    #[test]
+    fn packed_rows_restart_positions_per_document() {
+        let b = HostBatch::packed(&[vec![&[5, 6, 7][..], &[8, 9]], vec![&[3][..]]], 0).unwrap();
+        assert_eq!((b.batch, b.seq), (2, 5));
+        assert_eq!(b.ids, vec![5, 6, 7, 8, 9, 3, 0, 0, 0, 0]);
+        assert_eq!(b.documents.as_deref(), Some(&[0, 0, 0, 1, 1, 0, 0, 0, 0, 0][..]));
+        assert_eq!(b.positions(), vec![0, 1, 2, 0, 1, 0, 0, 0, 0, 0]);
+        assert!(HostBatch::packed(&[vec![&[1][..], &[]]], 0).is_err());
     }
 }

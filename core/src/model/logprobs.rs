@@ -95,7 +95,7 @@ pub fn sequence_logprobs<B: Backend>(model: &Qwen2<B>, sequences: &[Vec<u32>], c
     let (rows, seq) = (batch.batch, batch.seq);
     // Targets: the next token at every position (the last position's target is unused).
     let next: Vec<u32> = batch.ids.chunks(seq).flat_map(|r| r[1..].iter().copied().chain([0])).collect();
-    let targets = HostBatch { batch: rows, seq, ids: next, valid: batch.valid.clone() }.to_device::<B>(&device).ids;
+    let targets = HostBatch { batch: rows, seq, ids: next, valid: batch.valid.clone(), documents: None }.to_device::<B>(&device).ids;
     let mut columns = Vec::new();
     for start in (0..seq).step_by(chunk.max(1)) {
         let len = chunk.max(1).min(seq - start);

@@ -7,8 +7,6 @@
 
 use burn::module::{Module, ModuleMapper, Param};
 use burn::nn::Embedding;
-use burn::tensor::module::attention;
-use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Int, Tensor, backend::Backend};
 
 use super::chunked_attention;
@@ -122,8 +120,7 @@ impl<B: Backend> Attention<B> {
                 // repeating K and V G times: query head h = k·G + g reads KV head k, as
                 // `repeat_kv` does.
                 let q = q.reshape([batch, kv_heads, (heads / kv_heads) * seq, d]);
-                let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: false };
-                attention(q, k, v, Some(mask.clone()), None, options) // [B, K, G·T, d]
+                chunked_attention::masked(q, k, v, mask.clone()) // [B, K, G·T, d]
             }
             AttnMask::Chunked { key_valid, rows } => match kernels::<B>().chunked_attention {
                 Some(attention) => attention(q.clone(), k.clone(), v.clone(), key_valid, *rows),
@@ -158,14 +155,15 @@ impl<B: Backend> Attention<B> {
 /// How attention learns which keys each query may see.
 #[derive(Debug, Clone)]
 pub enum AttnMask<B: Backend> {
-    /// `[B, K, G·T, S]` from [`attention_mask`] (burn's attention op), where the scores are
+    /// `[B, K, G·T, S]` from [`attention_mask`] ([`chunked_attention::masked`]), where the scores are
     /// small enough to exist at once and no chunked backward pass is installed.
     Dense(Tensor<B, 4, Bool>),
-    /// Which keys are real (`[B, S]`, 1 = real) for [`chunked_attention`], `rows` queries at a
+    /// Which keys are real (`[B, S]` labels, as [`attention_mask`]) for [`chunked_attention`], `rows` queries at a
     /// time: with its own backward pass where [`custom_op::install`]ed (training), else as plain
     /// operations.
     Chunked { key_valid: Tensor<B, 2, Int>, rows: usize },
-    /// Which keys are real, for the fused CPU kernel, which derives causality itself.
+    /// Which keys are real (labels, as [`attention_mask`]), for the fused CPU kernel, which
+    /// derives causality itself.
     Keys(KeyMask),
 }
 
@@ -187,7 +185,7 @@ impl<B: Backend> AttnMask<B> {
     pub fn padded(key_valid: Tensor<B, 2, Int>, queries: usize, pad: usize, kv_heads: usize, group: usize, dtype: DType) -> Self {
         if Self::is_fused(dtype) {
             let [batch, keys] = key_valid.dims();
-            let valid: Vec<u8> = key_valid.into_data().convert::<i64>().iter::<i64>().map(|v| (v != 0) as u8).collect();
+            let valid: Vec<u32> = key_valid.into_data().convert::<i64>().iter::<i64>().map(|v| v.max(0) as u32).collect();
             return Self::Keys(KeyMask { batch, keys, valid: valid.into() });
         }
         let device = key_valid.device();
@@ -223,8 +221,9 @@ impl<B: Backend> AttnMask<B> {
 }
 
 /// The attention mask `[B, K, G·T, S]` (true = masked) for `T` new queries over `S` keys, whose
-/// last `T` are the new tokens (`key_valid` `[B, S]` is 1 for real tokens, 0 for padding): a query may not see later keys, nor padded keys other than itself
-/// (a padded query attends to itself only, so no softmax row is empty).
+/// last `T` are the new tokens (`key_valid` `[B, S]` labels keys: 0 padding, else the key's
+/// document, 1 for every real token unpacked): a query sees itself and the earlier real keys of
+/// its document, so no softmax row is empty (see [`chunked_attention::chunk_mask`]).
 pub fn attention_mask<B: Backend>(
     key_valid: Tensor<B, 2, Int>,
     queries: usize,
@@ -313,7 +312,14 @@ impl<B: Backend> Qwen2<B> {
     /// inputs continue the cached sequences and are appended to the cache.
     pub fn forward_hidden(&self, inputs: &Inputs<B>, mut cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
         let queries = inputs.ids.dims()[1];
-        let valid = inputs.valid.clone().int();
+        // Key labels: 0 padding, else the key's document + 1 (1 for every real token unpacked).
+        let valid = match &inputs.documents {
+            Some(documents) => {
+                assert!(cache.is_none(), "packed rows (Inputs::documents) are not decoded from a KV cache");
+                inputs.valid.clone().int() * (documents.clone() + 1)
+            }
+            None => inputs.valid.clone().int(),
+        };
         let (key_valid, decoding) = match cache.as_deref_mut() {
             Some(cache) => {
                 let (all, decoding) = match cache.key_valid.take() {

@@ -55,7 +55,7 @@ impl ResponseLayout {
             targets.extend(response.iter().copied().chain(std::iter::repeat_n(0, right)));
             mask.extend(std::iter::repeat_n(1.0, response.len()).chain(std::iter::repeat_n(0.0, right)));
         }
-        Ok(Self { host: HostBatch { batch: rows, seq, ids, valid }, prompt_width, response_width, targets, mask })
+        Ok(Self { host: HostBatch { batch: rows, seq, ids, valid, documents: None }, prompt_width, response_width, targets, mask })
     }
 
     /// Rows.

@@ -9,7 +9,7 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 use serde_json::{Map, Value, json};
 
-use crate::data::{Sample, TrainBatch, collate};
+use crate::data::{Sample, TrainBatch, collate, collate_packed, collate_rows};
 use crate::dist::Reduce;
 use crate::error::{Error, Result};
 use crate::model::Qwen2;
@@ -60,7 +60,9 @@ pub trait Objective<B: AutodiffBackend> {
 /// every share is divided by the target tokens of the whole step: the replicas' gradients add
 /// up to those of one device taking the whole step.
 pub struct NextTokenLoss {
-    samples: Vec<Sample>,
+    /// Training rows: one sample each, or the documents of a packed bin (laid end to end,
+    /// attention within each).
+    samples: Vec<Vec<Sample>>,
     micro_batch: usize,
     accumulation: usize,
     pad_id: u32,
@@ -71,14 +73,24 @@ pub struct NextTokenLoss {
     epoch: u64,
     rank: usize,
     world: usize,
+    /// Micro-batches packed into one row each ([`collate_packed`]) instead of padded.
+    padding_free: bool,
 }
 
 impl NextTokenLoss {
     pub fn new(samples: Vec<Sample>, micro_batch: usize, accumulation: usize, pad_id: u32, seed: u64) -> Result<Self> {
-        if samples.is_empty() || micro_batch == 0 || accumulation == 0 {
+        Self::packed(samples.into_iter().map(|s| vec![s]).collect(), micro_batch, accumulation, pad_id, seed)
+    }
+
+    /// [`NextTokenLoss::new`] over rows of several documents each (packed bins, as
+    /// `data::packing::pack_ffd_documents` or `first_fit_decreasing` make them): each row is one
+    /// sample of a micro-batch, its documents laid end to end without attention between them
+    /// (LLaMA-Factory's `neat_packing`). Rows of one document are [`NextTokenLoss::new`]'s.
+    pub fn packed(samples: Vec<Vec<Sample>>, micro_batch: usize, accumulation: usize, pad_id: u32, seed: u64) -> Result<Self> {
+        if samples.is_empty() || samples.iter().any(Vec::is_empty) || micro_batch == 0 || accumulation == 0 {
             return Err(Error::InvalidInput("training needs samples and a positive batch size".into()));
         }
-        let mut objective = Self { samples, micro_batch, accumulation, pad_id, seed, cursor: 0, order: Vec::new(), epoch: 0, rank: 0, world: 1 };
+        let mut objective = Self { samples, micro_batch, accumulation, pad_id, seed, cursor: 0, order: Vec::new(), epoch: 0, rank: 0, world: 1, padding_free: false };
         objective.shuffle(0);
         Ok(objective)
     }
@@ -86,6 +98,13 @@ impl NextTokenLoss {
     /// This objective as data-parallel replica `rank` of `world`.
     pub fn shard(mut self, rank: usize, world: usize) -> Self {
         (self.rank, self.world) = (rank, world.max(1));
+        self
+    }
+
+    /// Packs each micro-batch's samples into one row without padding ([`collate_packed`]: TRL's
+    /// `padding_free`), with the same loss as padded micro-batches.
+    pub fn padding_free(mut self, on: bool) -> Self {
+        self.padding_free = on;
         self
     }
 
@@ -112,7 +131,7 @@ impl NextTokenLoss {
         self.order.shuffle(&mut rng);
     }
 
-    fn next_sample(&mut self) -> &Sample {
+    fn next_sample(&mut self) -> &[Sample] {
         let n = self.samples.len() as u64;
         let epoch = self.cursor / n;
         if epoch != self.epoch {
@@ -140,8 +159,8 @@ impl<B: AutodiffBackend> Objective<B> for NextTokenLoss {
         let mut groups = Vec::with_capacity(self.accumulation);
         for rank in 0..self.world {
             for _ in 0..self.accumulation {
-                let group: Vec<Sample> = (0..self.micro_batch).map(|_| self.next_sample().clone()).collect();
-                step_targets += group.iter().map(Sample::num_targets).sum::<usize>();
+                let group: Vec<Vec<Sample>> = (0..self.micro_batch).map(|_| self.next_sample().to_vec()).collect();
+                step_targets += group.iter().flatten().map(Sample::num_targets).sum::<usize>();
                 if rank == self.rank {
                     groups.push(group);
                 }
@@ -149,7 +168,14 @@ impl<B: AutodiffBackend> Objective<B> for NextTokenLoss {
         }
         let micros = groups
             .iter()
-            .map(|g| Ok(NextTokenMicro { batch: collate(g, self.pad_id, &device)?, step_targets: step_targets.max(1) }))
+            .map(|g| {
+                let batch = match (self.padding_free, g.iter().all(|row| row.len() == 1)) {
+                    (true, _) => collate_packed(&g.concat(), self.pad_id, &device)?,
+                    (false, true) => collate(&g.concat(), self.pad_id, &device)?,
+                    (false, false) => collate_rows(g, self.pad_id, &device)?,
+                };
+                Ok(NextTokenMicro { batch, step_targets: step_targets.max(1) })
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(vec![micros])
     }

@@ -20,6 +20,7 @@ use crate::data::Sample;
 use crate::data::chat::{QWEN_DEFAULT_SYSTEM, render_examples};
 use crate::data::sft_source::{SftSource, SplitRule, read_sft_rows};
 use crate::data::corpus::pretrain_samples;
+use crate::data::packing::first_fit_decreasing;
 use crate::data::mixture::{Preset, TypoPolicy, readable_to_number};
 use crate::dist::{self, NodeSpec, Replica};
 use crate::error::{Error, Result};
@@ -178,7 +179,7 @@ fn replica_run<B: AutodiffBackend>(
     let model = start_config(&config.model)?;
     let cutoff_len = fit_cutoff(&config.data, &model)?;
     let (samples, heldout_rows, data_report) = training_samples(task.as_ref(), &config.data, &tokenizer, seed, cutoff_len)?;
-    check_samples(&samples, &config.data, &model, pad_id)?;
+    check_samples(&samples.iter().flatten().cloned().collect::<Vec<_>>(), &config.data, &model, pad_id)?;
     check_samples(&heldout_rows, &config.data, &model, pad_id)?;
 
     let (micro_batch, grad_accum) = (config.micro_batch().map_err(Error::InvalidInput)?, t.grad_accum.unwrap_or(GRAD_ACCUM));
@@ -198,7 +199,7 @@ fn replica_run<B: AutodiffBackend>(
     .map_err(Error::InvalidInput)?;
     loop_config.eval_steps = config.eval.steps.clone();
     loop_config.precision = t.precision;
-    let mut objective = NextTokenLoss::new(samples, micro_batch, grad_accum, pad_id, seed)?.shard(replica.rank(), replica.world());
+    let mut objective = NextTokenLoss::packed(samples, micro_batch, grad_accum, pad_id, seed)?.padding_free(t.padding_free).shard(replica.rank(), replica.world());
     // Rank 0 resumes (or refuses to overwrite); the others start from its state (dist::sync_start).
     // One writer per output directory: rank 0, which writes it, holds its lock for the run.
     let _lock = replica.is_main().then(|| crate::io::lock_dir(&loop_config.out_dir)).transpose()?;
@@ -328,13 +329,13 @@ fn check_samples(samples: &[Sample], data: &DataSection, (model, path): &(Qwen2C
     Ok(())
 }
 
-/// The training samples, the rows held out of them for the loss (SFT `heldout`) and the data
-/// report.
-fn training_samples(task: &dyn Task, data: &DataSection, tokenizer: &Tokenizer, seed: u64, cutoff_len: usize) -> Result<(Vec<Sample>, Vec<Sample>, Value)> {
+/// The training rows (each one sample, or the documents of a neatly packed bin), the rows
+/// held out for the loss (SFT `heldout`) and the data report.
+fn training_samples(task: &dyn Task, data: &DataSection, tokenizer: &Tokenizer, seed: u64, cutoff_len: usize) -> Result<(Vec<Vec<Sample>>, Vec<Sample>, Value)> {
     match data {
         DataSection::Mixture(mixture) => {
             let (preset, budget) = mixture_of(mixture)?;
-            let (samples, report) = pretrain_samples(task, &mixture.root, &preset, budget, tokenizer, cutoff_len, seed)?;
+            let (samples, report) = pretrain_samples(task, &mixture.root, &preset, budget, tokenizer, cutoff_len, seed, mixture.neat_packing)?;
             Ok((samples, Vec::new(), json!({ "mixture": report })))
         }
         DataSection::Sft(sft) => {
@@ -347,7 +348,12 @@ fn training_samples(task: &dyn Task, data: &DataSection, tokenizer: &Tokenizer, 
             let rows = read_sft_rows(&SftSource { path: sft.path.clone(), columns: sft.columns.clone(), split })?;
             let (samples, report) = render_examples(&rows.train, tokenizer, system, sft.max_length)?;
             let (heldout, _) = render_examples(&rows.heldout, tokenizer, system, sft.max_length)?;
-            Ok((samples, heldout, json!({ "sft": report, "source": rows.report })))
+            let samples = match sft.neat_packing {
+                true => first_fit_decreasing(samples, |s| s.ids.len(), cutoff_len),
+                false => samples.into_iter().map(|s| vec![s]).collect(),
+            };
+            let report = json!({ "sft": report, "source": rows.report, "bins": samples.len() });
+            Ok((samples, heldout, report))
         }
         DataSection::Prompts(_) => Err(Error::InvalidInput("[data] kind = \"prompts\" is for `kiln rl` and `kiln opd`".into())),
     }

@@ -3,8 +3,9 @@
 //! Layouts (all row-major): queries, outputs and their gradients `[B, T, H, d]` (the projection's
 //! output as it lies, no transposes); keys and values `[B, S, K, d]`; log-sum-exps `[B, T, H]`.
 //! Query `t` of a batch row is the key at position `o + t`, `o = S - T` (the cached prefix), and
-//! sees key `j` iff `j ≤ o + t` and key `j` is a real token or is the query itself (a padded
-//! query attends to itself only), as `qwen2::attention_mask` describes.
+//! sees key `j` iff `j ≤ o + t` and key `j` is the query itself or a real token of the query's
+//! document (`valid` labels keys: 0 padding, equal nonzero labels one document of a packed row;
+//! a padding query sees every real key), as `chunked_attention::chunk_mask` describes.
 //!
 //! Work is split into tasks of one batch row and one KV head (all `G = H / K` query heads that
 //! read it, so each key and value is loaded once per group), further split by blocks of queries
@@ -50,15 +51,15 @@ impl Dims {
 const BLOCK_ROWS: usize = 256;
 
 /// Output and log-sum-exp of every query: `out` `[B, T, H, d]`, `lse` `[B, T, H]`.
-/// `valid` `[B, S]` is 1 for real keys, 0 for padding.
-pub fn forward(dims: Dims, q: &[f32], k: &[f32], v: &[f32], valid: &[u8], scale: f32) -> (Vec<f32>, Vec<f32>) {
+/// `valid` `[B, S]` labels the keys (0 padding, else the key's document; see the module docs).
+pub fn forward(dims: Dims, q: &[f32], k: &[f32], v: &[f32], valid: &[u32], scale: f32) -> (Vec<f32>, Vec<f32>) {
     forward_strided(dims, q, k, v, dims.keys * dims.kv_heads * dims.head_dim, valid, scale)
 }
 
 /// [`forward`] with keys and values read from the first `S` positions of each batch row of a
 /// larger buffer, `kv_stride` elements apart (a KV cache's `[B, capacity, K, d]` buffer, read in
 /// place instead of copied out every decode step).
-pub fn forward_strided(dims: Dims, q: &[f32], k: &[f32], v: &[f32], kv_stride: usize, valid: &[u8], scale: f32) -> (Vec<f32>, Vec<f32>) {
+pub fn forward_strided(dims: Dims, q: &[f32], k: &[f32], v: &[f32], kv_stride: usize, valid: &[u32], scale: f32) -> (Vec<f32>, Vec<f32>) {
     check_strided(dims, q, k, v, kv_stride, valid);
     let mut out = vec![0.0f32; dims.q_len()];
     let mut lse = vec![0.0f32; dims.batch * dims.queries * dims.heads];
@@ -101,7 +102,7 @@ pub fn backward(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    valid: &[u8],
+    valid: &[u32],
     scale: f32,
     out: &[f32],
     lse: &[f32],
@@ -162,12 +163,12 @@ pub fn backward(
     (dq, dk, dv)
 }
 
-fn check(dims: Dims, q: &[f32], k: &[f32], v: &[f32], valid: &[u8]) {
+fn check(dims: Dims, q: &[f32], k: &[f32], v: &[f32], valid: &[u32]) {
     assert!(k.len() == dims.kv_len() && v.len() == dims.kv_len());
     check_strided(dims, q, k, v, dims.keys * kv_row(dims) as usize, valid);
 }
 
-fn check_strided(dims: Dims, q: &[f32], k: &[f32], v: &[f32], kv_stride: usize, valid: &[u8]) {
+fn check_strided(dims: Dims, q: &[f32], k: &[f32], v: &[f32], kv_stride: usize, valid: &[u32]) {
     assert!(dims.kv_heads > 0 && dims.heads.is_multiple_of(dims.kv_heads) && dims.keys >= dims.queries);
     let row = dims.keys * kv_row(dims) as usize;
     assert!(kv_stride >= row || dims.batch <= 1, "KV rows overlap");
@@ -252,13 +253,15 @@ impl Rows {
 }
 
 /// Splits a score row at its query's own key: `(seen, later)`, `seen` = keys `0..=limit`; keys
-/// in `seen` that are padding (other than the query itself) are set to `-inf`.
+/// in `seen` the query may not see (padding, another document) are set to `-inf`.
 #[inline(always)]
-fn visible<'a>(row: &'a mut [f32], limit: usize, valid: &[u8]) -> (&'a mut [f32], &'a mut [f32]) {
+fn visible<'a>(row: &'a mut [f32], limit: usize, valid: &[u32]) -> (&'a mut [f32], &'a mut [f32]) {
     let (seen, later) = row.split_at_mut(limit + 1);
-    if !valid[..limit].iter().all(|&v| v != 0) {
-        for (s, &v) in seen[..limit].iter_mut().zip(valid) {
-            *s = if v != 0 { *s } else { f32::NEG_INFINITY };
+    let own = valid[limit];
+    let sees = |label: u32| label != 0 && (own == 0 || label == own);
+    if !valid[..limit].iter().all(|&l| sees(l)) {
+        for (s, &l) in seen[..limit].iter_mut().zip(valid) {
+            *s = if sees(l) { *s } else { f32::NEG_INFINITY };
         }
     }
     (seen, later)
@@ -266,7 +269,7 @@ fn visible<'a>(row: &'a mut [f32], limit: usize, valid: &[u8]) -> (&'a mut [f32]
 
 simd_fn! {
     /// Masked softmax of `[rows, width]` scores in place; `lse[r]` = log Σ exp over row `r`.
-    fn softmax_rows(scores: &mut [f32], width: usize, limits: &[usize], valid: &[u8], lse: &mut [f32]) {
+    fn softmax_rows(scores: &mut [f32], width: usize, limits: &[usize], valid: &[u32], lse: &mut [f32]) {
         for (r, row) in scores.chunks_exact_mut(width).enumerate() {
             let (seen, later) = visible(row, limits[r], valid);
             later.fill(0.0);
@@ -281,7 +284,7 @@ simd_fn! {
 
 simd_fn! {
     /// Scores `[rows, width]` → probabilities `exp(s - lse[r])`, masked ones 0.
-    fn probabilities(scores: &mut [f32], width: usize, limits: &[usize], valid: &[u8], lse: &[f32]) {
+    fn probabilities(scores: &mut [f32], width: usize, limits: &[usize], valid: &[u32], lse: &[f32]) {
         for (r, row) in scores.chunks_exact_mut(width).enumerate() {
             let l = lse[r];
             let (seen, later) = visible(row, limits[r], valid);

@@ -19,13 +19,14 @@ use std::sync::Arc;
 
 use burn::tensor::{Tensor, backend::Backend};
 
-/// Which keys are real tokens, host-side: `[batch, keys]`, 1 = real, 0 = padding. Built once
-/// per forward pass and shared by every layer.
+/// Which keys are real tokens, host-side: `[batch, keys]`, 0 = padding, else the key's
+/// document (1 for every real token without packing; equal labels are one document of a packed
+/// row). Built once per forward pass and shared by every layer.
 #[derive(Debug, Clone)]
 pub struct KeyMask {
     pub batch: usize,
     pub keys: usize,
-    pub valid: Arc<Vec<u8>>,
+    pub valid: Arc<Vec<u32>>,
 }
 
 /// Whether the fused kernels run on backend `B` (Flex, or Flex under autodiff).

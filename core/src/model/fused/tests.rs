@@ -11,7 +11,8 @@ use burn::tensor::activation::silu;
 type Ad = Autodiff<Flex>;
 
 /// Attention written out with burn ops: K/V repeated per query head, a dense mask from the
-/// visibility rule (query `t` is key `o + t`; it sees earlier real keys and itself).
+/// visibility rule (query `t` is key `o + t`; it sees itself and the earlier real keys of its
+/// document, a padding query any).
 fn reference<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, mask: &KeyMask) -> Tensor<B, 4> {
     let [b, t, h, d] = q.dims();
     let [_, s, kv, _] = k.dims();
@@ -22,7 +23,10 @@ fn reference<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, mask
     let offset = s - t;
     let hidden: Vec<bool> = (0..b)
         .flat_map(|bi| (0..t).flat_map(move |ti| (0..s).map(move |j| (bi, ti, j))))
-        .map(|(bi, ti, j)| !(j <= offset + ti && (mask.valid[bi * s + j] != 0 || j == offset + ti)))
+        .map(|(bi, ti, j)| {
+            let (own, key) = (mask.valid[bi * s + offset + ti], mask.valid[bi * s + j]);
+            !(j <= offset + ti && (j == offset + ti || (key != 0 && (own == 0 || key == own))))
+        })
         .collect();
     let hidden = Tensor::<B, 4, Bool>::from_data(TensorData::new(hidden, [b, 1, t, s]), &scores.device()).expand([b, h, t, s]);
     softmax(scores.mask_fill(hidden, f32::NEG_INFINITY), 3).matmul(v).swap_dims(1, 2)
@@ -32,8 +36,8 @@ fn max_diff<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> f32
     (a - b).abs().max().into_scalar().elem::<f32>()
 }
 
-/// Random inputs: batch 3, `t` queries over `s` keys, 6 heads on 2 KV heads, d = 8; row 1 has
-/// left padding, row 2 right padding.
+/// Random inputs: batch 3, `t` queries over `s` keys, 6 heads on 2 KV heads, d = 8; row 0 packs
+/// three documents, row 1 has left padding, row 2 right padding after two packed documents.
 fn case<B: Backend>(t: usize, s: usize) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>, KeyMask) {
     let device = Default::default();
     let (b, h, kv, d) = (3, 6, 2, 8);
@@ -41,11 +45,11 @@ fn case<B: Backend>(t: usize, s: usize) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B
     let q = Tensor::random([b, t, h, d], n, &device);
     let k = Tensor::random([b, s, kv, d], n, &device);
     let v = Tensor::random([b, s, kv, d], n, &device);
-    let valid: Vec<u8> = (0..b * s)
-        .map(|i| match i / s {
-            1 => (i % s >= 2) as u8,
-            2 => (i % s < s - 3) as u8,
-            _ => 1,
+    let valid: Vec<u32> = (0..b * s)
+        .map(|i| match (i / s, i % s) {
+            (1, j) => (j >= 2) as u32,
+            (2, j) => if j < s - 3 { 1 + (2 * j >= s) as u32 } else { 0 },
+            (_, j) => 1 + (3 * j / s) as u32,
         })
         .collect();
     (q, k, v, KeyMask { batch: b, keys: s, valid: valid.into() })
@@ -227,7 +231,7 @@ fn cached_decoding_with_fused_attention_equals_a_full_forward() {
     let mut seen: Vec<usize> = prefix.iter().map(Vec::len).collect();
     for step in 0..6 {
         let ids: Vec<u32> = rows.iter().zip(&seen).map(|(r, &n)| r[n]).collect();
-        let batch = HostBatch { batch: 2, seq: 1, ids: ids.clone(), valid: vec![true; 2] };
+        let batch = HostBatch { batch: 2, seq: 1, ids: ids.clone(), valid: vec![true; 2], documents: None };
         let mut inputs = batch.to_device::<Flex>(&device);
         let positions: Vec<i64> = seen.iter().map(|&n| n as i64).collect();
         inputs.positions = Tensor::from_data(TensorData::new(positions, [2, 1]), &device);

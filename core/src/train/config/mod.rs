@@ -150,6 +150,11 @@ pub struct TrainSection {
     /// (`kiln_backends::run_training_with`).
     #[serde(default)]
     pub recompute: bool,
+    /// Each micro-batch's sequences concatenated into one row without padding, positions
+    /// restarting and attention within each sequence (pretrain, sft; TRL's `padding_free`):
+    /// the same loss as the padded micro-batch, without the padding's compute and memory.
+    #[serde(default)]
+    pub padding_free: bool,
 }
 
 impl TrainSection {
@@ -393,6 +398,11 @@ pub struct MixtureData {
     /// Packed block length (held-out rows are cut to it for the loss).
     #[serde(default = "default_cutoff")]
     pub cutoff_len: usize,
+    /// Keep each block's documents apart: no attention across them, positions restarting at
+    /// each (LLaMA-Factory's `neat_packing`; the blocks are the same). Off: the paper's packing,
+    /// documents attending to earlier ones in their block.
+    #[serde(default)]
+    pub neat_packing: bool,
 }
 
 /// `[data] kind = "sft"` (old configs: `sft = "<file>"`).
@@ -429,9 +439,16 @@ pub struct SftData {
     pub max_length: Option<usize>,
     /// System prompt inserted when a row has none (default: Qwen's; `""` for none).
     pub system_prompt: Option<String>,
-    /// Held-out rows are cut to this many tokens for the loss.
+    /// Held-out rows are cut to this many tokens for the loss; with `neat_packing`, the length
+    /// of the bins rows are packed into.
     #[serde(default = "default_cutoff")]
     pub cutoff_len: usize,
+    /// Pack rows first-fit-decreasing into bins of `cutoff_len` tokens, each row attending only
+    /// to itself with its own positions (LLaMA-Factory's `neat_packing`, TRL's `packing` with
+    /// `packing_strategy = "bfd"`): `micro_batch` then counts bins. The loss of a bin is its
+    /// rows' padded loss.
+    #[serde(default)]
+    pub neat_packing: bool,
 }
 
 /// `[data] kind = "prompts"` (old configs: `dir = …` or `files = […]`).
