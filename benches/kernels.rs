@@ -101,7 +101,7 @@ fn attention_bench(c: &mut Criterion) {
     let q = normal([BATCH, SEQ, HEADS, HEAD]);
     let k = normal([BATCH, SEQ, KV, HEAD]);
     let v = normal([BATCH, SEQ, KV, HEAD]);
-    let mask = KeyMask { batch: BATCH, keys: SEQ, valid: vec![1u8; BATCH * SEQ].into() };
+    let mask = KeyMask { batch: BATCH, keys: SEQ, valid: vec![1u32; BATCH * SEQ].into() };
     let valid = Tensor::<Cpu, 2, Int>::ones([BATCH, SEQ], &Default::default());
     let dense = attention_mask(valid, SEQ, KV, HEADS / KV);
     let mut g = c.benchmark_group("attention_8x64_gqa12on2");

@@ -10,7 +10,6 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use burn::tensor::ElementConversion;
 use burn::tensor::backend::Backend;
 use kiln::data::{Sample, collate_packed};
 use kiln::model::logprobs::target_scores;
@@ -64,7 +63,7 @@ fn packed_logprobs_error<B: Backend>(model_dir: &Path, expected: &Value, device:
     let theirs: Vec<f64> = expected["logprobs"].as_array().unwrap().iter().flat_map(|d| d.as_array().unwrap().iter().map(|x| x.as_f64().unwrap())).collect();
     assert_eq!(ours.len(), theirs.len(), "targets of the packed row");
     assert_eq!(theirs.len() as u64, expected["step"]["targets"].as_u64().unwrap());
-    ours.iter().zip(&theirs).map(|(&a, &b)| (a as f64 - b).abs()).fold(0.0, f64::max).elem()
+    ours.iter().zip(&theirs).map(|(&a, &b)| (a as f64 - b).abs()).fold(0.0, f64::max)
 }
 
 /// `kiln step` on the documents (packed with `padding_free`, else padded): `(loss, grad_norm)`.

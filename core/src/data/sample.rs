@@ -43,7 +43,7 @@ pub struct TrainBatch<B: Backend> {
 pub fn collate<B: Backend>(samples: &[Sample], pad_id: u32, device: &B::Device) -> crate::Result<TrainBatch<B>> {
     let rows: Vec<Vec<u32>> = samples.iter().map(|s| s.ids.clone()).collect();
     let host = HostBatch::right_padded(&rows, pad_id)?;
-    let rows: Vec<Vec<&Sample>> = samples.iter().map(|s| vec![s]).collect();
+    let rows: Vec<&[Sample]> = samples.iter().map(std::slice::from_ref).collect();
     Ok(upload(host, &rows, pad_id, device))
 }
 
@@ -52,26 +52,26 @@ pub fn collate<B: Backend>(samples: &[Sample], pad_id: u32, device: &B::Device) 
 /// only, and no label across a boundary. The loss over its targets is the padded batch's
 /// ([`collate`]).
 pub fn collate_packed<B: Backend>(samples: &[Sample], pad_id: u32, device: &B::Device) -> crate::Result<TrainBatch<B>> {
-    collate_rows(&[samples.to_vec()], pad_id, device)
+    collate_rows(&[samples], pad_id, device)
 }
 
 /// One micro-batch of `rows`, each row its samples packed as [`collate_packed`] does, the rows
 /// right-padded with `pad_id` to the longest (LLaMA-Factory's `neat_packing`).
-pub fn collate_rows<B: Backend>(rows: &[Vec<Sample>], pad_id: u32, device: &B::Device) -> crate::Result<TrainBatch<B>> {
-    let docs: Vec<Vec<&[u32]>> = rows.iter().map(|row| row.iter().map(|s| s.ids.as_slice()).collect()).collect();
+pub fn collate_rows<B: Backend, R: AsRef<[Sample]>>(rows: &[R], pad_id: u32, device: &B::Device) -> crate::Result<TrainBatch<B>> {
+    let docs: Vec<Vec<&[u32]>> = rows.iter().map(|row| row.as_ref().iter().map(|s| s.ids.as_slice()).collect()).collect();
     let host = HostBatch::packed(&docs, pad_id)?;
-    let rows: Vec<Vec<&Sample>> = rows.iter().map(|row| row.iter().collect()).collect();
+    let rows: Vec<&[Sample]> = rows.iter().map(AsRef::as_ref).collect();
     Ok(upload(host, &rows, pad_id, device))
 }
 
 /// `host`'s labels and mask from its `rows` of samples (each row the samples laid end to end).
-fn upload<B: Backend>(host: HostBatch, rows: &[Vec<&Sample>], pad_id: u32, device: &B::Device) -> TrainBatch<B> {
+fn upload<B: Backend>(host: HostBatch, rows: &[&[Sample]], pad_id: u32, device: &B::Device) -> TrainBatch<B> {
     let (batch, seq) = (host.batch, host.seq);
     let mut labels = vec![pad_id as i64; batch * seq];
     let mut mask = vec![false; batch * seq];
     for (b, samples) in rows.iter().enumerate() {
         let mut at = b * seq;
-        for sample in samples {
+        for sample in samples.iter() {
             for t in 0..sample.ids.len().saturating_sub(1) {
                 labels[at + t] = sample.ids[t + 1] as i64;
                 mask[at + t] = sample.targets[t + 1];
@@ -85,6 +85,6 @@ fn upload<B: Backend>(host: HostBatch, rows: &[Vec<&Sample>], pad_id: u32, devic
         labels: Tensor::from_data(TensorData::new(labels, [batch, seq]), device),
         label_mask: Tensor::from_data(TensorData::new(mask, [batch, seq]), device),
         num_targets,
-        num_tokens: rows.iter().flatten().map(|s| s.ids.len()).sum(),
+        num_tokens: rows.iter().copied().flatten().map(|s| s.ids.len()).sum(),
     }
 }

@@ -68,13 +68,17 @@ impl HostBatch {
     }
 
     /// Packs the documents of each of `rows` into one row (concatenated, in order), right-padded
-    /// with `pad_id` to the longest row: padding-free batches.
+    /// with `pad_id` to the longest row: padding-free batches. With at most one document per row
+    /// this is [`HostBatch::right_padded`] (no document labels).
     pub fn packed(rows: &[Vec<&[u32]>], pad_id: u32) -> Result<Self> {
         let joined: Vec<Vec<u32>> = rows.iter().map(|docs| docs.concat()).collect();
+        let mut batch = Self::right_padded(&joined, pad_id)?;
         if let Some(i) = rows.iter().position(|docs| docs.iter().any(|d| d.is_empty())) {
             return Err(Error::InvalidInput(format!("row {i} of the packed batch holds an empty document")));
         }
-        let mut batch = Self::right_padded(&joined, pad_id)?;
+        if rows.iter().all(|docs| docs.len() <= 1) {
+            return Ok(batch);
+        }
         let mut documents = Vec::with_capacity(batch.ids.len());
         for docs in rows {
             let mut row: Vec<u32> = docs.iter().enumerate().flat_map(|(i, d)| std::iter::repeat_n(i as u32, d.len())).collect();
@@ -147,5 +151,7 @@ mod tests {
         assert_eq!(b.documents.as_deref(), Some(&[0, 0, 0, 1, 1, 0, 0, 0, 0, 0][..]));
         assert_eq!(b.positions(), vec![0, 1, 2, 0, 1, 0, 0, 0, 0, 0]);
         assert!(HostBatch::packed(&[vec![&[1][..], &[]]], 0).is_err());
+        let single = HostBatch::packed(&[vec![&[5, 6][..]], vec![&[3][..]]], 0).unwrap();
+        assert_eq!((single.ids, single.documents), (vec![5, 6, 3, 0], None));
     }
 }

@@ -169,10 +169,9 @@ impl<B: AutodiffBackend> Objective<B> for NextTokenLoss {
         let micros = groups
             .iter()
             .map(|g| {
-                let batch = match (self.padding_free, g.iter().all(|row| row.len() == 1)) {
-                    (true, _) => collate_packed(&g.concat(), self.pad_id, &device)?,
-                    (false, true) => collate(&g.concat(), self.pad_id, &device)?,
-                    (false, false) => collate_rows(g, self.pad_id, &device)?,
+                let batch = match self.padding_free {
+                    true => collate_packed(&g.concat(), self.pad_id, &device)?,
+                    false => collate_rows(g, self.pad_id, &device)?,
                 };
                 Ok(NextTokenMicro { batch, step_targets: step_targets.max(1) })
             })

@@ -179,7 +179,7 @@ fn replica_run<B: AutodiffBackend>(
     let model = start_config(&config.model)?;
     let cutoff_len = fit_cutoff(&config.data, &model)?;
     let (samples, heldout_rows, data_report) = training_samples(task.as_ref(), &config.data, &tokenizer, seed, cutoff_len)?;
-    check_samples(&samples.iter().flatten().cloned().collect::<Vec<_>>(), &config.data, &model, pad_id)?;
+    check_samples(samples.iter().flatten(), &config.data, &model, pad_id)?;
     check_samples(&heldout_rows, &config.data, &model, pad_id)?;
 
     let (micro_batch, grad_accum) = (config.micro_batch().map_err(Error::InvalidInput)?, t.grad_accum.unwrap_or(GRAD_ACCUM));
@@ -298,7 +298,7 @@ fn fit_cutoff(data: &DataSection, (model, path): &(Qwen2Config, PathBuf)) -> Res
 
 /// Every training sample fits the model: ids (and the pad id) below its `vocab_size`, at most
 /// its context long (SFT rows without `max_length`).
-fn check_samples(samples: &[Sample], data: &DataSection, (model, path): &(Qwen2Config, PathBuf), pad_id: u32) -> Result<()> {
+fn check_samples<'a>(samples: impl IntoIterator<Item = &'a Sample>, data: &DataSection, (model, path): &(Qwen2Config, PathBuf), pad_id: u32) -> Result<()> {
     let (vocab, context) = (model.vocab_size, model.max_position_embeddings);
     let source = match data {
         DataSection::Mixture(m) => m.root.clone(),
@@ -312,7 +312,7 @@ fn check_samples(samples: &[Sample], data: &DataSection, (model, path): &(Qwen2C
     if pad_id as usize >= vocab {
         return Err(Error::config(path, format!("the tokenizer's pad id {pad_id} is outside the model's vocabulary (vocab_size {vocab})")));
     }
-    for (i, sample) in samples.iter().enumerate() {
+    for (i, sample) in samples.into_iter().enumerate() {
         if let Some(&bad) = sample.ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(Error::data(&source, None, format!(
                 "{} has token id {bad}, outside the vocabulary of the model ({} has vocab_size {vocab}); is the tokenizer the model's?",
