@@ -120,7 +120,16 @@ impl<B: Backend> Attention<B> {
                 // repeating K and V G times: query head h = k·G + g reads KV head k, as
                 // `repeat_kv` does.
                 let q = q.reshape([batch, kv_heads, (heads / kv_heads) * seq, d]);
-                chunked_attention::masked(q, k, v, mask.clone()) // [B, K, G·T, d]
+                // f32: kiln's operations (burn's attention op was 8.8e-3 off transformers on
+                // wgpu, see `masked`). Half-precision activations keep burn's op: on wgpu, f16
+                // decoding from the cache through `masked` was measured 8.6 off a full recompute
+                // in log-prob (tests/half_precision.rs), through burn's op within f16 rounding.
+                if dtype == DType::F32 {
+                    chunked_attention::masked(q, k, v, mask.clone()) // [B, K, G·T, d]
+                } else {
+                    let options = burn::tensor::ops::AttentionModuleOptions { scale: None, softcap: None, is_causal: false };
+                    burn::tensor::module::attention(q, k, v, Some(mask.clone()), None, options)
+                }
             }
             AttnMask::Chunked { key_valid, rows } => match kernels::<B>().chunked_attention {
                 Some(attention) => attention(q.clone(), k.clone(), v.clone(), key_valid, *rows),
