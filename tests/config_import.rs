@@ -11,7 +11,7 @@ use common::fixture;
 use kiln::config_import::{self, Effective, RunKind};
 use kiln::rl::PgConfig;
 use kiln::rl::loss::{KlEstimator, LossAgg};
-use kiln::train::config::{Family, migrated_table};
+use kiln::train::config::{DataSection, Family, migrated_table};
 
 fn kiln(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().unwrap()
@@ -238,6 +238,60 @@ fn trl_grpo_config_is_imported_with_trl_names() {
     let text_bad = text.replace("\"top_k\": 50,", "\"top_k\": 50,\n  \"min_p\": 1.5,");
     let err = config_import::trl::import(&path, &text_bad, &overrides, None).err().expect("min_p 1.5 is refused").to_string();
     assert!(err.contains("min_p") && err.contains("trl"), "{err}");
+}
+
+#[test]
+fn trl_sft_config_with_packing_is_imported() {
+    let path = fixture("config/trl/sft_config.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let overrides = ["model_name_or_path=Qwen/Qwen2.5-1.5B-Instruct".to_string(), "dataset_name=rows.jsonl".into()];
+    let imported = config_import::trl::import(&path, &text, &overrides, None).unwrap();
+    assert_eq!(imported.kind, RunKind::Sft);
+    let Effective::NextToken(c) = &imported.config else { panic!("{:?}", imported.config) };
+    let DataSection::Sft(data) = &c.data else { panic!("{:?}", c.data) };
+    assert_eq!(data.path, PathBuf::from("rows.jsonl"));
+    // packing (strategy bfd, TRL's default): rows cut to max_length, packed into bins of it, and
+    // padding-free as TRL's SFTTrainer turns it on.
+    assert_eq!((data.max_length, data.cutoff_len, data.neat_packing), (Some(16384), 16384, true));
+    assert!(c.train.padding_free, "TRL's bfd packing is padding-free");
+    assert_eq!((c.train.micro_batch, c.train.grad_accum, c.train.epochs, c.train.seed), (Some(2), Some(8), Some(5.0), Some(42)));
+    assert_eq!(c.output.save_steps, Some(0.2), "save_strategy epoch over 5 epochs");
+    assert_eq!((c.schedule.min_lr_rate, c.schedule.warmup_ratio), (Some(0.1), 0.03));
+    let ignored: Vec<&str> = imported.report.ignored.iter().map(|(k, _)| k.as_str()).collect();
+    assert!(["bf16", "gradient_checkpointing", "use_liger_kernel"].iter().all(|k| ignored.contains(k)), "{ignored:?}");
+    assert!(imported.report.unknown.is_empty(), "{:?}", imported.report.unknown);
+
+    // Written and read back through `kiln config show`: the same run.
+    let tmp = tempfile::tempdir().unwrap();
+    let written = tmp.path().join("sft.toml");
+    std::fs::write(&written, imported.to_toml("trl")).unwrap();
+    let out = kiln(&["config", "show", "--config", written.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let shown = tmp.path().join("shown.toml");
+    std::fs::write(&shown, &out.stdout).unwrap();
+    let back = config_import::effective(&shown, &String::from_utf8(out.stdout).unwrap(), RunKind::Sft).unwrap();
+    let Effective::NextToken(back) = back else { panic!("{back:?}") };
+    assert_eq!((back.data.clone(), back.train.padding_free), (c.data.clone(), true));
+
+    // padding_free alone flattens each micro-batch; the strategies kiln does not pack with are refused.
+    let alone = text.replace("\"packing\": true", "\"padding_free\": true");
+    let imported = config_import::trl::import(&path, &alone, &overrides, None).unwrap();
+    let Effective::NextToken(c) = &imported.config else { panic!() };
+    let DataSection::Sft(data) = &c.data else { panic!() };
+    assert_eq!((data.neat_packing, c.train.padding_free), (false, true));
+    for (strategy, why) in [("wrapped", "cuts rows across blocks"), ("bfd_split", "splits longer rows")] {
+        let refused = text.replace("\"packing\": true", &format!("\"packing\": true,\n  \"packing_strategy\": \"{strategy}\""));
+        let err = config_import::trl::import(&path, &refused, &overrides, None).err().expect("refused").to_string();
+        assert!(err.contains("sft_config.json") && err.contains(&format!("packing_strategy = \"{strategy}\"")) && err.contains(why), "{err}");
+    }
+    // SFTConfig's loss: nll when the file is silent (not GRPOConfig's dapo); chunked_nll is nll.
+    let chunked = text.replace("\"seed\": 42,", "\"seed\": 42,\n  \"loss_type\": \"chunked_nll\",");
+    assert!(config_import::trl::import(&path, &chunked, &overrides, None).is_ok());
+    let err = config_import::trl::import(&path, &chunked.replace("chunked_nll", "dft"), &overrides, None).err().expect("dft refused").to_string();
+    assert!(err.contains("loss_type = \"dft\""), "{err}");
+    let refused = text.replace("\"save_strategy\": \"epoch\"", "\"save_strategy\": \"epoch\", \"max_steps\": 100");
+    let err = config_import::trl::import(&path, &refused, &overrides, None).err().expect("refused").to_string();
+    assert!(err.contains("save_strategy") && err.contains("give save_steps"), "{err}");
 }
 
 /// Every committed run config under examples/configs/.

@@ -28,7 +28,7 @@ pub const MAPPING: &[(&str, &str)] = &[
     ("warmup_ratio, warmup_steps", "[schedule] warmup_ratio, warmup_steps"),
     ("num_train_epochs", "[train] epochs"),
     ("max_steps (> 0)", "[train] steps"),
-    ("save_steps (save_strategy = \"no\" -> 0)", "[output] save_steps"),
+    ("save_steps (save_strategy = \"no\" -> 0, \"epoch\" -> 1 / num_train_epochs)", "[output] save_steps"),
     ("seed", "[data] seed (rl) / [train] seed (sft)"),
     ("per_device_train_batch_size", "[train] micro_batch"),
     ("gradient_accumulation_steps", "[train] grad_accum (sft); rl: mini_batch = per_device_train_batch_size x gradient_accumulation_steps / num_generations"),
@@ -46,6 +46,8 @@ pub const MAPPING: &[(&str, &str)] = &[
     ("importance_sampling_level", "token -> policy_loss vanilla, sequence -> gspo"),
     ("use_vllm + vllm_importance_sampling_correction (mode token_truncate), vllm_importance_sampling_clip_max", "[loss] tis_imp_ratio_cap"),
     ("max_length (sft)", "[data] max_length"),
+    ("packing (packing_strategy bfd)", "[data] neat_packing, cutoff_len = max_length; [train] padding_free"),
+    ("padding_free (sft)", "[train] padding_free"),
 ];
 
 /// TRL 1.16.0's defaults (`GRPOConfig`, `SFTConfig`, transformers' `TrainingArguments`) of the
@@ -93,11 +95,13 @@ pub const TRL_DEFAULTS: &[(&str, &str)] = &[
     // SFTConfig
     ("max_length", "1024"),
     ("packing", "false"),
+    ("packing_strategy", "\"bfd\""),
+    ("padding_free", "false"),
     ("assistant_only_loss", "false"),
 ];
 
-/// GRPO keys: a file with any of them is a GRPOConfig.
-const GRPO_KEYS: &[&str] = &["num_generations", "beta", "epsilon", "epsilon_high", "loss_type", "max_completion_length", "scale_rewards", "temperature", "importance_sampling_level", "num_iterations", "generation_batch_size", "steps_per_generation", "delta"];
+/// GRPO keys: a file with any of them is a GRPOConfig (`loss_type` is in both).
+const GRPO_KEYS: &[&str] = &["num_generations", "beta", "epsilon", "epsilon_high", "max_completion_length", "scale_rewards", "temperature", "importance_sampling_level", "num_iterations", "generation_batch_size", "steps_per_generation", "delta"];
 /// SFT keys.
 const SFT_KEYS: &[&str] = &["max_length", "packing", "completion_only_loss", "assistant_only_loss", "dataset_text_field", "packing_strategy", "padding_free"];
 
@@ -112,7 +116,6 @@ const REFUSED: &Refusals = &[
     ("use_adaptive_entropy", &["false"], "kiln has no entropy bonus"),
     ("off_policy_mask_threshold", &["null"], "kiln has no off-policy sequence masking"),
     ("generation_kwargs", &["null"], "kiln's sampler takes temperature, top_p, top_k and min_p only"),
-    ("packing", &["false"], "kiln's SFT does not pack rows"),
     ("assistant_only_loss", &["false"], "kiln's SFT loss is on the completion"),
     ("completion_only_loss", &["null", "true"], "kiln's SFT loss is on the completion only"),
     ("use_liger_loss", &["null", "false"], "kiln computes its own loss"),
@@ -130,8 +133,8 @@ const IRRELEVANT: &[&str] = &[
     "multi_objective_aggregation", "use_liger_kernel", "overwrite_output_dir", "do_train", "do_eval", "resume_from_checkpoint",
     "dataset_num_proc", "num_generations_eval", "router_aux_loss_coef", "use_bias_correction_kl", "max_tool_calling_iterations",
     "use_transformers_continuous_batching", "transformers_continuous_batching_config", "use_transformers_paged", "eval_strategy",
-    "eval_steps", "dataset_config", "dataset_train_split", "dataset_test_split", "dataset_text_field", "padding_free", "eval_packing",
-    "packing_strategy", "dataset_kwargs", "chat_template_path", "eos_token", "pad_token", "activation_offloading", "torch_dtype",
+    "eval_steps", "dataset_config", "dataset_train_split", "dataset_test_split", "dataset_text_field", "eval_packing",
+    "dataset_kwargs", "chat_template_path", "eos_token", "pad_token", "activation_offloading", "torch_dtype",
     "dtype", "attn_implementation", "use_peft", "vllm_mode", "vllm_model_impl", "vllm_enable_sleep_mode", "vllm_server_base_url",
     "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_group_port", "vllm_gpu_memory_utilization",
     "vllm_max_model_length", "vllm_tensor_parallel_size", "vllm_structured_outputs_regex", "sapo_temperature_neg",
@@ -269,12 +272,29 @@ pub fn import(path: &Path, text: &str, overrides: &[String], kind: Option<RunKin
         let v = c.f64("num_train_epochs")?;
         c.carry("num_train_epochs", "train.epochs", v);
     }
-    if c.text("save_strategy").as_deref() == Some("no") {
-        c.carry("save_strategy", "output.save_steps", 0.0);
-        c.get("save_steps");
-    } else {
-        let v = c.f64("save_steps")?;
-        c.carry("save_steps", "output.save_steps", v);
+    match c.text("save_strategy").as_deref() {
+        Some("no") => {
+            c.carry("save_strategy", "output.save_steps", 0.0);
+            c.get("save_steps");
+        }
+        Some("epoch") => {
+            // A checkpoint at the end of each of a whole number of epochs: that fraction of the run.
+            let epochs = c.f64("num_train_epochs")?;
+            if max_steps > 0 || epochs < 1.0 || epochs.fract() != 0.0 {
+                let v = c.get("save_strategy");
+                return Err(c.refuse("save_strategy", &v, "kiln saves per epoch only over a whole number of epochs without max_steps; give save_steps"));
+            }
+            c.carry("save_strategy", "output.save_steps", 1.0 / epochs);
+            c.get("save_steps");
+        }
+        Some("steps") => {
+            let v = c.f64("save_steps")?;
+            c.carry("save_steps", "output.save_steps", v);
+        }
+        _ => {
+            let v = c.get("save_strategy");
+            return Err(c.refuse("save_strategy", &v, "kiln's save strategies are steps, epoch and no"));
+        }
     }
     let seed = c.usize("seed")?;
     c.carry("seed", if grpo { "data.seed" } else { "train.seed" }, seed);
@@ -284,11 +304,14 @@ pub fn import(path: &Path, text: &str, overrides: &[String], kind: Option<RunKin
 
     if !grpo {
         c.carry("gradient_accumulation_steps", "train.grad_accum", accum);
-        let v = c.usize("max_length")?;
-        c.carry("max_length", "data.max_length", v);
-        if c.text("loss_type").is_some_and(|t| t != "nll") {
+        let max_length = c.usize("max_length")?;
+        c.carry("max_length", "data.max_length", max_length);
+        sft_packing(&mut c, max_length)?;
+        // SFTConfig's loss_type (TRL_DEFAULTS holds GRPOConfig's): nll, or chunked_nll, the same
+        // loss computed in chunks, as kiln's is.
+        if c.tree.get("loss_type").is_some() && !matches!(c.text("loss_type").as_deref(), Some("nll" | "chunked_nll")) {
             let v = c.get("loss_type");
-            return Err(c.refuse("loss_type", &v, "kiln's SFT loss is the negative log-likelihood (nll)"));
+            return Err(c.refuse("loss_type", &v, "kiln's SFT loss is the negative log-likelihood (nll, chunked_nll)"));
         }
         return close(path, c, kind);
     }
@@ -399,6 +422,40 @@ pub fn import(path: &Path, text: &str, overrides: &[String], kind: Option<RunKin
         c.used.extend(["vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max", "vllm_importance_sampling_cap"].map(String::from));
     }
     close(path, c, kind)
+}
+
+/// SFTConfig's `packing` and `padding_free`. Packing "bfd" (TRL's default strategy) packs rows
+/// cut to `max_length` into bins of `max_length` and turns `padding_free` on (TRL's SFTTrainer:
+/// `padding_free = args.padding_free or (args.packing and args.packing_strategy in {"bfd", …})`),
+/// each row attending to itself with its own positions: kiln's `[data] neat_packing` with
+/// `cutoff_len = max_length`, and `[train] padding_free`.
+fn sft_packing(c: &mut Ctx<'_>, max_length: usize) -> Result<()> {
+    let packing = match c.get("packing") {
+        Value::Bool(b) => b,
+        other => return Err(c.refuse("packing", &other, "expected true or false")),
+    };
+    let strategy = c.text("packing_strategy").unwrap_or_default();
+    let mut padding_free = match c.get("padding_free") {
+        Value::Bool(b) => b,
+        other => return Err(c.refuse("padding_free", &other, "expected true or false")),
+    };
+    if packing {
+        if strategy != "bfd" {
+            let why = match strategy.as_str() {
+                "bfd_split" => "kiln packs rows cut to max_length (bfd); bfd_split splits longer rows into several",
+                _ => "kiln packs whole rows (bfd); wrapped packing cuts rows across blocks",
+            };
+            return Err(c.refuse("packing_strategy", &Value::from(strategy), why));
+        }
+        c.carry("packing", "data.neat_packing", true);
+        c.carry("max_length", "data.cutoff_len", max_length);
+        c.report.notes.push("packing bfd: kiln fills the bins first-fit-decreasing, TRL best-fit-decreasing; the bins can differ, every row's loss is the same".into());
+        padding_free = true;
+    }
+    if padding_free {
+        c.carry(if packing { "packing" } else { "padding_free" }, "train.padding_free", true);
+    }
+    Ok(())
 }
 
 /// Lists what was not read, and writes the config.
