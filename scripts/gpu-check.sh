@@ -24,7 +24,10 @@
 #
 # Every row without a GPU, at small shapes (CI runs it on lavapipe, tests/gpu_check.rs):
 #
-#   KILN_BIN=target/debug/kiln scripts/gpu-check.sh --backend wgpu --small
+#   KILN_BIN=target/debug/kiln scripts/gpu-check.sh --backend wgpu --small [--only hd64_gqa4]
+#
+# (`--only` compares the parity rows of the models named only; CI's test takes the head_dim-64
+# model, tests/packing.rs checks head_dim 128 on wgpu against transformers.)
 #
 # Its parity rows are checked against references torch made on the CPU, committed
 # (tests/fixtures/gpu_check/small.json; `scripts/gpu_parity.py reference --shapes small` remakes
@@ -40,7 +43,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-MODE=run SMALL=0 BACKEND="${DEVICE:-cuda:0}"
+MODE=run SMALL=0 BACKEND="${DEVICE:-cuda:0}" ONLY=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) MODE=dry ;;
@@ -48,7 +51,8 @@ while [ $# -gt 0 ]; do
         --small) SMALL=1 ;;
         --backend) BACKEND="${2:?--backend needs a device, e.g. cuda:0 or wgpu}"; shift ;;
         --backend=*) BACKEND="${1#--backend=}" ;;
-        *) echo "usage: scripts/gpu-check.sh [--dry-run | --build] [--backend cuda:0|wgpu|cpu] [--small]" >&2; exit 2 ;;
+        --only) ONLY=(--only "${2:?--only needs model names, e.g. hd64_gqa4}"); shift ;;
+        *) echo "usage: scripts/gpu-check.sh [--dry-run | --build] [--backend cuda:0|wgpu|cpu] [--small] [--only MODEL,...]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -219,7 +223,7 @@ else
         --kiln "$KILN" --models "$MODELS" --out "$REFERENCE"
 fi
 step compare "$L_CMP" "$PYTHON" scripts/gpu_parity.py compare --reference "$REFERENCE" --kiln "$KILN" --backend "$BACKEND" \
-    --models "$MODELS" --out "$OUT"
+    --models "$MODELS" ${ONLY[@]+"${ONLY[@]}"} --out "$OUT"
 [ "$DRY" = 0 ] && [ -f "$OUT/parity.md" ] && cat "$OUT/parity.md"
 
 # The speed rows: name, kind (generate|train), config, dtype or precision, batch, prompt or

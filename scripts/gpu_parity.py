@@ -267,6 +267,12 @@ def compare(args):
     shapes = SHAPES[ref["shapes"]]
     half = ref["half"]
     os.makedirs(args.out, exist_ok=True)
+    if args.only:
+        only = args.only.split(",")
+        unknown = [m for m in only if m not in shapes["models"]]
+        if unknown:
+            raise SystemExit(f"--only {','.join(unknown)}: the {ref['shapes']} shapes' models are {', '.join(shapes['models'])}")
+        shapes = dict(shapes, models={k: v for k, v in shapes["models"].items() if k in only})
     models = build_models(args, shapes)
     rows = []
     for name, (path, digest) in models.items():
@@ -401,6 +407,7 @@ def main():
     c.add_argument("--kiln", required=True)
     c.add_argument("--backend", default="cuda:0")
     c.add_argument("--models", required=True)
+    c.add_argument("--only", help="compare these models only (comma-separated names of the shapes' models)")
     c.add_argument("--out", required=True)
     args = p.parse_args()
     os.makedirs(args.models, exist_ok=True)
