@@ -41,10 +41,8 @@ pub struct TrainBatch<B: Backend> {
 
 /// Right-pads `samples` with `pad_id` into one micro-batch on `device`.
 pub fn collate<B: Backend>(samples: &[Sample], pad_id: u32, device: &B::Device) -> crate::Result<TrainBatch<B>> {
-    let rows: Vec<Vec<u32>> = samples.iter().map(|s| s.ids.clone()).collect();
-    let host = HostBatch::right_padded(&rows, pad_id)?;
-    let rows: Vec<&[Sample]> = samples.iter().map(std::slice::from_ref).collect();
-    Ok(upload(host, &rows, pad_id, device))
+    // One sample per row: `HostBatch::packed` is `right_padded` there.
+    collate_rows(&samples.iter().map(std::slice::from_ref).collect::<Vec<_>>(), pad_id, device)
 }
 
 /// Packs `samples` into one row without padding (padding-free: TRL's `padding_free`):
