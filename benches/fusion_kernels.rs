@@ -1,9 +1,10 @@
-//! How many GPU kernels the reference kernels launch on wgpu with burn's fusion and without it
-//! (issue 20, item 5: "burn's fusion shown, by measured kernel counts, to fuse them"): RMSNorm,
-//! RoPE and SwiGLU forward and forward + backward (of the output's sum), the AdamW update of a model, and one whole
-//! training step of the tiny model. Counted from cubecl's profiling log (level `minimal`: one
-//! `Executing <kernel>` line per launch), after warm-up runs so that autotune's trials are not
-//! counted. The figures are launches, not time: they do not depend on the device's speed.
+//! How many GPU kernels RMSNorm, RoPE and SwiGLU (forward, and forward + backward of the output's
+//! sum), the AdamW update of a model and one whole training step of the tiny model launch on
+//! wgpu: burn's ops without fusion, burn's ops with fusion, and with fusion and kiln's own CubeCL
+//! kernels (`model::cube`: what kiln runs). Issue 20, item 5. Counted from cubecl's profiling
+//! log (level `minimal`: one `Executing <kernel>` line per launch), after warm-up runs so that
+//! autotune's trials are not counted. The figures are launches, not time: they do not depend on
+//! the device's speed.
 //!
 //! `cargo bench --profile test --bench fusion_kernels --features wgpu` (the test build's
 //! artifacts; kernel counts do not depend on the optimisation level). Prints one table; add
@@ -20,7 +21,8 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Tensor};
 use kiln::data::Sample;
-use kiln::model::kernels::kernels;
+use kiln::model::cube;
+use kiln::model::kernels::{self, kernels, reference};
 use burn::optim::GradientsParams;
 use kiln::model::{HostBatch, Qwen2, Qwen2Config};
 use kiln::train::adamw::AdamW;
@@ -28,8 +30,18 @@ use kiln::train::{AdamWConfig, Decay, LoopConfig, NextTokenLoss, Precision, Save
 
 /// burn's wgpu backend without fusion (each op its own kernel).
 type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
-/// With fusion: what kiln runs (`kiln_backends::Wgpu`).
+/// With fusion: what kiln runs (`kiln_backends::Wgpu`), with kiln's CubeCL table or the
+/// reference one ([`tables`]).
 type Fused = kiln::backends::Wgpu;
+
+/// `Fused`'s kernel tables, plain and under autodiff: kiln's CubeCL kernels, or burn's ops.
+fn tables(ours: bool) {
+    fn one<B: Backend>(ours: bool) {
+        kernels::set::<B>(if ours { cube::table::<B>().expect("wgpu has kiln's CubeCL table") } else { reference::<B>() });
+    }
+    one::<Fused>(ours);
+    one::<Autodiff<Fused>>(ours);
+}
 
 const BATCH: usize = 4;
 const SEQ: usize = 128;
@@ -177,13 +189,16 @@ fn main() {
     let device = WgpuDevice::DefaultDevice;
     let tiny: Qwen2Config = serde_json::from_str(kiln::tasks::interplay::tiny_model::TINY_CONFIG).unwrap();
 
-    let mut rows: Vec<(String, Vec<String>, Vec<String>)> = Vec::new();
+    let mut rows: Vec<(String, [Vec<String>; 3])> = Vec::new();
     macro_rules! ops {
         ($name:expr, $n:literal, $grads:literal, $inputs:ident, $op:expr) => {{
             let (plain_f, plain_b) = op_counts::<Autodiff<Plain>, $n>(&log, &device, $grads, || $inputs(&device), $op);
+            tables(false);
             let (fused_f, fused_b) = op_counts::<Autodiff<Fused>, $n>(&log, &device, $grads, || $inputs(&device), $op);
-            rows.push((format!("{} forward", $name), plain_f, fused_f));
-            rows.push((format!("{} forward + backward", $name), plain_b, fused_b));
+            tables(true);
+            let (ours_f, ours_b) = op_counts::<Autodiff<Fused>, $n>(&log, &device, $grads, || $inputs(&device), $op);
+            rows.push((format!("{} forward", $name), [plain_f, fused_f, ours_f]));
+            rows.push((format!("{} forward + backward", $name), [plain_b, fused_b, ours_b]));
         }};
     }
     fn rms<B: Backend>(d: &B::Device) -> Vec<Tensor<B, 3>> {
@@ -210,20 +225,23 @@ fn main() {
         (kernels().rope)(x, &cos, &sin)
     });
     let (plain_step, plain_update) = step_counts::<Autodiff<Plain>>(&log, &device, &tiny);
+    tables(false);
     let (fused_step, fused_update) = step_counts::<Autodiff<Fused>>(&log, &device, &tiny);
+    tables(true);
+    let (ours_step, ours_update) = step_counts::<Autodiff<Fused>>(&log, &device, &tiny);
     let params = Qwen2::<Fused>::random_as(&tiny, 0, &device, Precision::F32.weights()).unwrap().param_names().len();
-    rows.push((format!("AdamW update, tiny model ({params} tensors)"), plain_update, fused_update));
-    rows.push((format!("training step, tiny model, {BATCH} × {SEQ} tokens"), plain_step, fused_step));
+    rows.push((format!("AdamW update, tiny model ({params} tensors)"), [plain_update, fused_update, ours_update]));
+    rows.push((format!("training step, tiny model, {BATCH} × {SEQ} tokens"), [plain_step, fused_step, ours_step]));
 
     println!("kernels launched on wgpu's default adapter (cubecl's profiling log, level minimal)");
-    println!("| operation | without fusion | with fusion | ratio |");
+    println!("| operation | burn's ops | burn's ops, fusion | kiln's kernels, fusion |");
     println!("|---|---:|---:|---:|");
-    for (name, plain, fused) in &rows {
-        println!("| {name} | {} | {} | {:.1}× |", plain.len(), fused.len(), plain.len() as f64 / fused.len().max(1) as f64);
+    for (name, [plain, fused, ours]) in &rows {
+        println!("| {name} | {} | {} | {} |", plain.len(), fused.len(), ours.len());
     }
     if names {
-        for (name, plain, fused) in &rows {
-            println!("\n{name}\n  without fusion: {}\n  with fusion: {}", histogram(plain), histogram(fused));
+        for (name, [plain, fused, ours]) in &rows {
+            println!("\n{name}\n  burn's ops: {}\n  with fusion: {}\n  kiln's kernels: {}", histogram(plain), histogram(fused), histogram(ours));
         }
     }
     let _ = std::fs::remove_file(&path);

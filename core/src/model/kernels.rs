@@ -5,6 +5,9 @@
 //!
 //! - [`REFERENCE`]: plain burn ops, what every backend runs unless it has its own (wgpu and CUDA
 //!   compile them to CubeCL kernels), and what every other table is tested against;
+//! - the CubeCL table ([`super::cube`], burn's wgpu and CUDA backends with fusion): kiln's own
+//!   CubeCL kernels where burn's fusion leaves several kernels (RoPE, the AdamW step), the
+//!   reference for the rest;
 //! - the Flex table: `model::fused`'s CPU kernels (f32), each falling back to the reference
 //!   where it declines (another dtype), and bf16 products on CPUs with AVX512-BF16;
 //! - under autodiff, [`custom_op::install`](super::custom_op::install) adds the chunked
@@ -48,7 +51,7 @@ pub type AdamWFn<B> = fn(Tensor<B, 1>, Tensor<B, 1>, Option<(Tensor<B, 1>, Tenso
 
 /// The operations of one backend; see the module docs.
 pub struct Kernels<B: Backend> {
-    /// Which implementation: `"reference"` or `"flex"`.
+    /// Which implementation: `"reference"`, `"flex"` or `"cubecl"`.
     pub name: &'static str,
     /// Tensors live in host memory: generation samples from the host's logits.
     pub host_memory: bool,
@@ -153,7 +156,7 @@ pub fn rotate_half<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor
 }
 
 /// RoPE of sequence-major `x` `[B, T, n, d]` with tables `[B, 1, T, d]`.
-fn rope_reference<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> Tensor<B, 4> {
+pub(crate) fn rope_reference<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> Tensor<B, 4> {
     let [batch, _, seq, head_dim] = cos.dims();
     let swap = |t: &Tensor<B, 4>| t.clone().reshape([batch, seq, 1, head_dim]);
     rotate_half(x, &swap(cos), &swap(sin))
@@ -171,13 +174,22 @@ fn registry() -> &'static Registry {
 }
 
 /// The table of backend `B`: chosen on first use (Flex, or Flex under autodiff, takes the Flex
-/// table; every other backend the reference), as changed by [`set`].
+/// table; burn's wgpu and CUDA backends kiln's CubeCL table; every other backend the
+/// reference), as changed by [`set`].
 pub fn kernels<B: Backend>() -> &'static Kernels<B> {
     if let Some(found) = registry().read().expect("kernel registry").get(&TypeId::of::<B>()) {
         return found.downcast_ref::<Kernels<B>>().expect("registered under its own type");
     }
-    let table = if fused::available::<B>() { flex::<B>() } else { reference::<B>() };
+    let table = if fused::available::<B>() { flex::<B>() } else { cube_table::<B>().unwrap_or_else(reference::<B>) };
     set(table)
+}
+
+/// kiln's CubeCL kernels ([`super::cube`]) where `B` is burn's wgpu or CUDA backend.
+fn cube_table<B: Backend>() -> Option<Kernels<B>> {
+    #[cfg(feature = "cube")]
+    return super::cube::table::<B>();
+    #[cfg(not(feature = "cube"))]
+    None
 }
 
 /// Makes `table` backend `B`'s from now on (tables are few and small: the replaced one stays

@@ -4,6 +4,8 @@ pub mod config;
 pub mod custom_op;
 pub mod chunked_attention;
 pub mod cpu_decode;
+#[cfg(feature = "cube")]
+pub mod cube;
 pub mod dtype;
 pub mod fused;
 pub mod head_loss;

@@ -280,6 +280,19 @@ mod tests {
     /// `torch.optim.AdamW` with HF parameter groups and `clip_grad_norm_`, five steps.
     #[test]
     fn matches_torch_adamw_with_hf_groups_and_clipping() {
+        matches_torch_adamw::<B>(&Default::default());
+    }
+
+    /// The same on wgpu, where the update is kiln's CubeCL kernel (`model::cube`).
+    #[cfg(feature = "wgpu")]
+    #[test]
+    fn matches_torch_adamw_on_wgpu() {
+        type Wgpu = burn::backend::Wgpu;
+        assert_eq!(crate::model::kernels::kernels::<Wgpu>().name, "cubecl");
+        matches_torch_adamw::<Autodiff<Wgpu>>(&Default::default());
+    }
+
+    fn matches_torch_adamw<B: burn::tensor::backend::AutodiffBackend>(device: &B::Device) {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/optim/adamw.json");
         let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let names = [
@@ -289,7 +302,7 @@ mod tests {
             "model.norm.weight",
         ];
         assert_eq!(names.iter().filter(|n| !decays(n)).count(), fixture["no_decay"].as_array().unwrap().len());
-        let device = Default::default();
+        let device = device.clone();
         let vector = |name: &str| Param::from_data(TensorData::new(floats(&fixture["initial"][name]), [3]), &device);
         let mut model = Params::<B> {
             weight: Param::from_data(TensorData::new(floats(&fixture["initial"][names[0]]), [4, 3]), &device),
@@ -306,7 +319,7 @@ mod tests {
             weight_decay: fixture["weight_decay"].as_f64().unwrap(),
             max_grad_norm: Some(1.0),
         };
-        let mut optimizer = AdamW::<Flex>::new(config);
+        let mut optimizer = AdamW::<B::InnerBackend>::new(config);
         for (k, step) in fixture["steps"].as_array().unwrap().iter().enumerate() {
             // loss = Σ p·G, so dL/dp = G exactly.
             let g = |name: &str, dims: Vec<usize>| Tensor::<B, 1>::from_data(TensorData::new(floats(&step["grads"][name]), [dims.iter().product::<usize>()]), &device);
