@@ -41,7 +41,7 @@ fn measure_once(config_path: &Path, batch: usize, seq: usize, precision: Precisi
     let figures: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let measured = figures["peak_rss_mib"].as_f64().expect("peak RSS (Linux)") * MIB;
     let config = Qwen2Config::from_file(config_path).unwrap();
-    (measured, plan(&config, PlanRequest { batch, seq, precision, devices: 1, recompute, cpu_kernels: true }).training_peak)
+    (measured, plan(&config, PlanRequest { batch, seq, precision, devices: 1, recompute, cpu_kernels: true, gpu_kernels: false }).training_peak)
 }
 
 #[test]

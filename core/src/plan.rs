@@ -13,12 +13,13 @@
 //! | where | kept | bytes per token |
 //! |---|---|---|
 //! | 2 RMSNorms | input in f32, normalised output | 2 · (4h + s·h) |
-//! | q, k after RoPE | each input and its rotated half | 2s · (q + kv) |
+//! | q, k after RoPE | each input and its rotated half (none on wgpu and CUDA: kiln's RoPE kernel) | 2s · (q + kv) |
 //! | attention | q, k, v in f32, the output in f32 and one log-sum-exp per head (no scores: `model::chunked_attention`) | 4 · (q + 2kv) + 4 · (q + H) |
 //! | o_proj | its input | s · q |
 //! | SwiGLU MLP | gate, sigmoid(gate), silu, up, their product | 5s · i |
 //!
-//! (the scores exist for one chunk of queries at a time, at most 64 MiB, and are not counted),
+//! (the scores exist for one chunk of queries at a time, at most 64 MiB, counted as the
+//! "attention chunk"; on wgpu and CUDA flash attention keeps none, `model::cube::attention`),
 //! and the head: the final norm
 //! and one f32 log-sum-exp per token (the LM head, log-softmax and gather are fused and chunked
 //! over tokens, `model::head_loss`: one chunk's logits exist at a time; the CPU's fused f32 path
@@ -53,6 +54,9 @@ pub struct PlanRequest {
     /// Training on the CPU backend, whose fused kernels (`model::fused`: attention, RoPE,
     /// RMSNorm, SwiGLU, token log-probs) keep fewer activations when the model computes in f32.
     pub cpu_kernels: bool,
+    /// Training on wgpu or CUDA, whose CubeCL kernels (`model::cube`) keep no attention scores
+    /// at all (flash attention) and nothing for RoPE's backward pass.
+    pub gpu_kernels: bool,
 }
 
 /// One part of the memory, in bytes per device.
@@ -115,10 +119,12 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
     let per_token_layer = if fused {
         68.0 * h + 14.0 * i + 4.0 * (q + 2.0 * kv) + 4.0 * q + 4.0 * heads
     } else if request.recompute {
+        // (Recomputation keeps no RoPE input either way.)
         let half = if p.compute().is_half() { 4.0 * (q + 2.0 * kv) } else { 0.0 };
         s * (q + 2.0 * kv + 2.0 * h + 2.0 * i) + 4.0 * (2.0 * h + q) + half + 4.0 * (q + heads)
     } else {
-        2.0 * (4.0 * h + s * h) + 2.0 * s * (q + kv) + 4.0 * (q + 2.0 * kv) + 4.0 * (q + heads) + s * q + 5.0 * s * i
+        let rope = if request.gpu_kernels { 0.0 } else { 2.0 * s * (q + kv) };
+        2.0 * (4.0 * h + s * h) + rope + 4.0 * (q + 2.0 * kv) + 4.0 * (q + heads) + s * q + 5.0 * s * i
     };
     let activations_per_layer = per_token_layer * tokens;
     // The head: on the fused CPU path the final norm's input and output, the logits and one
@@ -148,7 +154,7 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
     // MLP's kept tensors are freed, which leaves ≈ 4 of them on top of the peak (both measured).
     let chunk_rows = crate::model::chunked_attention::rows_per_chunk(batch, config.num_attention_heads, request.seq, request.seq, None);
     let chunk_tensors = if request.recompute { 8.0 } else { 4.0 };
-    let attention_chunk = if fused { 0.0 } else { chunk_tensors * batch as f64 * heads * chunk_rows as f64 * t * 4.0 };
+    let attention_chunk = if fused || request.gpu_kernels { 0.0 } else { chunk_tensors * batch as f64 * heads * chunk_rows as f64 * t * 4.0 };
     let backward_start = weights + copy + state + activations + logits_grad + attention_chunk;
     let update = weights + state + grads + 6.0 * largest;
     let training = vec![
@@ -161,7 +167,10 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
             true => "f32, at the start of the backward pass".into(),
             false => format!("chunks of {rows} tokens' logits and the head weight's f32 gradient (no [tokens, V] logits)"),
         }),
-        part("attention chunk", attention_chunk, format!("the backward pass's scores for {chunk_rows} queries at a time")),
+        part("attention chunk", attention_chunk, match request.gpu_kernels {
+            true => "none: flash attention's backward pass recomputes scores tile by tile".into(),
+            false => format!("the backward pass's scores for {chunk_rows} queries at a time"),
+        }),
         part("update temporaries", 6.0 * largest, "six tensors the size of the largest weight".into()),
     ];
     let per_token_flops = 2.0 * matmul_weights(config) + 4.0 * t * q * layers;
@@ -174,12 +183,15 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
     let logits = batch as f64 * v * (gs + 4.0);
     // Attention scores exist for one chunk of queries at a time (`model::chunked_attention`).
     let prefill_rows = crate::model::chunked_attention::rows_per_chunk(batch, config.num_attention_heads, request.seq, request.seq, None);
-    let prefill_scores = batch as f64 * heads * prefill_rows as f64 * t * 4.0;
+    let prefill_scores = if request.gpu_kernels { 0.0 } else { batch as f64 * heads * prefill_rows as f64 * t * 4.0 };
     let generation = vec![
         part("weights", gen_weights, format!("in {g}")),
         part("KV cache", kv_cache, format!("{batch} sequences × {} positions × {} layers, {g}", request.seq, config.num_hidden_layers)),
         part("logits", logits, "one step's, and their f32 copy".into()),
-        part("prefill scores", prefill_scores, format!("one layer's f32 attention scores for {prefill_rows} queries of the prompt at a time")),
+        part("prefill scores", prefill_scores, match request.gpu_kernels {
+            true => "none: flash attention".into(),
+            false => format!("one layer's f32 attention scores for {prefill_rows} queries of the prompt at a time"),
+        }),
     ];
     let generation_peak = gen_weights + kv_cache + logits.max(prefill_scores);
     Plan {
@@ -255,7 +267,7 @@ mod tests {
     #[test]
     fn static_parts_follow_the_precision() {
         let c = qwen_1_5b();
-        let request = PlanRequest { batch: 1, seq: 1024, precision: Precision::Bf16Mixed, devices: 1, recompute: false, cpu_kernels: false };
+        let request = PlanRequest { batch: 1, seq: 1024, precision: Precision::Bf16Mixed, devices: 1, recompute: false, cpu_kernels: false, gpu_kernels: false };
         let p = plan(&c, request);
         let get = |name: &str| p.training.iter().find(|x| x.name == name).unwrap().bytes;
         assert_eq!(p.parameters, 1_543_714_304);
@@ -275,5 +287,21 @@ mod tests {
         // bf16 KV cache: 2 · 28 layers · 256 · 2 bytes per position.
         let kv = p.generation.iter().find(|x| x.name == "KV cache").unwrap().bytes;
         assert_eq!(kv, 2.0 * 28.0 * 256.0 * 2.0 * 1024.0);
+    }
+
+    /// On wgpu and CUDA flash attention keeps no scores and the RoPE kernel nothing: the
+    /// attention chunk and the prefill scores are gone, and without recomputation each layer
+    /// keeps 2s · (q + kv) bytes per token less.
+    #[test]
+    fn gpu_kernels_keep_no_scores() {
+        let c = qwen_1_5b();
+        let request = PlanRequest { batch: 1, seq: 16_384, precision: Precision::Bf16Mixed, devices: 1, recompute: false, cpu_kernels: false, gpu_kernels: false };
+        let (plain, gpu) = (plan(&c, request), plan(&c, PlanRequest { gpu_kernels: true, ..request }));
+        let get = |parts: &[Part], name: &str| parts.iter().find(|x| x.name == name).unwrap().bytes;
+        assert!(get(&plain.training, "attention chunk") > 0.0 && get(&plain.generation, "prefill scores") > 0.0);
+        assert_eq!((get(&gpu.training, "attention chunk"), get(&gpu.generation, "prefill scores")), (0.0, 0.0));
+        // q = 12 · 128, kv = 2 · 128, bf16: 2 · 2 · 1792 bytes per token and layer.
+        assert_eq!(plain.activations_per_layer - gpu.activations_per_layer, 4.0 * 1792.0 * 16_384.0);
+        assert!(gpu.training_peak < plain.training_peak);
     }
 }

@@ -30,7 +30,8 @@ pub struct PlanArgs {
     #[arg(long)]
     recompute: bool,
     /// The backend the job runs on: `cpu` counts the activations of its fused f32 kernels;
-    /// `cuda` and `wgpu` the plain operations.
+    /// `cuda` and `wgpu` those of kiln's CubeCL kernels (flash attention, RoPE) and plain
+    /// operations.
     #[arg(long, default_value = "cuda")]
     backend: String,
     /// Print the plan as one JSON object (bytes).
@@ -43,7 +44,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
     if args.batch == 0 || args.seq == 0 || args.devices == 0 {
         anyhow::bail!("--batch, --seq and --devices must be positive");
     }
-    let request = PlanRequest { batch: args.batch, seq: args.seq, precision: args.precision, devices: args.devices, recompute: args.recompute, cpu_kernels: args.backend.starts_with("cpu") };
+    let request = PlanRequest { batch: args.batch, seq: args.seq, precision: args.precision, devices: args.devices, recompute: args.recompute, cpu_kernels: args.backend.starts_with("cpu"), gpu_kernels: args.backend.starts_with("cuda") || args.backend.starts_with("wgpu") };
     let plan = plan(&config, request);
     match args.json {
         true => println!("{}", serde_json::to_string(&plan)?),

@@ -26,6 +26,11 @@ use super::proj::to_dtype;
 /// [`super::chunked_attention::attention`] as a function pointer.
 pub type AttentionFn<B> = fn(Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>, &Tensor<B, 2, Int>, usize) -> Option<Tensor<B, 4>>;
 
+/// Attention of q `[B, H, T, d]` over k, v `[B, K, S, d]` (GQA by grouping, causal aligned
+/// bottom-right, the keys' labels `[B, S]` as [`super::chunked_attention::chunk_mask`] reads
+/// them), with its own backward pass under autodiff; `None` where declined.
+pub type FlashFn<B> = fn(Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>, &Tensor<B, 2, Int>) -> Option<Tensor<B, 4>>;
+
 /// One AdamW update of a flattened f32 parameter (see `train::adamw`): the constants of step `t`.
 #[derive(Debug, Clone, Copy)]
 pub struct AdamWStep {
@@ -68,6 +73,9 @@ pub struct Kernels<B: Backend> {
     pub fused_attention: fn(DType) -> bool,
     /// Attention over query chunks with its own backward pass, where installed (training).
     pub chunked_attention: Option<AttentionFn<B>>,
+    /// Flash attention (no scores tensor), forward and backward, where the backend has it:
+    /// taken before the chunked and dense forms.
+    pub flash_attention: Option<FlashFn<B>>,
     /// The AdamW step as one kernel, if the backend has one.
     pub adamw: AdamWFn<B>,
     /// Where the backend multiplies bf16 natively on f32 activations (Flex on CPUs with
@@ -97,6 +105,7 @@ pub fn reference<B: Backend>() -> Kernels<B> {
         token_logprobs: token_logprobs_reference,
         fused_attention: |_| false,
         chunked_attention: None,
+        flash_attention: None,
         adamw: |_, _, _, _| None,
         bf16_products: None,
     }
@@ -121,6 +130,7 @@ fn flex<B: Backend>() -> Kernels<B> {
         },
         fused_attention: |dtype| dtype == DType::F32,
         chunked_attention: None,
+        flash_attention: None,
         adamw: flex_adamw::<B>,
         bf16_products: fused::bf16_products_available::<B>().then_some(fused::bf16_products::<B> as BinaryFn<B>),
     }

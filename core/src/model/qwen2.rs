@@ -100,18 +100,34 @@ impl<B: Backend> Attention<B> {
         }
         let [batch, seq, _] = x.dims();
         let (heads, kv_heads, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let split = |y: Tensor<B, 3>, n: usize| y.reshape([batch, seq, n, d]).swap_dims(1, 2);
-
-        let q = rope.apply(split(self.q_proj.forward(x.clone()), heads)); // [B, H, T, d]
-        let k = rope.apply(split(self.k_proj.forward(x.clone()), kv_heads)); // [B, K, T, d]
-        let v = split(self.v_proj.forward(x), kv_heads); // [B, K, T, d]
+        // RoPE (the backend's kernel) on the projections' layout `[B, T, n, d]`, then heads first.
+        let split = |y: Tensor<B, 3>, n: usize| y.reshape([batch, seq, n, d]);
+        let q = rope.apply_seq_major(split(self.q_proj.forward(x.clone()), heads)).swap_dims(1, 2); // [B, H, T, d]
+        let k = rope.apply_seq_major(split(self.k_proj.forward(x.clone()), kv_heads)).swap_dims(1, 2); // [B, K, T, d]
+        let v = split(self.v_proj.forward(x), kv_heads).swap_dims(1, 2); // [B, K, T, d]
         let (k, v) = match cache {
             Some(cache) => cache.append_padded(k, v, 2, mask.keys()), // [B, K, S, d]
             None => (k, v),
         };
 
-        // Half precision: scores, softmax and the weighted sum in f32 (as flash attention and
-        // torch's CPU kernels accumulate), the result rounded once. No-ops in f32.
+        // The flash kernels read half precision themselves and accumulate in f32.
+        let dtype = q.dtype();
+        let flash = match mask {
+            AttnMask::Flash(key_valid) => kernels::<B>().flash_attention.and_then(|flash| flash(q.clone(), k.clone(), v.clone(), key_valid)),
+            _ => None,
+        };
+        let out = flash.unwrap_or_else(|| Self::attend_f32(q, k, v, mask)); // [B, H, T, d]
+        let out = proj::to_dtype(out, dtype);
+        let out = out.swap_dims(1, 2).reshape([batch, seq, heads * d]);
+        self.o_proj.forward(out)
+    }
+
+    /// Attention as operations of any backend: q `[B, H, T, d]`, k and v `[B, K, S, d]`, the
+    /// output `[B, H, T, d]` in q's dtype. Half precision: scores, softmax and the weighted sum
+    /// in f32 (as flash attention and torch's CPU kernels accumulate), the result rounded once.
+    fn attend_f32(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, mask: &AttnMask<B>) -> Tensor<B, 4> {
+        let [batch, heads, seq, d] = q.dims();
+        let kv_heads = k.dims()[1];
         let (dtype, f32) = (q.dtype(), |t: Tensor<B, 4>| proj::to_dtype(t, DType::F32));
         let (q, k, v) = (f32(q), f32(k), f32(v));
         let out = match mask {
@@ -124,23 +140,27 @@ impl<B: Backend> Attention<B> {
                 // wgpu, see `masked`). Half-precision activations keep burn's op: on wgpu, f16
                 // decoding from the cache through `masked` was measured 8.6 off a full recompute
                 // in log-prob (tests/half_precision.rs), through burn's op within f16 rounding.
-                if dtype == DType::F32 {
+                let out = if dtype == DType::F32 {
                     chunked_attention::masked(q, k, v, mask.clone()) // [B, K, G·T, d]
                 } else {
                     let options = burn::tensor::ops::AttentionModuleOptions { scale: None, softcap: None, is_causal: false };
                     burn::tensor::module::attention(q, k, v, Some(mask.clone()), None, options)
-                }
+                };
+                out.reshape([batch, heads, seq, d])
+            }
+            AttnMask::Flash(key_valid) => {
+                // Flash attention declined (a head size its kernels are not compiled for).
+                let rows = chunked_attention::rows_per_chunk(batch, heads, seq, key_valid.dims()[1], kiln_backends::device::max_buffer::<B>(&q.device()));
+                chunked_attention::forward(&q, &k, &v, key_valid, rows).0
             }
             AttnMask::Chunked { key_valid, rows } => match kernels::<B>().chunked_attention {
                 Some(attention) => attention(q.clone(), k.clone(), v.clone(), key_valid, *rows),
                 None => None,
             }
-            .unwrap_or_else(|| chunked_attention::forward(&q, &k, &v, key_valid, *rows).0), // [B, H, T, d]
-            AttnMask::Keys(_) => unreachable!("taken above"),
+            .unwrap_or_else(|| chunked_attention::forward(&q, &k, &v, key_valid, *rows).0),
+            AttnMask::Keys(_) => unreachable!("the fused path takes these"),
         };
-        let out = proj::to_dtype(out, dtype);
-        let out = out.reshape([batch, heads, seq, d]).swap_dims(1, 2).reshape([batch, seq, heads * d]);
-        self.o_proj.forward(out)
+        proj::to_dtype(out, dtype)
     }
 
     /// The same on the fused CPU path (`model::fused`): heads stay where the projections put
@@ -174,6 +194,9 @@ pub enum AttnMask<B: Backend> {
     /// Which keys are real (labels, as [`attention_mask`]), for the fused CPU kernel, which
     /// derives causality itself.
     Keys(KeyMask),
+    /// Which keys are real (`[B, S]` labels), for the backend's flash attention
+    /// ([`super::kernels::Kernels::flash_attention`]), which derives causality itself.
+    Flash(Tensor<B, 2, Int>),
 }
 
 impl<B: Backend> AttnMask<B> {
@@ -196,6 +219,9 @@ impl<B: Backend> AttnMask<B> {
             let [batch, keys] = key_valid.dims();
             let valid: Vec<u32> = key_valid.into_data().convert::<i64>().iter::<i64>().map(|v| v.max(0) as u32).collect();
             return Self::Keys(KeyMask { batch, keys, valid: valid.into() });
+        }
+        if kernels::<B>().flash_attention.is_some() {
+            return Self::Flash(key_valid);
         }
         let device = key_valid.device();
         let [batch, keys] = key_valid.dims();
@@ -223,7 +249,7 @@ impl<B: Backend> AttnMask<B> {
     pub fn keys(&self) -> usize {
         match self {
             Self::Dense(mask) => mask.dims()[3],
-            Self::Chunked { key_valid, .. } => key_valid.dims()[1],
+            Self::Chunked { key_valid, .. } | Self::Flash(key_valid) => key_valid.dims()[1],
             Self::Keys(keys) => keys.keys,
         }
     }

@@ -72,10 +72,4 @@ impl<B: Backend> RopeTables<B> {
     pub fn apply_seq_major(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         (super::kernels::kernels::<B>().rope)(x, &self.cos, &self.sin)
     }
-
-    /// Rotates `x` `[batch, heads, seq, head_dim]`: `x·cos + rotate_half(x)·sin` (the tables
-    /// broadcast over axis 1).
-    pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        super::kernels::rotate_half(x, &self.cos, &self.sin)
-    }
 }

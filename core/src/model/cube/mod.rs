@@ -6,6 +6,8 @@
 //!
 //! - RoPE ([`rope`]): one kernel forward and one backward, where burn's ops take four and
 //!   seventeen (`rotate_half`'s concatenation stays two slice assignments under fusion);
+//! - flash attention ([`attention`]), forward and backward: no `[B, H, T, S]` scores in
+//!   training, prefill or decoding;
 //! - AdamW ([`adamw`]): one kernel per parameter for the whole update, where burn's ops take
 //!   about nine even fused.
 //!
@@ -14,6 +16,7 @@
 //! apply: another dtype or layout.
 
 mod adamw;
+pub mod attention;
 mod rope;
 
 #[cfg(test)]
@@ -62,7 +65,13 @@ pub fn table_for<B: Backend, R: CubeRuntime, BT: BoolElement>() -> Option<Kernel
     if !ours.contains(&TypeId::of::<B>()) {
         return None;
     }
-    Some(Kernels { name: "cubecl", rope: rope::rope::<B, R, BT>, adamw: adamw::adamw::<B, R, BT>, ..reference::<B>() })
+    Some(Kernels {
+        name: "cubecl",
+        rope: rope::rope::<B, R, BT>,
+        flash_attention: Some(attention::attention::<B, R, BT>),
+        adamw: adamw::adamw::<B, R, BT>,
+        ..reference::<B>()
+    })
 }
 
 /// `t` as a tensor of backend `To` when `To` is `From` (by type identity).

@@ -2,8 +2,8 @@
 //!
 //! With `h = d/2`, `y_j = x_j·cos_j − x_{j+h}·sin_j` for `j < h` and `x_j·cos_j + x_{j−h}·sin_j`
 //! above; the backward pass is the same shape of kernel: `dx_j = dy_j·cos_j + dy_{j+h}·sin_{j+h}`
-//! for `j < h` and `dy_j·cos_j − dy_{j−h}·sin_{j−h}` above. Computed in f32 whatever the
-//! activations' dtype; the tables are f32.
+//! for `j < h` and `dy_j·cos_j − dy_{j−h}·sin_{j−h}` above. Computed in the activations' dtype
+//! with the (f32) tables rounded to it, as transformers computes it in half precision.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -46,9 +46,9 @@ mod kernel {
             s = sin[row * d + partner_j];
             negative = !first;
         }
-        let other = f32::cast_from(x[partner]) * s;
-        let own = f32::cast_from(x[pos]) * c;
-        out[pos] = F::cast_from(select(negative, own - other, own + other));
+        let other = x[partner] * F::cast_from(s);
+        let own = x[pos] * F::cast_from(c);
+        out[pos] = select(negative, own - other, own + other);
     }
 }
 

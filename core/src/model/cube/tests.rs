@@ -5,8 +5,10 @@
 mod wgpu {
     use burn::backend::Autodiff;
     use burn::tensor::backend::Backend;
-    use burn::tensor::{Distribution, Tensor};
+    use burn::tensor::activation::softmax;
+    use burn::tensor::{Distribution, Int, Tensor, TensorData};
 
+    use crate::model::chunked_attention::chunk_mask;
     use crate::model::kernels::{kernels, reference};
 
     type Wgpu = burn::backend::Wgpu;
@@ -49,4 +51,52 @@ mod wgpu {
             close("backward", grad(kernels::<A>().rope), grad(reference::<A>().rope));
         }
     }
+
+    /// Attention as plain burn ops: scores, [`chunk_mask`] (the mask the dense path uses,
+    /// checked against transformers by the parity tests), softmax, the weighted sum.
+    fn dense<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, labels: &Tensor<B, 2, Int>) -> Tensor<B, 4> {
+        let [batch, heads, queries, d] = q.dims();
+        let kv_heads = k.dims()[1];
+        let group = heads / kv_heads;
+        let q = q.reshape([batch, kv_heads, group * queries, d]);
+        let scores = q.matmul(k.swap_dims(2, 3)) / (d as f32).sqrt();
+        let mask = chunk_mask(labels, queries, 0, queries, kv_heads, group);
+        softmax(scores.mask_fill(mask, f32::NEG_INFINITY), 3).matmul(v).reshape([batch, heads, queries, d])
+    }
+
+    /// Flash attention against [`dense`], forward and the gradients of `Σ out·w` for q, k and
+    /// v: GQA (4 query heads over 2 KV heads, 6 over 1), head sizes 64, 128 and 12 (the test
+    /// models'), lengths off
+    /// the kernels' block sizes, a left-padded row and a row of three packed documents, and
+    /// decoding (5 queries over 40 keys, the causal mask aligned bottom-right).
+    #[test]
+    fn flash_attention_is_dense_attention() {
+        type A = Autodiff<Wgpu>;
+        let device = Default::default();
+        let flash = kernels::<A>().flash_attention.expect("wgpu's table has flash attention");
+        for (heads, kv_heads, queries, keys, d) in [(4, 2, 37, 37, 64), (6, 1, 20, 20, 128), (4, 2, 5, 40, 64), (4, 2, 21, 21, 12)] {
+            let batch = 2;
+            // Row 0: documents 1, 2, 3 packed; row 1: three padding keys, then one document.
+            let labels: Vec<i64> = (0..keys).map(|j| (j * 3 / keys) as i64 + 1).chain((0..keys).map(|j| i64::from(j >= 3))).collect();
+            let labels = Tensor::<A, 2, Int>::from_data(TensorData::new(labels, [batch, keys]), &device);
+            let (q, k, v) = (normal::<Wgpu, 4>([batch, heads, queries, d]), normal::<Wgpu, 4>([batch, kv_heads, keys, d]), normal::<Wgpu, 4>([batch, kv_heads, keys, d]));
+            let w = normal::<Wgpu, 4>([batch, heads, queries, d]);
+            let run = |attend: &dyn Fn(Tensor<A, 4>, Tensor<A, 4>, Tensor<A, 4>) -> Tensor<A, 4>| {
+                let (q, k, v) = (Tensor::<A, 4>::from_inner(q.clone()).require_grad(), Tensor::<A, 4>::from_inner(k.clone()).require_grad(), Tensor::<A, 4>::from_inner(v.clone()).require_grad());
+                let out = attend(q.clone(), k.clone(), v.clone());
+                let grads = (out.clone() * Tensor::from_inner(w.clone())).sum().backward();
+                [out.inner(), q.grad(&grads).unwrap(), k.grad(&grads).unwrap(), v.grad(&grads).unwrap()]
+            };
+            let ours = run(&|q, k, v| flash(q, k, v, &labels).expect("flash attention takes these"));
+            let expected = run(&|q, k, v| dense(q, k, v, &labels));
+            let case = format!("H {heads}, K {kv_heads}, T {queries}, S {keys}, d {d}");
+            for (what, (a, b)) in ["out", "dq", "dk", "dv"].iter().zip(ours.into_iter().zip(expected)) {
+                close(&format!("{case}: {what}"), a, b);
+            }
+            // Without autodiff (inference): the same forward kernel.
+            let plain = kernels::<Wgpu>().flash_attention.unwrap()(q.clone(), k.clone(), v.clone(), &labels.clone().inner()).unwrap();
+            close(&format!("{case}: inference"), plain, dense(q, k, v, &labels.inner()));
+        }
+    }
 }
+
