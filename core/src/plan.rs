@@ -13,13 +13,13 @@
 //! | where | kept | bytes per token |
 //! |---|---|---|
 //! | 2 RMSNorms | input in f32, normalised output | 2 · (4h + s·h) |
-//! | q, k after RoPE | each input and its rotated half (none on wgpu and CUDA: kiln's RoPE kernel) | 2s · (q + kv) |
+//! | q, k after RoPE | each input and its rotated half (none on CUDA: kiln's RoPE kernel) | 2s · (q + kv) |
 //! | attention | q, k, v in f32, the output in f32 and one log-sum-exp per head (no scores: `model::chunked_attention`) | 4 · (q + 2kv) + 4 · (q + H) |
 //! | o_proj | its input | s · q |
 //! | SwiGLU MLP | gate, sigmoid(gate), silu, up, their product | 5s · i |
 //!
 //! (the scores exist for one chunk of queries at a time, at most 64 MiB, counted as the
-//! "attention chunk"; on wgpu and CUDA flash attention keeps none, `model::cube::attention`),
+//! "attention chunk"; on CUDA flash attention keeps none, `model::cube::attention`),
 //! and the head: the final norm
 //! and one f32 log-sum-exp per token (the LM head, log-softmax and gather are fused and chunked
 //! over tokens, `model::head_loss`: one chunk's logits exist at a time; the CPU's fused f32 path
@@ -54,8 +54,9 @@ pub struct PlanRequest {
     /// Training on the CPU backend, whose fused kernels (`model::fused`: attention, RoPE,
     /// RMSNorm, SwiGLU, token log-probs) keep fewer activations when the model computes in f32.
     pub cpu_kernels: bool,
-    /// Training on wgpu or CUDA, whose CubeCL kernels (`model::cube`) keep no attention scores
-    /// at all (flash attention) and nothing for RoPE's backward pass.
+    /// Training on CUDA, whose CubeCL kernels (`model::cube`) keep no attention scores at all
+    /// (flash attention) and nothing for RoPE's backward pass. (wgpu runs the same kernels but
+    /// declines long rows to the chunked form, lavapipe's loop limit: planned as without.)
     pub gpu_kernels: bool,
 }
 
@@ -289,7 +290,7 @@ mod tests {
         assert_eq!(kv, 2.0 * 28.0 * 256.0 * 2.0 * 1024.0);
     }
 
-    /// On wgpu and CUDA flash attention keeps no scores and the RoPE kernel nothing: the
+    /// On CUDA flash attention keeps no scores and the RoPE kernel nothing: the
     /// attention chunk and the prefill scores are gone, and without recomputation each layer
     /// keeps 2s · (q + kv) bytes per token less.
     #[test]

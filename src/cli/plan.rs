@@ -30,8 +30,8 @@ pub struct PlanArgs {
     #[arg(long)]
     recompute: bool,
     /// The backend the job runs on: `cpu` counts the activations of its fused f32 kernels;
-    /// `cuda` and `wgpu` those of kiln's CubeCL kernels (flash attention, RoPE) and plain
-    /// operations.
+    /// `cuda` those of kiln's CubeCL kernels (flash attention, RoPE) and plain operations;
+    /// `wgpu` attention in chunks (its flash attention declines long rows, see README).
     #[arg(long, default_value = "cuda")]
     backend: String,
     /// Print the plan as one JSON object (bytes).
@@ -44,7 +44,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
     if args.batch == 0 || args.seq == 0 || args.devices == 0 {
         anyhow::bail!("--batch, --seq and --devices must be positive");
     }
-    let request = PlanRequest { batch: args.batch, seq: args.seq, precision: args.precision, devices: args.devices, recompute: args.recompute, cpu_kernels: args.backend.starts_with("cpu"), gpu_kernels: args.backend.starts_with("cuda") || args.backend.starts_with("wgpu") };
+    let request = PlanRequest { batch: args.batch, seq: args.seq, precision: args.precision, devices: args.devices, recompute: args.recompute, cpu_kernels: args.backend.starts_with("cpu"), gpu_kernels: args.backend.starts_with("cuda") };
     let plan = plan(&config, request);
     match args.json {
         true => println!("{}", serde_json::to_string(&plan)?),

@@ -194,10 +194,15 @@ pub fn kernels<B: Backend>() -> &'static Kernels<B> {
     set(table)
 }
 
-/// kiln's CubeCL kernels ([`super::cube`]) where `B` is burn's wgpu or CUDA backend.
+/// kiln's CubeCL kernels ([`super::cube`]) where `B` is burn's wgpu or CUDA backend, unless
+/// `KILN_KERNELS=reference` asks for burn's operations there (to compare, or to step around a
+/// kernel on a device it fails on).
 fn cube_table<B: Backend>() -> Option<Kernels<B>> {
     #[cfg(feature = "cube")]
-    return super::cube::table::<B>();
+    return match std::env::var("KILN_KERNELS").as_deref() {
+        Ok("reference") => None,
+        _ => super::cube::table::<B>(),
+    };
     #[cfg(not(feature = "cube"))]
     None
 }

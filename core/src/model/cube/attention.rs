@@ -12,7 +12,8 @@
 //! One unit per query row (forward, `dq`) or key row (`dk`, `dv`), a cube of units sharing each
 //! tile of the other side through shared memory; no cooperative matrices, so it runs on every
 //! wgpu adapter (lavapipe, WebGPU) and on CUDA. Key tiles wholly after a query block's last
-//! position are never read (causal block skipping).
+//! position are never read (causal block skipping). On wgpu a problem whose busiest unit would
+//! loop more than [`WGPU_LOOP_BUDGET`] times is declined (lavapipe's limit, see there).
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -35,6 +36,32 @@ const ROWS: usize = 32;
 /// for every head size (WebGPU guarantees 16 KiB).
 fn tile(d: usize) -> usize {
     (1024 / d).max(1)
+}
+
+/// lavapipe (Mesa's llvmpipe) silently stops a shader's loops once an invocation has run about
+/// 65,536 iterations in all (measured here: rows past 224 keys of head size 128 came out wrong;
+/// llama.cpp's Vulkan tests met the same, ggml-org/llama.cpp#13813). On wgpu, whose adapter
+/// cubecl does not name, the kernels take only problems whose units stay below this budget;
+/// larger ones take the chunked form (burn's operations). CUDA has no such limit.
+const WGPU_LOOP_BUDGET: usize = 60_000;
+
+/// Loop iterations of the busiest unit of the forward kernel (and, for training, of the backward
+/// kernels), over `keys` keys and `queries` queries per KV group of `group` heads.
+fn loop_iterations(queries: usize, keys: usize, group: usize, d: usize, backward: bool) -> usize {
+    let (tile, loads) = (tile(d), (tile(d) * d).div_ceil(ROWS) + tile(d).div_ceil(ROWS));
+    let tiles = keys.div_ceil(tile);
+    let forward = 2 * d + tiles * (loads + 2 * tile + d + 1) + keys * 2 * d;
+    if !backward {
+        return forward;
+    }
+    let dq = 3 * d + tiles * (loads + tile + 1) + keys * 3 * d;
+    let dkv = 4 * d + group * queries.div_ceil(tile) * (loads + tile + 1) + group * queries * 4 * d;
+    forward.max(dq).max(dkv)
+}
+
+/// Whether runtime `R` is wgpu's (see [`WGPU_LOOP_BUDGET`]).
+fn loop_limited<R: CubeRuntime>() -> bool {
+    std::any::type_name::<R>().contains("WgpuRuntime")
 }
 
 /// The head sizes the kernels take: any up to 256 (each compiled as its own kernel, the head
@@ -61,7 +88,7 @@ mod kernel {
     /// Forward: one unit per query row, key tiles shared by the cube. `out` like `q`; `lse`
     /// `[B, H, T, 1]`; `labels` `[B, 1, 1, S]`; `q` pre-scaled here by `scale`.
     #[cube(launch)]
-    pub fn forward<F: Float>(
+    pub fn flash_forward<F: Float>(
         q: &Tensor<F>,
         k: &Tensor<F>,
         v: &Tensor<F>,
@@ -136,14 +163,13 @@ mod kernel {
             for c in 0..d {
                 acc[c] *= correction;
             }
+            // (As a `select`: the same loop with the update under an `if` came out wrong on
+            // lavapipe at 1,098 tokens, tests/packing.rs.)
             for jj in 0..tile {
-                // Hidden keys add nothing, whatever their values (padding may hold any).
-                if scores[jj] > HIDDEN {
-                    let weight = (scores[jj] - m_new).exp();
-                    l += weight;
-                    for c in 0..d {
-                        acc[c] += weight * v_tile[jj * d + c];
-                    }
+                let weight = select(scores[jj] > HIDDEN, (scores[jj] - m_new).exp(), 0.0f32);
+                l += weight;
+                for c in 0..d {
+                    acc[c] += weight * v_tile[jj * d + c];
                 }
             }
             m = m_new;
@@ -161,7 +187,7 @@ mod kernel {
     /// `dq`: one unit per query row, key tiles shared. `delta` `[B, H, T, 1]` is
     /// `Σ_c dout · out` of each row.
     #[cube(launch)]
-    pub fn backward_dq<F: Float>(
+    pub fn flash_backward_dq<F: Float>(
         q: &Tensor<F>,
         k: &Tensor<F>,
         v: &Tensor<F>,
@@ -246,7 +272,7 @@ mod kernel {
     /// (no atomics); query tiles (q, dout, lse, delta, labels) shared. Query tiles wholly
     /// before the block's first key are never read.
     #[cube(launch)]
-    pub fn backward_dkv<F: Float>(
+    pub fn flash_backward_dkv<F: Float>(
         q: &Tensor<F>,
         k: &Tensor<F>,
         v: &Tensor<F>,
@@ -357,7 +383,7 @@ fn launch_forward<R: CubeRuntime>(inputs: [CubeTensor<R>; 4], scale: f32) -> Vec
     let lse = empty(&q, Shape::new([batch, heads, queries, 1]), DType::F32);
     let client = q.client.clone();
     let dtype = q.dtype;
-    kernel::forward::launch::<R>(
+    kernel::flash_forward::launch::<R>(
         &client,
         cube_count(queries.div_ceil(ROWS), heads, batch),
         cubecl::CubeDim::new_1d(ROWS as u32),
@@ -386,7 +412,7 @@ fn launch_backward<R: CubeRuntime>(inputs: [CubeTensor<R>; 7], scale: f32) -> Ve
     let dv = empty(&v, v.meta.shape().clone(), v.dtype);
     let client = q.client.clone();
     let dtype = q.dtype;
-    kernel::backward_dq::launch::<R>(
+    kernel::flash_backward_dq::launch::<R>(
         &client,
         cube_count(queries.div_ceil(ROWS), heads, batch),
         cubecl::CubeDim::new_1d(ROWS as u32),
@@ -404,7 +430,7 @@ fn launch_backward<R: CubeRuntime>(inputs: [CubeTensor<R>; 7], scale: f32) -> Ve
         tile(d),
         dtype.into(),
     );
-    kernel::backward_dkv::launch::<R>(
+    kernel::flash_backward_dkv::launch::<R>(
         &client,
         cube_count(keys.div_ceil(ROWS), kv_heads, batch),
         cubecl::CubeDim::new_1d(ROWS as u32),
@@ -497,8 +523,12 @@ pub fn attention<B: Backend, R: CubeRuntime, BT: BoolElement>(q: Tensor<B, 4>, k
     if !float(q.dtype()) || !same || !supports(d) || kd != d || kb != batch || kv_heads == 0 || heads % kv_heads != 0 || keys < queries || key_valid.dims() != [batch, keys] {
         return None;
     }
+    let plain = retype::<B, Fused<R, BT>, 4>(q.clone());
+    if loop_limited::<R>() && loop_iterations(queries, keys, heads / kv_heads, d, plain.is_none()) > WGPU_LOOP_BUDGET {
+        return None;
+    }
     let labels = key_valid.clone().float().cast(DType::F32).reshape([batch, 1, 1, keys]);
-    if let Some(q) = retype::<B, Fused<R, BT>, 4>(q.clone()) {
+    if let Some(q) = plain {
         let (out, _) = forward(q, retype(k)?, retype(v)?, retype(labels)?);
         return retype(out);
     }

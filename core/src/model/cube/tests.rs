@@ -65,8 +65,8 @@ mod wgpu {
     }
 
     /// Flash attention against [`dense`], forward and the gradients of `Σ out·w` for q, k and
-    /// v: GQA (4 query heads over 2 KV heads, 6 over 1), head sizes 64, 128 and 12 (the test
-    /// models'), lengths off
+    /// v: GQA (4 query heads over 2 KV heads, 6 over 1), head sizes 64, 128, 12 (the test models')
+    /// and 32 over 300 keys (ten tiles), lengths off
     /// the kernels' block sizes, a left-padded row and a row of three packed documents, and
     /// decoding (5 queries over 40 keys, the causal mask aligned bottom-right).
     #[test]
@@ -74,7 +74,7 @@ mod wgpu {
         type A = Autodiff<Wgpu>;
         let device = Default::default();
         let flash = kernels::<A>().flash_attention.expect("wgpu's table has flash attention");
-        for (heads, kv_heads, queries, keys, d) in [(4, 2, 37, 37, 64), (6, 1, 20, 20, 128), (4, 2, 5, 40, 64), (4, 2, 21, 21, 12)] {
+        for (heads, kv_heads, queries, keys, d) in [(4, 2, 37, 37, 64), (6, 1, 12, 12, 128), (4, 2, 5, 40, 64), (4, 2, 21, 21, 12), (1, 1, 300, 300, 32)] {
             let batch = 2;
             // Row 0: documents 1, 2, 3 packed; row 1: three padding keys, then one document.
             let labels: Vec<i64> = (0..keys).map(|j| (j * 3 / keys) as i64 + 1).chain((0..keys).map(|j| i64::from(j >= 3))).collect();
@@ -98,5 +98,22 @@ mod wgpu {
             close(&format!("{case}: inference"), plain, dense(q, k, v, &labels.inner()));
         }
     }
+
+    /// On wgpu a problem past lavapipe's loop limit is declined (the model then takes the
+    /// chunked form), in inference and, with its larger backward kernels, in training.
+    #[test]
+    fn flash_attention_declines_past_the_loop_budget() {
+        let device = Default::default();
+        let (q, k) = (normal::<Wgpu, 4>([1, 1, 300, 128]), normal::<Wgpu, 4>([1, 1, 300, 128]));
+        let labels = Tensor::<Wgpu, 2, Int>::ones([1, 300], &device);
+        assert!(kernels::<Wgpu>().flash_attention.unwrap()(q.clone(), k.clone(), k.clone(), &labels).is_none());
+        let (q, k) = (normal::<Wgpu, 4>([1, 1, 180, 128]), normal::<Wgpu, 4>([1, 1, 180, 128]));
+        let labels = Tensor::<Wgpu, 2, Int>::ones([1, 180], &device);
+        assert!(kernels::<Wgpu>().flash_attention.unwrap()(q.clone(), k.clone(), k.clone(), &labels).is_some());
+        let ad = |t: &Tensor<Wgpu, 4>| Tensor::<Autodiff<Wgpu>, 4>::from_inner(t.clone()).require_grad();
+        let labels = Tensor::<Autodiff<Wgpu>, 2, Int>::from_inner(labels);
+        assert!(kernels::<Autodiff<Wgpu>>().flash_attention.unwrap()(ad(&q), ad(&k), ad(&k), &labels).is_none());
+    }
 }
+
 
