@@ -42,7 +42,8 @@ mod wgpu {
 
             type A = Autodiff<Wgpu>;
             let w = normal::<Wgpu, 4>([batch, seq, heads, d]);
-            let grad = |rope: fn(Tensor<A, 4>, &Tensor<A, 4>, &Tensor<A, 4>) -> Tensor<A, 4>| {
+            type Rope = fn(Tensor<A, 4>, &Tensor<A, 4>, &Tensor<A, 4>) -> Tensor<A, 4>;
+            let grad = |rope: Rope| {
                 let x = Tensor::<A, 4>::from_inner(x.clone()).require_grad();
                 let (cos, sin) = (Tensor::from_inner(cos.clone()), Tensor::from_inner(sin.clone()));
                 let loss = (rope(x.clone(), &cos, &sin) * Tensor::from_inner(w.clone())).sum();
