@@ -149,9 +149,13 @@ impl<B: Backend> Attention<B> {
                 out.reshape([batch, heads, seq, d])
             }
             AttnMask::Flash(key_valid) => {
-                // Flash attention declined (a head size its kernels are not compiled for).
+                // Flash attention declined (a head size over 256, or past wgpu's loop budget):
+                // chunks of queries, with their own backward pass where installed (training).
                 let rows = chunked_attention::rows_per_chunk(batch, heads, seq, key_valid.dims()[1], kiln_backends::device::max_buffer::<B>(&q.device()));
-                chunked_attention::forward(&q, &k, &v, key_valid, rows).0
+                kernels::<B>()
+                    .chunked_attention
+                    .and_then(|attention| attention(q.clone(), k.clone(), v.clone(), key_valid, rows))
+                    .unwrap_or_else(|| chunked_attention::forward(&q, &k, &v, key_valid, rows).0)
             }
             AttnMask::Chunked { key_valid, rows } => match kernels::<B>().chunked_attention {
                 Some(attention) => attention(q.clone(), k.clone(), v.clone(), key_valid, *rows),
