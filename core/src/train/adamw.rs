@@ -288,8 +288,9 @@ mod tests {
     #[test]
     fn matches_torch_adamw_on_wgpu() {
         type Wgpu = burn::backend::Wgpu;
+        let device = crate::model::cube::tests::wgpu::device();
         assert_eq!(crate::model::kernels::kernels::<Wgpu>().name, "cubecl");
-        matches_torch_adamw::<Autodiff<Wgpu>>(&Default::default());
+        matches_torch_adamw::<Autodiff<Wgpu>>(&device);
     }
 
     fn matches_torch_adamw<B: burn::tensor::backend::AutodiffBackend>(device: &B::Device) {

@@ -20,7 +20,7 @@ pub mod attention;
 mod rope;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::any::TypeId;
 use std::marker::PhantomData;

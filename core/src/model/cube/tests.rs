@@ -2,7 +2,7 @@
 //! tests check the AdamW kernel against `torch.optim.AdamW` on wgpu.
 
 #[cfg(feature = "wgpu")]
-mod wgpu {
+pub(crate) mod wgpu {
     use burn::backend::Autodiff;
     use burn::tensor::backend::Backend;
     use burn::tensor::activation::softmax;
@@ -12,6 +12,16 @@ mod wgpu {
     use crate::model::kernels::{kernels, reference};
 
     type Wgpu = burn::backend::Wgpu;
+
+    /// wgpu's default adapter, cubecl configured as kiln configures it (`KILN_KERNEL_CACHE`
+    /// keeps autotune results out of the clone); no adapter fails with the instruction.
+    pub(crate) fn device() -> burn::backend::wgpu::WgpuDevice {
+        kiln_backends::device::configure_kernels();
+        let device = burn::backend::wgpu::WgpuDevice::DefaultDevice;
+        let probe = std::panic::catch_unwind(|| Tensor::<Wgpu, 1>::zeros([1], &device).into_data());
+        assert!(probe.is_ok(), "no wgpu adapter: install Mesa's lavapipe (apt-get install mesa-vulkan-drivers) or run the tests without `--features wgpu`");
+        device
+    }
 
     fn normal<B: Backend, const D: usize>(shape: [usize; D]) -> Tensor<B, D> {
         Tensor::random(shape, Distribution::Normal(0.0, 1.0), &Default::default())
@@ -27,6 +37,7 @@ mod wgpu {
 
     #[test]
     fn wgpu_takes_the_cubecl_table() {
+        device();
         assert_eq!(kernels::<Wgpu>().name, "cubecl");
         assert_eq!(kernels::<Autodiff<Wgpu>>().name, "cubecl");
     }
@@ -35,6 +46,7 @@ mod wgpu {
     /// random `w` (every element's weight differs, so a wrong partner or sign shows).
     #[test]
     fn rope_is_the_reference() {
+        device();
         // head_dim 64 and 128, several heads, a batch whose tables differ per row.
         for [batch, seq, heads, d] in [[2, 7, 3, 64], [1, 5, 2, 128]] {
             let (x, cos, sin) = (normal::<Wgpu, 4>([batch, seq, heads, d]), normal([batch, 1, seq, d]), normal([batch, 1, seq, d]));
@@ -73,7 +85,7 @@ mod wgpu {
     #[test]
     fn flash_attention_is_dense_attention() {
         type A = Autodiff<Wgpu>;
-        let device = Default::default();
+        let device = device();
         let flash = kernels::<A>().flash_attention.expect("wgpu's table has flash attention");
         for (heads, kv_heads, queries, keys, d) in [(4, 2, 37, 37, 64), (6, 1, 12, 12, 128), (4, 2, 5, 40, 64), (4, 2, 21, 21, 12), (1, 1, 300, 300, 32)] {
             let batch = 2;
@@ -104,7 +116,7 @@ mod wgpu {
     /// chunked form), in inference and, with its larger backward kernels, in training.
     #[test]
     fn flash_attention_declines_past_the_loop_budget() {
-        let device = Default::default();
+        let device = device();
         let (q, k) = (normal::<Wgpu, 4>([1, 1, 300, 128]), normal::<Wgpu, 4>([1, 1, 300, 128]));
         let labels = Tensor::<Wgpu, 2, Int>::ones([1, 300], &device);
         assert!(kernels::<Wgpu>().flash_attention.unwrap()(q.clone(), k.clone(), k.clone(), &labels).is_none());
