@@ -130,6 +130,12 @@ impl<B: Backend> Attention<B> {
         let kv_heads = k.dims()[1];
         let (dtype, f32) = (q.dtype(), |t: Tensor<B, 4>| proj::to_dtype(t, DType::F32));
         let (q, k, v) = (f32(q), f32(k), f32(v));
+        let chunked = |q: &Tensor<B, 4>, k: &Tensor<B, 4>, v: &Tensor<B, 4>, key_valid: &Tensor<B, 2, Int>, rows: usize| {
+            kernels::<B>()
+                .chunked_attention
+                .and_then(|attention| attention(q.clone(), k.clone(), v.clone(), key_valid, rows))
+                .unwrap_or_else(|| chunked_attention::forward(q, k, v, key_valid, rows).0)
+        };
         let out = match mask {
             AttnMask::Dense(mask) => {
                 // Fold the G query heads of each KV group into the query axis instead of
@@ -148,20 +154,13 @@ impl<B: Backend> Attention<B> {
                 };
                 out.reshape([batch, heads, seq, d])
             }
+            // Chunks of queries, with their own backward pass where installed (training).
+            AttnMask::Chunked { key_valid, rows } => chunked(&q, &k, &v, key_valid, *rows),
+            // Flash attention declined (a head size over 256, or past wgpu's loop budget).
             AttnMask::Flash(key_valid) => {
-                // Flash attention declined (a head size over 256, or past wgpu's loop budget):
-                // chunks of queries, with their own backward pass where installed (training).
                 let rows = chunked_attention::rows_per_chunk(batch, heads, seq, key_valid.dims()[1], kiln_backends::device::max_buffer::<B>(&q.device()));
-                kernels::<B>()
-                    .chunked_attention
-                    .and_then(|attention| attention(q.clone(), k.clone(), v.clone(), key_valid, rows))
-                    .unwrap_or_else(|| chunked_attention::forward(&q, &k, &v, key_valid, rows).0)
+                chunked(&q, &k, &v, key_valid, rows)
             }
-            AttnMask::Chunked { key_valid, rows } => match kernels::<B>().chunked_attention {
-                Some(attention) => attention(q.clone(), k.clone(), v.clone(), key_valid, *rows),
-                None => None,
-            }
-            .unwrap_or_else(|| chunked_attention::forward(&q, &k, &v, key_valid, *rows).0),
             AttnMask::Keys(_) => unreachable!("the fused path takes these"),
         };
         proj::to_dtype(out, dtype)

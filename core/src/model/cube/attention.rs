@@ -85,6 +85,40 @@ mod kernel {
         j <= p && (j == p || document)
     }
 
+    /// Fills the key tile from key `start` on: k and v rows (from `kv`, the KV head's first
+    /// element) and their labels (from `label_row`), the cube's units sharing the loads; keys
+    /// past the end repeat the last (the mask hides them).
+    #[cube]
+    #[allow(clippy::too_many_arguments)]
+    fn load_keys<F: Float>(
+        k: &Tensor<F>,
+        v: &Tensor<F>,
+        labels: &Tensor<f32>,
+        k_tile: &mut SharedMemory<f32>,
+        v_tile: &mut SharedMemory<f32>,
+        l_tile: &mut SharedMemory<f32>,
+        start: usize,
+        kv: usize,
+        label_row: usize,
+        s_len: usize,
+        #[comptime] d: usize,
+        #[comptime] rows: usize,
+        #[comptime] tile: usize,
+    ) {
+        let mut e = UNIT_POS as usize;
+        while e < tile * d {
+            let j = min(start + e / d, s_len - 1);
+            k_tile[e] = f32::cast_from(k[kv + j * d + e % d]);
+            v_tile[e] = f32::cast_from(v[kv + j * d + e % d]);
+            e += rows;
+        }
+        let mut e = UNIT_POS as usize;
+        while e < tile {
+            l_tile[e] = labels[label_row + min(start + e, s_len - 1)];
+            e += rows;
+        }
+    }
+
     /// Forward: one unit per query row, key tiles shared by the cube. `out` like `q`; `lse`
     /// `[B, H, T, 1]`; `labels` `[B, 1, 1, S]`; `q` pre-scaled here by `scale`.
     #[cube(launch)]
@@ -131,18 +165,7 @@ mod kernel {
         let last = offset + min(block + rows, t_len) - 1;
         let mut start = 0usize;
         while start <= last {
-            let mut e = UNIT_POS as usize;
-            while e < tile * d {
-                let j = min(start + e / d, s_len - 1);
-                k_tile[e] = f32::cast_from(k[kv + j * d + e % d]);
-                v_tile[e] = f32::cast_from(v[kv + j * d + e % d]);
-                e += rows;
-            }
-            let mut e = UNIT_POS as usize;
-            while e < tile {
-                l_tile[e] = labels[b * s_len + min(start + e, s_len - 1)];
-                e += rows;
-            }
+            load_keys::<F>(k, v, labels, &mut k_tile, &mut v_tile, &mut l_tile, start, kv, b * s_len, s_len, d, rows, tile);
             sync_cube();
             let mut tile_max = f32::new(HIDDEN);
             for jj in 0..tile {
@@ -231,18 +254,7 @@ mod kernel {
         let last = offset + min(block + rows, t_len) - 1;
         let mut start = 0usize;
         while start <= last {
-            let mut e = UNIT_POS as usize;
-            while e < tile * d {
-                let j = min(start + e / d, s_len - 1);
-                k_tile[e] = f32::cast_from(k[kv + j * d + e % d]);
-                v_tile[e] = f32::cast_from(v[kv + j * d + e % d]);
-                e += rows;
-            }
-            let mut e = UNIT_POS as usize;
-            while e < tile {
-                l_tile[e] = labels[b * s_len + min(start + e, s_len - 1)];
-                e += rows;
-            }
+            load_keys::<F>(k, v, labels, &mut k_tile, &mut v_tile, &mut l_tile, start, kv, b * s_len, s_len, d, rows, tile);
             sync_cube();
             for jj in 0..tile {
                 if visible(p, ql, start + jj, l_tile[jj]) {
