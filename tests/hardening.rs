@@ -318,6 +318,50 @@ fn a_damaged_latest_checkpoint_falls_back_to_the_previous_one() {
     assert_eq!(steps, [1, 2, 3], "the log reads as one run");
 }
 
+/// `metrics.jsonl` reaches the disk with each checkpoint, before it: traced with `strace`, every
+/// rename of a checkpoint into place is preceded by an `fdatasync` of the metrics file written
+/// since the previous checkpoint, so no crash (or power loss) leaves a checkpoint whose steps'
+/// records are lost.
+#[test]
+fn metrics_are_synced_to_disk_before_each_checkpoint() {
+    let strace = ["/usr/bin/strace", "/bin/strace"].into_iter().map(Path::new).find(|p| p.is_file());
+    let strace = strace.expect("strace not found: install it (`apt-get install strace`) to trace the metrics file's fsync");
+    let tmp = tempfile::tempdir().unwrap();
+    sft_setup(tmp.path(), None, 64, 32);
+    let run = tmp.path().join("run.toml");
+    std::fs::write(&run, sft_toml("max_length = 32", "steps = 3", "dir = \"out\"\nsave_steps = 1")).unwrap();
+    let trace = tmp.path().join("trace.txt");
+    let out = Command::new(strace)
+        .args(["-f", "-qq", "-y", "-e", "trace=fsync,fdatasync,rename,renameat,renameat2", "-o", s(&trace)])
+        .arg(env!("CARGO_BIN_EXE_kiln"))
+        .args(["sft", "--config", s(&run)])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "kiln sft under strace failed: {stderr}");
+    let trace = std::fs::read_to_string(&trace).unwrap();
+    let metrics = s(&tmp.path().join("out/metrics.jsonl")).to_string();
+    // (the run's events in order: a sync of the metrics file, or a checkpoint renamed into place)
+    let mut events = Vec::new();
+    for line in trace.lines() {
+        if line.contains("sync(") && line.contains(&format!("<{metrics}>")) && line.ends_with("= 0") {
+            events.push("sync".to_string());
+        } else if line.contains("rename") && line.ends_with("= 0") {
+            let target = line.rsplit_once(", \"").and_then(|(_, t)| t.split_once('"')).map(|(t, _)| t);
+            if let Some(name) = target.and_then(|t| Path::new(t).file_name()).and_then(|n| n.to_str()) {
+                if name.starts_with("checkpoint-") {
+                    events.push(name.to_string());
+                }
+            }
+        }
+    }
+    let expected = ["sync", "checkpoint-1", "sync", "checkpoint-2", "sync", "checkpoint-3"];
+    let mut collapsed = events.clone();
+    collapsed.dedup();
+    assert_eq!(collapsed, expected, "events traced: {events:?}\n{trace}");
+    assert_eq!(losses(&tmp.path().join("out/metrics.jsonl")).len(), 3);
+}
+
 fn losses(metrics: &Path) -> Vec<(u64, f64)> {
     std::fs::read_to_string(metrics)
         .unwrap()

@@ -400,12 +400,13 @@ where
                 config: config.run_config.clone(),
                 loss_scale,
             };
-            let path = config.out_dir.join(checkpoint::checkpoint_name(config.save.run_name.as_deref(), step));
-            checkpoint::save(&path, &model, &optimizer, &state, config.companions.as_deref())?;
-            // The metrics up to a checkpoint are on the disk with it.
+            // The metrics up to a checkpoint reach the disk before it does, so no crash leaves a
+            // checkpoint whose steps' records are lost.
             if let Some(log) = &log {
                 log.sync()?;
             }
+            let path = config.out_dir.join(checkpoint::checkpoint_name(config.save.run_name.as_deref(), step));
+            checkpoint::save(&path, &model, &optimizer, &state, config.companions.as_deref())?;
             summary.checkpoints.push(path);
         }
         if out_of_time {
