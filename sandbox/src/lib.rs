@@ -21,7 +21,8 @@
 //! A [`Sandbox`] probes at start which of these work (see [`Protections`]; each is checked by a
 //! run that must show its effect) and refuses to run anything ([`SandboxError::Unconfined`],
 //! naming what is missing) unless every property of [`Containment`] — signals out, file reads
-//! and writes outside the scratch, tasks, memory, disk — is contained by a working layer, unless
+//! and writes outside the scratch, tasks, memory, disk, network and unix sockets out — is
+//! contained by a working layer, unless
 //! [`SandboxOptions::allow_unsafe`] is set. [`SandboxOptions::skip_layers`] leaves layers off as
 //! if the kernel lacked them.
 //!
@@ -50,7 +51,8 @@
 //!   TCP 4, signals 6, i.e. kernel 6.12); the report names those this kernel lacks. Protects the
 //!   host's files and secrets.
 //! - **seccomp** (allow-list, `EPERM` otherwise): no sockets of any family (so no TCP, UDP or unix
-//!   socket), no fork or clone of processes (threads are fine), no exec after the interpreter
+//!   socket; the only layer that keeps a run off unix sockets by path, which a network namespace
+//!   does not separate and Landlock does not govern), no fork or clone of processes (threads are fine), no exec after the interpreter
 //!   starts, no ptrace, mount, unshare, setns, bpf, keyrings; signals only to itself, on every
 //!   path (`kill`, `tgkill`, `sigqueue`, pidfds, `F_SETOWN`/`O_ASYNC`, `FIOSETOWN`), whatever the
 //!   kernel's Landlock; no `chmod`, `utime` or truncation by path (nothing that could poison the

@@ -87,11 +87,14 @@ pub struct Containment {
     pub memory: Vec<&'static str>,
     /// Disk space.
     pub disk: Vec<&'static str>,
+    /// Connections out: TCP and UDP, unix sockets by path (which a network namespace does not
+    /// separate) and abstract ones.
+    pub network: Vec<&'static str>,
 }
 
 impl Containment {
     /// The properties, their containing layers and the layers that would contain them.
-    pub fn properties(&self) -> [(&'static str, &[&'static str], &'static str); 5] {
+    pub fn properties(&self) -> [(&'static str, &[&'static str], &'static str); 6] {
         [
             (
                 "signals out",
@@ -117,6 +120,12 @@ impl Containment {
                 &self.disk,
                 "landlock with scratch (a private tmpfs), or with seccomp (no fallocate) over a \
                  measured plain directory",
+            ),
+            (
+                "network and unix sockets out",
+                &self.network,
+                "seccomp (no sockets): an empty network namespace leaves unix sockets by path \
+                 reachable, and Landlock governs neither those nor UDP",
             ),
         ]
     }

@@ -500,16 +500,18 @@ mod tests {
             tasks: vec!["cgroup"],
             memory: vec!["rlimits"],
             disk: vec!["scratch"],
+            network: vec!["seccomp"],
         };
         assert!(refuse_unconfined(&protections(all.clone()), false).is_ok());
-        for property in ["signals out", "filesystem", "tasks", "memory", "disk"] {
+        for property in ["signals out", "filesystem", "tasks", "memory", "disk", "network"] {
             let mut c = all.clone();
             match property {
                 "signals out" => c.signals.clear(),
                 "filesystem" => c.filesystem.clear(),
                 "tasks" => c.tasks.clear(),
                 "memory" => c.memory.clear(),
-                _ => c.disk.clear(),
+                "disk" => c.disk.clear(),
+                _ => c.network.clear(),
             }
             let p = protections(c);
             assert!(!p.confined());
@@ -529,7 +531,7 @@ mod tests {
         }
         let none = protections(crate::Containment::default());
         let line = refuse_unconfined(&none, false).unwrap_err().to_string();
-        assert_eq!(line.matches("(needs ").count(), 5, "{line}");
+        assert_eq!(line.matches("(needs ").count(), 6, "{line}");
         assert!(
             line.contains("signals out (needs seccomp, or landlock with signal scoping"),
             "{line}"

@@ -20,6 +20,9 @@ fn probe_reports_layers() {
     let scoped = p.landlock.active && common::landlock_abi() >= 6;
     assert_eq!(c.signals.contains(&"landlock"), scoped, "{p}");
     assert_eq!(c.tasks.contains(&"cgroup"), p.cgroup.active, "{p}");
+    // unix sockets by path are kept out by seccomp alone; the network namespace adds to it
+    assert_eq!(c.network.contains(&"seccomp"), p.seccomp.active, "{p}");
+    assert_eq!(c.network.contains(&"net_namespace"), p.seccomp.active && p.net_namespace.active, "{p}");
     // the PID namespace keeps signals in and leaves nothing after a run
     assert_eq!(
         c.signals.contains(&"pid_namespace"),
@@ -56,6 +59,9 @@ fn probe_reports_layers() {
         let abi = common::landlock_abi();
         assert_eq!(enforced.contains("no truncation outside scratch (tried)"), abi >= 3, "{p}");
         assert!(abi < 4 || !p.landlock.detail.contains("TCP bind or connect (ABI 4, kernel 6.7: tried, allowed)"), "{p}");
+        assert_eq!(enforced.contains("no TCP bind or connect (tried)"), abi >= 4, "{p}");
+        // an abstract unix socket of kiln's, connected to from kiln's own network namespace
+        assert_eq!(enforced.contains("no abstract unix sockets out (tried)"), abi >= 6, "{p}");
     }
     let json = serde_json::to_value(p).unwrap();
     assert_eq!(

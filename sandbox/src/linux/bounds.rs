@@ -169,6 +169,13 @@ pub(crate) fn containment(
             (layers.cgroup, "cgroup"),
             (layers.seccomp, "seccomp"),
         ]),
+        // only seccomp denies every socket: a unix socket by path (a world-writable one: D-Bus,
+        // X11) is reachable from any network namespace, and Landlock does not govern it
+        network: if layers.seccomp {
+            pick(&[(true, "seccomp"), (layers.net_ns, "net_namespace")])
+        } else {
+            Vec::new()
+        },
         disk: if layers.landlock && scratch_bounded {
             pick(&[
                 (true, "landlock"),

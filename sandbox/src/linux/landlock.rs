@@ -39,14 +39,15 @@ pub(crate) fn kernel_abi() -> i64 {
     }
 }
 
-/// What the probe's Landlock trial showed, beyond reads and writes outside the scratch: each
-/// `Some(denied)` when tried, `None` when the trial could not tell (TCP in a network namespace
-/// without loopback fails before Landlock would).
+/// What the probe's Landlock trials showed, beyond reads and writes outside the scratch: each
+/// `Some(denied)` when tried, `None` when the trial could not tell. TCP and abstract unix
+/// sockets are tried in kiln's own network namespace, where nothing else refuses them first.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Tried {
     pub signal_scope: bool,
     pub truncate: Option<bool>,
     pub tcp: Option<bool>,
+    pub abstract_unix: Option<bool>,
 }
 
 /// What Landlock enforces here, in words (the probe's report): each right came with an ABI, and
@@ -62,7 +63,7 @@ pub(crate) fn covers(abi: i64, tried: Tried) -> String {
         (2, "5.19", "no links or renames across directories", None),
         (3, "6.2", "no truncation outside scratch", tried.truncate),
         (4, "6.7", "no TCP bind or connect", tried.tcp),
-        (6, "6.12", "no abstract unix sockets out", None),
+        (6, "6.12", "no abstract unix sockets out", tried.abstract_unix),
     ] {
         match trial {
             Some(true) => on.push(format!("{what} (tried)")),
@@ -177,7 +178,7 @@ mod tests {
 
     #[test]
     fn the_report_names_only_what_the_abi_enforces_or_the_trial_showed() {
-        let untried = |signal_scope| Tried { signal_scope, truncate: None, tcp: None };
+        let untried = |signal_scope| Tried { signal_scope, ..Tried::default() };
         let old = covers(5, untried(false));
         let (on, off) = old.split_once("not enforced").unwrap();
         assert!(on.contains("no TCP") && !on.contains("signals"), "{old}");
@@ -199,9 +200,12 @@ mod tests {
         );
         assert!(covers(1, untried(false)).contains("not enforced by this kernel: no links"));
         // truncation and TCP as tried, whatever the ABI number says
-        let tried = covers(7, Tried { signal_scope: true, truncate: Some(true), tcp: Some(false) });
+        let tried = covers(7, Tried { signal_scope: true, truncate: Some(true), tcp: Some(false), abstract_unix: Some(false) });
         let (on, off) = tried.split_once("not enforced").unwrap();
         assert!(on.contains("no truncation outside scratch (tried)"), "{tried}");
         assert!(off.contains("no TCP bind or connect (ABI 4, kernel 6.7: tried, allowed)"), "{tried}");
+        assert!(off.contains("no abstract unix sockets out (ABI 6, kernel 6.12: tried, allowed)"), "{tried}");
+        let scoped = covers(5, Tried { abstract_unix: Some(true), ..untried(true) });
+        assert!(scoped.split_once("not enforced").is_none() && scoped.contains("no abstract unix sockets out (tried)"), "{scoped}");
     }
 }

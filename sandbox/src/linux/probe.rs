@@ -262,10 +262,12 @@ pub(crate) fn probe(
                     _ => None,
                 };
                 signal_scope = words.get(2) == Some(&"scoped");
+                let (tcp, abstract_unix) = net_trial(&platform, &t.layers, slot0, name);
                 let tried = landlock::Tried {
                     signal_scope,
                     truncate: trial("truncate-").map(|denied| denied && kept),
-                    tcp: trial("tcp-"),
+                    tcp,
+                    abstract_unix,
                 };
                 layer.detail = landlock::covers(abi, tried);
                 if abi < kernel_abi {
@@ -385,10 +387,10 @@ const UID_CHECK: &str = "import os; print(os.getuid(), os.getgid(), os.getgroups
 const CGROUP_CHECK: &str = "print(open('/proc/self/cgroup').read())";
 /// Reading /etc/passwd (world-readable) and writing OUTSIDE (in the world-writable temporary
 /// directory) must be denied, the scratch directory writable; then whether a signal (0) reaches
-/// PID, a process outside the run under the run's own uid ("scoped" when it is denied), whether
-/// KEEP (outside, the run's own file) can be truncated and whether a TCP socket can be bound
-/// ("truncate-"/"tcp-" and denied, allowed or other: failed for another reason).
-const LANDLOCK_CHECK: &str = "import os, socket\nout = []\n\
+/// PID, a process outside the run under the run's own uid ("scoped" when it is denied), and
+/// whether KEEP (outside, the run's own file) can be truncated ("truncate-" and denied, allowed or
+/// other: failed for another reason).
+const LANDLOCK_CHECK: &str = "import os\nout = []\n\
 for f in (lambda: open('/etc/passwd').read(), lambda: open(OUTSIDE, 'w').write('x')):\n    \
 try:\n        f(); out.append('allowed')\n    except PermissionError:\n        out.append('denied')\n\
 open('probe', 'w').write('x')\n\
@@ -396,8 +398,49 @@ try:\n    os.kill(PID, 0); out.append('unscoped')\nexcept PermissionError:\n    
 def tried(f):\n    try:\n        f(); return 'allowed'\n    except PermissionError:\n        return 'denied'\n    \
 except OSError:\n        return 'other'\n\
 out.append('truncate-' + tried(lambda: os.truncate(KEEP, 0)))\n\
-out.append('tcp-' + tried(lambda: socket.socket().bind(('127.0.0.1', 0))))\n\
 print(' '.join(out))";
+
+/// Binding a TCP socket on the loopback and connecting to NAME, an abstract unix socket kiln
+/// listens on: "tcp-"/"abstract-" and denied, allowed or other (failed for another reason).
+const NET_CHECK: &str = "import socket\n\
+def tried(f):\n    try:\n        f(); return 'allowed'\n    except PermissionError:\n        return 'denied'\n    \
+except OSError:\n        return 'other'\n\
+print('tcp-' + tried(lambda: socket.socket().bind(('127.0.0.1', 0))), \
+'abstract-' + tried(lambda: socket.socket(socket.AF_UNIX).connect('\\0NAME')))";
+
+/// Landlock's TCP rights and abstract unix socket scope, tried under `layers` but in kiln's own
+/// network namespace (a fresh one would refuse both before Landlock could): each `Some(denied)`,
+/// or `None` where the trial could not tell. A connection that got through is also seen on
+/// kiln's side of the socket.
+fn net_trial(
+    platform: &Platform,
+    layers: &Layers,
+    slot: &SlotResources,
+    name: &str,
+) -> (Option<bool>, Option<bool>) {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixListener};
+    let socket_name = format!("{name}-probe-{}", std::process::id());
+    let listener = SocketAddr::from_abstract_name(socket_name.as_bytes())
+        .and_then(|a| UnixListener::bind_addr(&a))
+        .and_then(|l| l.set_nonblocking(true).map(|()| l));
+    let mut own_netns = layers.clone();
+    own_netns.net_ns = false;
+    let out = run_check(platform, &own_netns, slot, &NET_CHECK.replace("NAME", &socket_name));
+    let out = out.unwrap_or_default();
+    let word = |prefix: &str| match out.split(' ').find_map(|w| w.strip_prefix(prefix)) {
+        Some("denied") => Some(true),
+        Some("allowed") => Some(false),
+        _ => None,
+    };
+    let abstract_unix = match &listener {
+        // a connection that reached kiln's socket was allowed, whatever the check printed
+        Ok(l) if l.accept().is_ok() => Some(false),
+        Ok(_) => word("abstract-"),
+        Err(_) => None,
+    };
+    (word("tcp-"), abstract_unix)
+}
 /// socket, fork and exec of the interpreter itself (which Landlock allows: only seccomp can
 /// refuse it), making kiln the target of a pipe's `SIGIO` (`F_SETOWN`; harmless without
 /// `O_ASYNC`), a chmod and an `O_RDONLY | O_TRUNC` open in the scratch directory, `memfd_create`

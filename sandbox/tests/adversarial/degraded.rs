@@ -1,7 +1,10 @@
-//! Each layer left off in turn (`--sandbox-without LAYER`), as on a kernel without it: the
-//! sandbox either refuses, naming what nothing contains then, or the layers left contain the core
-//! hostile programs — no signal reaches a process outside, no file outside is read or written,
-//! tasks, memory and disk stay bounded, nothing outlives a run.
+//! Each layer left off in turn (`--sandbox-without LAYER`), as on a kernel without it, and
+//! Landlock at every older ABI: the sandbox either refuses, naming what nothing contains then, or
+//! the layers left contain every hostile program here — no signal reaches a process outside, no
+//! file outside is read or written, tasks, memory and disk stay bounded, no listener on the host
+//! (TCP, UDP, unix by path or abstract) is reached, no other program runs, no other process's
+//! environment is read, the harness cannot be changed and every slot keeps working, nothing
+//! outlives a run.
 
 use std::time::{Duration, Instant};
 
@@ -142,6 +145,107 @@ fn memory_and_disk(sandbox: &Sandbox) {
     );
 }
 
+/// TCP and UDP to listeners on 127.0.0.1, a world-writable unix socket by its path and an
+/// abstract one in kiln's network namespace: each attempt fails and no listener sees anything.
+fn network(sandbox: &Sandbox) {
+    use std::net::{TcpListener, UdpSocket};
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::net::{SocketAddr, UnixListener};
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    tcp.set_nonblocking(true).unwrap();
+    let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    udp.set_nonblocking(true).unwrap();
+    let dir = std::env::temp_dir().join(common::unique("degraded-unix"));
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = dir.join("s.sock");
+    let unix = UnixListener::bind(&path).unwrap();
+    unix.set_nonblocking(true).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let name = common::unique("degraded-abstract");
+    let abstract_unix = UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap()).unwrap();
+    abstract_unix.set_nonblocking(true).unwrap();
+    let (tp, up) = (tcp.local_addr().unwrap().port(), udp.local_addr().unwrap().port());
+    let body = format!(
+        "import socket\n\
+         def tcp():\n    s = socket.create_connection(('127.0.0.1', {tp}), timeout=1)\n    s.sendall(b'x')\n\
+         def udp():\n    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n    s.sendto(b'x', ('127.0.0.1', {up}))\n\
+         def unix(address):\n    s = socket.socket(socket.AF_UNIX)\n    s.connect(address)\n    s.sendall(b'x')\n\
+         print(attempt(tcp), attempt(udp), attempt(lambda: unix({path:?})), attempt(lambda: unix('\\0{name}')))\n"
+    );
+    let g = grade_in(sandbox, &probe(&body), &stdin("", "denied denied denied denied"), &short());
+    let mut buf = [0u8; 16];
+    let seen = [
+        ("TCP", tcp.accept().is_ok()),
+        ("UDP", udp.recv_from(&mut buf).is_ok()),
+        ("unix", unix.accept().is_ok()),
+        ("abstract unix", abstract_unix.accept().is_ok()),
+    ];
+    std::fs::remove_dir_all(&dir).unwrap();
+    let seen: Vec<_> = seen.iter().filter(|(_, s)| *s).map(|(n, _)| *n).collect();
+    assert!(seen.is_empty(), "a listener on the host was reached: {seen:?}\n{g:#?}");
+    assert_verdict(&g, Verdict::Accepted);
+}
+
+/// Another program run (a shell, by `execv` and by `posix_spawn`) to write a file in the
+/// world-writable temporary directory: refused, nothing written.
+fn exec(sandbox: &Sandbox) {
+    let target = std::path::Path::new("/tmp").join(common::unique("exec"));
+    let script = format!("echo x > {}", target.display());
+    let body = format!(
+        "print(attempt(lambda: os.execv('/bin/sh', ['sh', '-c', {script:?}])))\n\
+         print(attempt(lambda: os.waitpid(os.posix_spawn('/bin/sh', ['sh', '-c', {script:?}], {{}}), 0)))\n"
+    );
+    let g = grade_in(sandbox, &probe(&body), &stdin("", "denied\ndenied"), &short());
+    let written = target.exists();
+    let _ = std::fs::remove_file(&target);
+    assert!(!written, "a shell ran and wrote {}", target.display());
+    assert_verdict(&g, Verdict::Accepted);
+}
+
+/// kiln's environment and a sibling's (holding a secret) through `/proc`: unreadable.
+fn secrets(sandbox: &Sandbox) {
+    let mut sibling = std::process::Command::new("sleep").arg("30").env("KILN_TEST_SECRET", "hunter2").spawn().unwrap();
+    let body = format!(
+        "print(attempt(lambda: open('/proc/%d/environ' % os.getppid(), 'rb').read()))\n\
+         print(attempt(lambda: open('/proc/{}/environ', 'rb').read()))\n",
+        sibling.id()
+    );
+    let g = grade_in(sandbox, &probe(&body), &stdin("", "denied\ndenied"), &short());
+    sibling.kill().unwrap();
+    sibling.wait().unwrap();
+    assert_verdict(&g, Verdict::Accepted);
+}
+
+/// The harness and scratch directories changed so that later runs would fail: refused, the
+/// harness unchanged, and every slot still works.
+fn poisoning(sandbox: &Sandbox) {
+    let dir = sandbox.directory().join("harness");
+    let paths = [dir.clone(), dir.join("kiln_lcb.py")];
+    let before = super::stamps(&paths);
+    let limits = Limits {
+        stop_at_first_failure: false,
+        ..short()
+    };
+    let g = grade_in(sandbox, &errno_probe(super::POISON), &stdin("", &["denied"; 12].join(" ")), &limits);
+    assert_eq!(super::stamps(&paths), before, "the harness changed");
+    super::assert_slots_work(sandbox);
+    assert_verdict(&g, Verdict::Accepted);
+}
+
+/// Every hostile program of the degraded passes, in `sandbox`.
+fn contained(sandbox: &Sandbox, run_uid: Option<u32>) {
+    signals(sandbox, run_uid);
+    files(sandbox);
+    tasks(sandbox);
+    memory_and_disk(sandbox);
+    network(sandbox);
+    exec(sandbox);
+    secrets(sandbox);
+    poisoning(sandbox);
+}
+
 #[test]
 fn each_layer_left_off_is_contained_by_the_others_or_refused() {
     let _alone = common::exclusive();
@@ -179,11 +283,7 @@ fn each_layer_left_off_is_contained_by_the_others_or_refused() {
             !off.active && off.detail.contains("left off on request"),
             "{p}"
         );
-        let run_uid = sandbox.slot_uids().first().copied();
-        signals(&sandbox, run_uid);
-        files(&sandbox);
-        tasks(&sandbox);
-        memory_and_disk(&sandbox);
+        contained(&sandbox, sandbox.slot_uids().first().copied());
         report.push(format!("{layer}: contained in {:?}", t.elapsed()));
     }
     println!("{}", report.join("\n"));
@@ -229,10 +329,18 @@ fn older_landlock_abis_are_contained_by_the_others_or_refused() {
                 "no truncation outside scratch (ABI 3, kernel 6.2: tried, allowed)"
             };
             assert!(detail.contains(truncation), "{p}");
-            signals(&sandbox, sandbox.slot_uids().first().copied());
-            files(&sandbox);
-            tasks(&sandbox);
-            memory_and_disk(&sandbox);
+            let tcp = if abi >= 4 {
+                "no TCP bind or connect (tried)"
+            } else {
+                "no TCP bind or connect (ABI 4, kernel 6.7: tried, allowed)"
+            };
+            let abstract_unix = if abi >= 6 {
+                "no abstract unix sockets out (tried)"
+            } else {
+                "no abstract unix sockets out (ABI 6, kernel 6.12: tried, allowed)"
+            };
+            assert!(detail.contains(tcp) && detail.contains(abstract_unix), "{p}");
+            contained(&sandbox, sandbox.slot_uids().first().copied());
             report.push(format!("ABI {abi} {skip:?}: contained in {:?}", t.elapsed()));
         }
     }
