@@ -22,9 +22,8 @@
 //! run that must show its effect) and refuses to run anything ([`SandboxError::Unconfined`],
 //! naming what is missing) unless every property of [`Containment`] — signals out, file reads
 //! and writes outside the scratch, tasks, memory, disk, network and unix sockets out — is
-//! contained by a working layer, unless
-//! [`SandboxOptions::allow_unsafe`] is set. [`SandboxOptions::skip_layers`] leaves layers off as
-//! if the kernel lacked them.
+//! contained by a working layer, unless [`SandboxOptions::allow_unsafe`] is set.
+//! [`SandboxOptions::skip_layers`] leaves layers off as if the kernel lacked them.
 //!
 //! - **The interpreter itself**: `python3` is resolved through wrappers (pyenv shims) and symlinks
 //!   to the ELF binary, started with `-I -S -B` (no environment variables, no site-packages, no
