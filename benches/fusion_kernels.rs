@@ -26,7 +26,7 @@ use kiln::model::kernels::{self, kernels, reference};
 use burn::optim::GradientsParams;
 use kiln::model::{HostBatch, Qwen2, Qwen2Config};
 use kiln::train::adamw::AdamW;
-use kiln::train::{AdamWConfig, Decay, LoopConfig, NextTokenLoss, Precision, SavePolicy, Schedule, Start, train};
+use kiln::train::{AdamWConfig, LoopConfig, NextTokenLoss, Precision, SavePolicy, Start, train};
 
 /// burn's wgpu backend without fusion (each op its own kernel).
 type Plain = CubeBackend<WgpuRuntime, f32, i32, u32>;
@@ -118,18 +118,9 @@ fn step_counts<B: AutodiffBackend>(log: &Log, device: &B::Device, config: &Qwen2
     let steps = 3;
     let out = std::env::temp_dir().join(format!("kiln-fusion-kernels-{}", std::process::id()));
     let loop_config = LoopConfig {
-        total_steps: steps,
-        schedule: Schedule { base_lr: 1e-4, warmup_steps: 0, total_steps: steps, decay: Decay::Constant },
         optimizer: AdamWConfig { weight_decay: 0.1, ..Default::default() },
-        out_dir: out.clone(),
-        save: SavePolicy { last: false, ..Default::default() },
-        eval_every: None,
-        eval_steps: Vec::new(),
-        time_budget: None,
-        companions: None,
-        run_config: serde_json::Value::Null,
-        allow_config_change: false,
-        precision: Precision::F32,
+        save: SavePolicy::never(),
+        ..LoopConfig::new(&out, steps, 1e-4)
     };
     let mut objective = NextTokenLoss::new(samples, BATCH, 1, 0, 0).unwrap();
     let weights = loop_config.precision.weights();

@@ -131,18 +131,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let samples = corpus.iter().map(|t| answer_sample(&tokenizer, t)).collect::<kiln::Result<Vec<_>>>()?;
     let steps = 60;
     let loop_config = LoopConfig {
-        total_steps: steps,
         schedule: Schedule { base_lr: 3e-3, warmup_steps: 5, total_steps: steps, decay: Decay::Cosine },
         optimizer: AdamWConfig { weight_decay: 0.01, ..AdamWConfig::default() },
-        out_dir: out.join("run"),
         save: SavePolicy { every: Some(0.5), ..SavePolicy::default() },
-        eval_every: None,
-        eval_steps: Vec::new(),
-        time_budget: None,
         companions: Some(tokenizer_dir.clone()),
         run_config: json!({ "example": "library" }),
-        allow_config_change: false,
-        precision: Default::default(),
+        ..LoopConfig::new(out.join("run"), steps, 3e-3)
     };
     let pad_id = tokenizer.pad_id().unwrap_or(0);
     let mut objective = AnswerLoss { samples, batch: 16, cursor: 0, pad_id };

@@ -29,7 +29,7 @@ use kiln::backends::Cpu;
 use kiln::data::Sample;
 use kiln::model::hf;
 use kiln::train::trainer::read_metrics;
-use kiln::train::{AdamWConfig, Decay, LoopConfig, NextTokenLoss, Precision, SavePolicy, Schedule, Start, train};
+use kiln::train::{AdamWConfig, LoopConfig, NextTokenLoss, Precision, SavePolicy, Start, train};
 use serde_json::Value;
 
 type B = Autodiff<Cpu>;
@@ -49,18 +49,10 @@ fn samples() -> Vec<Sample> {
 fn loop_config(out: &Path, precision: Precision, steps: u64) -> LoopConfig {
     let lr = reference()["lr"][precision.name()].as_f64().unwrap();
     LoopConfig {
-        total_steps: steps,
-        schedule: Schedule { base_lr: lr, warmup_steps: 0, total_steps: steps, decay: Decay::Constant },
         optimizer: AdamWConfig { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, max_grad_norm: Some(1.0) },
-        out_dir: out.to_path_buf(),
         save: SavePolicy { every: Some(1.0), ..Default::default() },
-        eval_every: None,
-        eval_steps: Vec::new(),
-        time_budget: None,
-        companions: None,
-        run_config: Value::Null,
-        allow_config_change: false,
         precision,
+        ..LoopConfig::new(out, steps, lr)
     }
 }
 

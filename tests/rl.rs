@@ -24,7 +24,7 @@ use kiln::rl::rollout::RolloutSettings;
 use kiln::rl::{Method, PgConfig, PgSettings, PolicyGradient, Signal};
 use kiln::tokenizer::Tokenizer;
 use kiln::train::trainer::{Record, read_metrics};
-use kiln::train::{AdamWConfig, Decay, LoopConfig, SavePolicy, Schedule, Start, train};
+use kiln::train::{LoopConfig, SavePolicy, Start, train};
 use serde_json::Value;
 
 type B = Autodiff<Cpu>;
@@ -532,20 +532,7 @@ impl Reward for Constant {
 
 /// A loop of `steps` steps at a constant LR of 1e-2 that saves nothing, into `out`.
 fn loop_config(out: &Path, steps: u64, precision: kiln::train::Precision) -> LoopConfig {
-    LoopConfig {
-        total_steps: steps,
-        schedule: Schedule { base_lr: 1e-2, warmup_steps: 0, total_steps: steps, decay: Decay::Constant },
-        optimizer: AdamWConfig::default(),
-        out_dir: out.to_path_buf(),
-        save: SavePolicy { last: false, ..Default::default() },
-        eval_every: None,
-        eval_steps: Vec::new(),
-        time_budget: None,
-        companions: None,
-        run_config: Value::Null,
-        allow_config_change: false,
-        precision,
-    }
+    LoopConfig { save: SavePolicy::never(), precision, ..LoopConfig::new(out, steps, 1e-2) }
 }
 
 #[test]

@@ -40,18 +40,13 @@ fn samples(rows: usize) -> Vec<Sample> {
 
 fn loop_config(out: &Path, steps: u64, budget: Option<Duration>) -> LoopConfig {
     LoopConfig {
-        total_steps: steps,
         schedule: Schedule { base_lr: 3e-3, warmup_steps: 1, total_steps: steps, decay: Decay::Cosine },
         optimizer: AdamWConfig { weight_decay: 0.1, ..Default::default() },
-        out_dir: out.to_path_buf(),
         save: SavePolicy { every: Some(0.5), ..Default::default() },
-        eval_every: None,
-        eval_steps: Vec::new(),
         time_budget: budget,
         companions: Some(fixture("interplay/qwen2_100M")),
         run_config: serde_json::json!({"test": true}),
-        allow_config_change: false,
-        precision: Default::default(),
+        ..LoopConfig::new(out, steps, 3e-3)
     }
 }
 

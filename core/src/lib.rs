@@ -133,7 +133,7 @@
 //! use burn::tensor::{Tensor, backend::AutodiffBackend};
 //! use kiln_core::data::{Sample, TrainBatch, collate};
 //! use kiln_core::model::{Qwen2, Qwen2Config, logprobs::token_logprobs};
-//! use kiln_core::train::{AdamWConfig, Decay, LoopConfig, Objective, SavePolicy, Schedule, Start, train};
+//! use kiln_core::train::{LoopConfig, Objective, Start, train};
 //! use serde_json::{Map, Value};
 //! # let tmp = tempfile::tempdir()?;
 //! # kiln_core::tasks::interplay::tiny_model::write_tiny_model(&tmp.path().join("tiny"))?;
@@ -166,20 +166,8 @@
 //! }
 //!
 //! let steps = 4;
-//! let config = LoopConfig {
-//!     total_steps: steps,
-//!     schedule: Schedule { base_lr: 1e-2, warmup_steps: 0, total_steps: steps, decay: Decay::Constant },
-//!     optimizer: AdamWConfig::default(),
-//!     out_dir: tmp.path().join("run"),
-//!     save: SavePolicy::default(), // a checkpoint after the last step
-//!     eval_every: None,
-//!     eval_steps: Vec::new(),
-//!     time_budget: None,
-//!     companions: None,
-//!     run_config: Value::Null,
-//!     allow_config_change: false,
-//!     precision: Default::default(), // f32
-//! };
+//! // a constant lr of 1e-2, AdamW's defaults, f32, a checkpoint after the last step
+//! let config = LoopConfig::new(tmp.path().join("run"), steps, 1e-2);
 //! type B = Autodiff<Flex>;
 //! let device = Default::default();
 //! let mut objective = Memorise((4..40).collect());

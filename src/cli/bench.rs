@@ -11,7 +11,7 @@ use clap::Args;
 use burn::tensor::backend::AutodiffBackend;
 use kiln::backends::{DeviceSpec, Job, TrainJob};
 use kiln::data::Sample;
-use kiln::train::{AdamWConfig, Decay, LoopConfig, NextTokenLoss, Precision, SavePolicy, Schedule, Start, train};
+use kiln::train::{AdamWConfig, LoopConfig, NextTokenLoss, Precision, SavePolicy, Start, train};
 use kiln::generate::{Engine, Sampler, SamplingParams, StepTimes};
 use kiln::model::{Dtype, Qwen2, Qwen2Config, hf};
 use rand::{Rng, SeedableRng};
@@ -102,18 +102,10 @@ impl TrainJob for TrainBenchJob {
         let steps = (args.repeats + 2) as u64;
         let out = std::env::temp_dir().join(format!("kiln-bench-{}", std::process::id()));
         let loop_config = LoopConfig {
-            total_steps: steps,
-            schedule: Schedule { base_lr: 1e-4, warmup_steps: 0, total_steps: steps, decay: Decay::Constant },
             optimizer: AdamWConfig { weight_decay: 0.1, ..Default::default() },
-            out_dir: out.clone(),
-            save: SavePolicy { last: false, ..Default::default() },
-            eval_every: None,
-            eval_steps: Vec::new(),
-            time_budget: None,
-            companions: None,
-            run_config: serde_json::Value::Null,
-            allow_config_change: false,
+            save: SavePolicy::never(),
             precision: args.precision.unwrap_or(Precision::mixed(args.dtype)),
+            ..LoopConfig::new(&out, steps, 1e-4)
         };
         let mut objective = NextTokenLoss::new(samples, args.batch, 1, 0, 0)?;
         let weights = loop_config.precision.weights();

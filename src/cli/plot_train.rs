@@ -1,5 +1,6 @@
 //! `kiln plot train`: curves of a training run's `metrics.jsonl` as SVG files.
 
+use kiln::train::metrics::{self as metric, Metric};
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
@@ -18,14 +19,14 @@ pub struct TrainPlotArgs {
     out: Option<PathBuf>,
 }
 
-/// The charts drawn when their keys are present: file stem, title, y label, keys.
-const CHARTS: &[(&str, &str, &str, &[&str])] = &[
-    ("loss", "Loss", "loss", &["loss", "eval_loss"]),
-    ("lr", "Learning rate", "lr", &["lr"]),
-    ("accuracy", "Greedy answer accuracy (held out)", "accuracy", &["eval_accuracy", "val_accuracy_id", "val_accuracy_ood"]),
-    ("reward", "Reward", "mean reward", &["reward_mean"]),
-    ("kl", "KL", "KL", &["kl_ref", "teacher_kl"]),
-    ("grad_norm", "Gradient norm (before clipping)", "norm", &["grad_norm"]),
+/// The charts drawn when their metrics are present: file stem, title, y label, metrics.
+const CHARTS: &[(&str, &str, &str, &[Metric])] = &[
+    ("loss", "Loss", "loss", &[metric::LOSS, metric::EVAL_LOSS]),
+    ("lr", "Learning rate", "lr", &[metric::LR]),
+    ("accuracy", "Greedy answer accuracy (held out)", "accuracy", &[metric::EVAL_ACCURACY, metric::VAL_ACCURACY_ID, metric::VAL_ACCURACY_OOD]),
+    ("reward", "Reward", "mean reward", &[metric::REWARD_MEAN]),
+    ("kl", "KL", "KL", &[metric::KL_REF, metric::TEACHER_KL]),
+    ("grad_norm", "Gradient norm (before clipping)", "norm", &[metric::GRAD_NORM]),
 ];
 
 pub fn run(args: TrainPlotArgs) -> Result<()> {
@@ -37,10 +38,10 @@ pub fn run(args: TrainPlotArgs) -> Result<()> {
         let series: Vec<Series> = keys
             .iter()
             .map(|key| Series {
-                label: key.to_string(),
+                label: key.key().to_string(),
                 points: records
                     .iter()
-                    .filter_map(|r| Some((r.get("step")?.as_f64()?, r.get(*key).and_then(Value::as_f64)?)))
+                    .filter_map(|r| Some((r.get(metric::STEP.key())?.as_f64()?, r.get(key.key()).and_then(Value::as_f64)?)))
                     .collect(),
             })
             .filter(|s| !s.points.is_empty())

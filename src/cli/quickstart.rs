@@ -11,6 +11,7 @@
 //!
 //! Every stage is resumable: run it again and finished work is kept.
 
+use kiln::train::metrics as metric;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -106,7 +107,7 @@ impl TrainJob for QuickstartJob {
             true,
             |data| bar.suspend(|| eprintln!("      {} packed blocks; mixture {}", data["samples"], shares(&data["data"]["mixture"]))),
             |record| {
-                let step = record.get("step").and_then(Value::as_u64).unwrap_or(0);
+                let step = record.get(metric::STEP.key()).and_then(Value::as_u64).unwrap_or(0);
                 bar.set_position(step);
                 if let Some(estimate) = clock.estimate(step, record.get("step_s").and_then(Value::as_f64), args.steps)
                     && estimate > SLOW_WARNING_S
@@ -121,11 +122,11 @@ impl TrainJob for QuickstartJob {
                         )
                     });
                 }
-                if let Some(loss) = record.get("loss").and_then(Value::as_f64) {
+                if let Some(loss) = metric::LOSS.get(record) {
                     bar.set_message(format!("loss {loss:.3}"));
                 }
-                if let Some(acc) = record.get("eval_accuracy").and_then(Value::as_f64) {
-                    let loss = record.get("eval_loss").and_then(Value::as_f64).unwrap_or(f64::NAN);
+                if let Some(acc) = metric::EVAL_ACCURACY.get(record) {
+                    let loss = metric::EVAL_LOSS.get(record).unwrap_or(f64::NAN);
                     bar.suspend(|| eprintln!("      step {step:>4}: held-out loss {loss:.3}, greedy accuracy on op 2-3 {acc:.3}"));
                     accuracy.push((step, acc));
                 }

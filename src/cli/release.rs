@@ -2,6 +2,7 @@
 //! stage and run, and a progress bar with an ETA for every long one (plain lines with the ETA
 //! when stderr is not a terminal).
 
+use kiln::train::metrics as metric;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -211,17 +212,16 @@ impl View {
                 self.say(line);
             }
             Event::RunRecord { record, .. } => {
-                let number = |k: &str| record.get(k).and_then(Value::as_f64);
                 let mut message = String::new();
-                for (key, label) in [("loss", "loss"), ("reward_mean", "reward"), ("teacher_kl", "teacher KL"), ("val_accuracy_ood", "val OOD")] {
-                    if let Some(v) = number(key) {
+                for (key, label) in [(metric::LOSS, "loss"), (metric::REWARD_MEAN, "reward"), (metric::TEACHER_KL, "teacher KL"), (metric::VAL_ACCURACY_OOD, "val OOD")] {
+                    if let Some(v) = key.get(record) {
                         message += &format!("{label} {v:.3} ");
                     }
                 }
                 if !message.is_empty() {
                     self.message = message;
                 }
-                if let Some(step) = record.get("step").and_then(Value::as_u64) {
+                if let Some(step) = record.get(metric::STEP.key()).and_then(Value::as_u64) {
                     self.advance(step);
                 }
             }

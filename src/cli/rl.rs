@@ -1,6 +1,7 @@
 //! `kiln rl` / `kiln opd`: run a GRPO or on-policy distillation config (TOML), with a progress
 //! bar showing reward or teacher KL and the latest validation accuracy.
 
+use kiln::train::metrics::{self as metric, Metric};
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -86,21 +87,21 @@ impl ReplicaJob for RlJob {
                 ));
             },
             |record| {
-                let number = |k: &str| record.get(k).and_then(Value::as_f64);
-                if let Some(step) = record.get("step").and_then(Value::as_u64) {
+                let number = |m: Metric| m.get(record);
+                if let Some(step) = record.get(metric::STEP.key()).and_then(Value::as_u64) {
                     bar.set_position(step);
                 }
-                if let (Some(id), ood) = (number("val_accuracy_id"), number("val_accuracy_ood")) {
+                if let (Some(id), ood) = (number(metric::VAL_ACCURACY_ID), number(metric::VAL_ACCURACY_OOD)) {
                     validation = format!("val id {id:.3}{} ", ood.map(|o| format!(" ood {o:.3}")).unwrap_or_default());
                 }
                 let mut message = validation.clone();
-                if let Some(reward) = number("reward_mean") {
+                if let Some(reward) = number(metric::REWARD_MEAN) {
                     message += &format!("reward {reward:.3} ");
                 }
-                if let Some(kl) = number("teacher_kl") {
+                if let Some(kl) = number(metric::TEACHER_KL) {
                     message += &format!("teacher KL {kl:.4} ");
                 }
-                if let Some(tps) = number("rollout_tokens_per_s") {
+                if let Some(tps) = number(Metric("rollout_tokens_per_s")) {
                     message += &format!("rollout {tps:.0} tok/s");
                 }
                 bar.set_message(message);

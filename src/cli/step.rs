@@ -11,7 +11,7 @@ use clap::Args;
 use kiln::backends::{DeviceSpec, TrainJob};
 use kiln::data::Sample;
 use kiln::model::hf::{self, SaveDtype};
-use kiln::train::{AdamWConfig, Decay, LoopConfig, NextTokenLoss, Precision, SavePolicy, Schedule, Start, train};
+use kiln::train::{AdamWConfig, LoopConfig, NextTokenLoss, Precision, SavePolicy, Start, train};
 use serde::Deserialize;
 
 #[derive(Debug, Args)]
@@ -93,8 +93,6 @@ impl TrainJob for StepJob {
         let batch = sequences.len();
         let scratch = tempfile_dir()?;
         let config = LoopConfig {
-            total_steps: 1,
-            schedule: Schedule { base_lr: args.lr, warmup_steps: 0, total_steps: 1, decay: Decay::Constant },
             optimizer: AdamWConfig {
                 beta1: 0.9,
                 beta2: 0.999,
@@ -102,15 +100,9 @@ impl TrainJob for StepJob {
                 weight_decay: args.weight_decay,
                 max_grad_norm: (args.max_grad_norm > 0.0).then_some(args.max_grad_norm),
             },
-            out_dir: scratch.clone(),
-            save: SavePolicy { last: false, ..Default::default() },
-            eval_every: None,
-            eval_steps: Vec::new(),
-            time_budget: None,
-            companions: None,
-            run_config: serde_json::Value::Null,
-            allow_config_change: false,
+            save: SavePolicy::never(),
             precision: args.precision,
+            ..LoopConfig::new(&scratch, 1, args.lr)
         };
         let mut objective = NextTokenLoss::new(sequences.into_iter().map(Sample::all_targets).collect(), batch, 1, 0, 0)?.padding_free(args.padding_free);
         let dir = args.model.clone();

@@ -1,5 +1,6 @@
 //! `kiln pretrain` / `kiln sft`: run a training config (TOML), with a progress bar.
 
+use kiln::train::metrics::{self as metric, Metric};
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
@@ -90,28 +91,28 @@ impl ReplicaJob for RunJob {
                 });
             },
             |record| {
-                let step = record.get("step").and_then(Value::as_u64);
+                let step = record.get(metric::STEP.key()).and_then(Value::as_u64);
                 if let Some(step) = step {
                     bar.set_position(step);
                 }
-                let number = |k: &str| record.get(k).and_then(Value::as_f64);
+                let number = |m: Metric| m.get(record);
                 let mut message = String::new();
-                if let Some(loss) = number("loss") {
+                if let Some(loss) = number(metric::LOSS) {
                     message += &format!("loss {loss:.4} ");
                 }
-                if let Some(loss) = number("eval_loss") {
+                if let Some(loss) = number(metric::EVAL_LOSS) {
                     last_eval = Some((loss, step.unwrap_or(0)));
                 }
                 if let Some((loss, at)) = last_eval {
                     message += &format!("eval {loss:.4}@{at} ");
                 }
-                if let Some(acc) = number("eval_accuracy") {
+                if let Some(acc) = number(metric::EVAL_ACCURACY) {
                     message += &format!("acc {acc:.3} ");
                 }
-                if let Some(changed) = number("weights_changed") {
+                if let Some(changed) = number(Metric("weights_changed")) {
                     message += &format!("changed {:.1}% ", 100.0 * changed);
                 }
-                if let Some(tps) = number("tokens_per_s") {
+                if let Some(tps) = number(metric::TOKENS_PER_S) {
                     message += &format!("{tps:.0} tok/s");
                 }
                 bar.set_message(message);

@@ -173,7 +173,10 @@ fn fill_policy_gradient(c: &mut PgConfig, kind: RunKind) {
     if let Some(eval) = c.eval.as_mut() {
         eval.every = eval.every.or(d.eval_every);
         eval.max_new_tokens.get_or_insert(max_new_tokens);
-        eval.id_max_op.get_or_insert(crate::rl::config::ID_MAX_OP);
+        // the task's own ID/OOD split (Task::id_max_level; Interplay's without building it)
+        if c.task == crate::tasks::TaskConfig::Interplay {
+            eval.id_max_op.get_or_insert(crate::tasks::interplay::task::ID_MAX_OP);
+        }
     }
 }
 

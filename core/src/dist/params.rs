@@ -13,6 +13,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use serde_json::{Map, Value, json};
 
 use super::{Reduce, Replica};
+use crate::train::metrics;
 use crate::error::{Error, Result};
 use crate::train::adamw::Moments;
 use crate::train::{Objective, Start};
@@ -111,8 +112,8 @@ pub fn reduce_records(records: Vec<Value>, loss: Reduce) -> Map<String, Value> {
             continue;
         };
         let values = std::iter::once(own).chain(rest.iter().filter_map(|r| r.get(&key).and_then(Value::as_f64)));
-        const SUMMED: [&str; 5] = ["tokens", "targets", "prompts", "responses", "rollout_tokens"];
-        let reduced = if (key == "loss" && loss == Reduce::Sum) || SUMMED.contains(&key.as_str()) || key.ends_with("_per_s") {
+        let summed = metrics::SUMMED.iter().any(|m| m.key() == key);
+        let reduced = if (key == metrics::LOSS.key() && loss == Reduce::Sum) || summed || key.ends_with("_per_s") {
             values.sum::<f64>()
         } else if key.ends_with("_max") || key.ends_with("_s") {
             values.fold(f64::NEG_INFINITY, f64::max)

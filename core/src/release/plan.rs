@@ -418,7 +418,7 @@ fn plan_pg(
         set(&mut eval.max_new_tokens, s.validation_max_new_tokens.map(Some));
         if let Some(map) = ops {
             eval.ops = map.ops(&eval.ops);
-            eval.id_max_op = Some(map.op(eval.id_max_op.unwrap_or(crate::rl::config::ID_MAX_OP)));
+            eval.id_max_op = Some(map.op(eval.id_max_op.unwrap_or(crate::tasks::interplay::task::ID_MAX_OP)));
         }
     }
     let (name, out) = match kind {

@@ -228,10 +228,9 @@ fn default_epsilon() -> f64 {
     1e-6
 }
 
-/// Prompts per step and per optimizer update, and the validation's in-distribution ops.
+/// Prompts per step and per optimizer update.
 const PROMPTS_PER_STEP: usize = 1024;
 const MINI_BATCH: usize = 256;
-pub(crate) const ID_MAX_OP: u32 = 10;
 
 impl PgConfig {
     /// Reads a config (old forms included, [`crate::train::config::legacy`]); relative paths

@@ -31,6 +31,7 @@ use super::loss::{Clip, KlEstimator, LossAgg, PolicyLossConfig, PolicyLossInputs
 use super::prompts::{Prompt, PromptSet};
 use super::reward::Reward;
 use super::rollout::{Response, RolloutSettings, rollout};
+use crate::train::metrics as metric;
 use crate::error::{Error, Result};
 use crate::model::Qwen2;
 use crate::model::logprobs::{target_logprobs, target_reverse_kl, target_scores};
@@ -383,7 +384,7 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
             let groups: Vec<usize> = responses.iter().map(|r| r.group).collect();
             let lengths: Vec<usize> = responses.iter().map(|r| r.tokens.len()).collect();
             let (mean, std) = mean_and_std(&scores);
-            metrics.insert("reward_mean".into(), json!(mean));
+            metric::REWARD_MEAN.set(&mut metrics, mean);
             metrics.insert("reward_std".into(), json!(std));
             metrics.insert("frac_zero_std_groups".into(), json!(zero_std_fraction(&scores, &groups)));
             let outcomes = Outcomes::new(&scores, &groups, &lengths)?;
@@ -422,7 +423,7 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         }
         let scoring_s = scoring_began.elapsed().as_secs_f64();
 
-        metrics.insert("prompts".into(), json!(prompts.len()));
+        metric::PROMPTS.set(&mut metrics, prompts.len());
         metrics.insert("updates".into(), json!(updates.len()));
         metrics.extend(token_metrics(&responses, &stats, matches!(self.signal, Signal::Teacher { .. })));
         metrics.insert("rollout_s".into(), json!(rollout_s));
@@ -494,10 +495,10 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         };
         if let (Some((estimator, beta)), Some(reference)) = (s.kl, &micro.reference) {
             let kl = aggregate(kl_penalty(log_prob, reference.clone(), estimator), &mask, s.agg, max_length);
-            weighted(&mut metrics, "kl_ref", kl.clone().detach());
+            weighted(&mut metrics, metric::KL_REF.key(), kl.clone().detach());
             loss = loss + kl * beta;
         }
-        metrics.insert("tokens".into(), json!(micro.layout.tokens()));
+        metric::TOKENS.set(&mut metrics, micro.layout.tokens());
         Ok((loss * micro.scale, metrics))
     }
 
@@ -587,18 +588,18 @@ fn token_metrics(responses: &[Response], stats: &TokenStats, teacher: bool) -> M
     let truncated = responses.iter().filter(|r| r.truncated).count();
     let tokens = stats.tokens.max(1.0);
     let mut metrics = Map::new();
-    metrics.insert("responses".into(), json!(responses.len()));
+    metric::RESPONSES.set(&mut metrics, responses.len());
     metrics.insert("response_length_mean".into(), json!(mean_and_std(&lengths).0));
     metrics.insert("response_length_max".into(), json!(lengths.iter().copied().fold(0.0, f64::max)));
     metrics.insert("response_length_min".into(), json!(lengths.iter().copied().fold(f64::INFINITY, f64::min)));
     metrics.insert("response_clip_frac".into(), json!(truncated as f64 / responses.len().max(1) as f64));
-    metrics.insert("rollout_tokens".into(), json!(stats.tokens));
+    metric::ROLLOUT_TOKENS.set(&mut metrics, stats.tokens);
     metrics.insert("advantage_mean".into(), json!(stats.advantage / tokens));
     metrics.insert("advantage_min".into(), json!(stats.advantage_min));
     metrics.insert("advantage_max".into(), json!(stats.advantage_max));
     metrics.insert("entropy".into(), json!(stats.entropy / tokens));
     if teacher {
-        metrics.insert("teacher_kl".into(), json!(stats.teacher_kl / tokens));
+        metric::TEACHER_KL.set(&mut metrics, stats.teacher_kl / tokens);
     }
     metrics.insert("logprob_diff_max".into(), json!(stats.logprob_diff_max));
     metrics.insert("logprob_diff_mean".into(), json!(stats.logprob_diff / tokens));

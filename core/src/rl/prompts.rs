@@ -6,7 +6,7 @@
 //! (`RandomSampler`, `drop_last=True`). One file per op of equal length makes the draw uniform over
 //! ops, as in the release's `op11-14_uniform` runs.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -14,7 +14,6 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::io::jsonl_files;
 use crate::tasks::{Item, Task, TaskConfig};
 use crate::tokenizer::Tokenizer;
 
@@ -50,24 +49,9 @@ pub struct PromptSet {
     pub report: PromptReport,
 }
 
-/// The files `op{N}-….jsonl` (or `op{N}.jsonl`) of `dir` for each op of `ops`, in that order.
-pub fn op_files(dir: &Path, ops: &[u32]) -> Result<Vec<PathBuf>> {
-    let files = jsonl_files(dir)?;
-    ops.iter()
-        .map(|op| {
-            let matches = |p: &&PathBuf| {
-                let name = p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-                name == format!("op{op}.jsonl") || name.starts_with(&format!("op{op}-"))
-            };
-            let found: Vec<&PathBuf> = files.iter().filter(matches).collect();
-            match found.as_slice() {
-                [one] => Ok((*one).clone()),
-                [] => Err(Error::data(dir, None, format!("no file for op {op} (expected op{op}-<count>.jsonl)"))),
-                _ => Err(Error::data(dir, None, format!("several files for op {op}: {found:?}"))),
-            }
-        })
-        .collect()
-}
+/// Interplay's per-op files, now [`crate::tasks::Task::files`] of the Interplay task; kept here
+/// for existing code.
+pub use crate::tasks::interplay::task::op_files;
 
 impl PromptSet {
     /// Reads the rows of `files` as the default task reads them ([`TaskConfig::default`]:

@@ -2,24 +2,24 @@
 //! `[model] from`, which also serves as the frozen reference; checkpoints are HF directories
 //! named like the release (`rl/op11_14_step20`) and resumable.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use serde_json::{Value, json};
 
-use super::config::{ID_MAX_OP, PgConfig};
+use super::config::PgConfig;
 use super::objective::{PolicyGradient, Signal};
-use super::prompts::{PromptSet, op_files};
+use super::prompts::PromptSet;
 use super::validate::{ValidationSettings, Validator};
-use crate::dist::{self, NodeSpec, Replica};
+use crate::dist::{NodeSpec, Replica};
 use crate::error::{Error, Result};
 use crate::generate::model_eos_ids;
-use crate::io::jsonl_files;
 use crate::model::{Dtype, Qwen2, Qwen2Config, hf};
 use crate::tokenizer::Tokenizer;
+use crate::train::launch::{self, Prepared};
 use crate::train::run::{Sections, loop_config};
-use crate::train::trainer::{Record, RunSummary, Start, train_replica};
+use crate::train::trainer::{Record, RunSummary};
 use crate::train::Defaults;
 
 /// Which method a config is run as.
@@ -59,32 +59,21 @@ pub fn run_replicated<B: AutodiffBackend>(
     nodes: Option<&NodeSpec>,
     resume: bool,
     on_data: impl FnOnce(&Value),
-    mut on_record: impl FnMut(&Record),
+    on_record: impl FnMut(&Record),
 ) -> Result<RunSummary> {
-    let text = serde_json::to_string(config).map_err(|e| Error::InvalidInput(e.to_string()))?;
-    let fingerprint = dist::fingerprint(&[&format!("{method:?}"), &text, &devices.len().to_string(), &resume.to_string()]);
-    let mut on_data = Some(on_data);
-    dist::launch(
-        devices,
-        nodes,
-        &fingerprint,
-        |replica, device| {
-            replica_run::<B>(config, method, replica, device, resume, &mut |data| on_data.take().into_iter().for_each(|f| f(data)), &mut on_record)
-        },
-        |replica, device| replica_run::<B>(config, method, replica, device, resume, &mut |_| {}, &mut |_| {}),
-    )
+    let family = format!("{method:?}");
+    launch::replicated::<B, _, _>(&family, config, devices, nodes, resume, on_data, on_record, |config, replica, device| {
+        prepare::<B>(config, method, replica, device)
+    })
 }
 
-/// One replica of a GRPO or OPD run.
-fn replica_run<B: AutodiffBackend>(
-    config: &PgConfig,
+/// One replica of a GRPO or OPD run: its prompts, reward or teacher, reference and validation.
+fn prepare<'a, B: AutodiffBackend>(
+    config: &'a PgConfig,
     method: Method,
-    replica: Replica,
-    device: &B::Device,
-    resume: bool,
-    on_data: &mut dyn FnMut(&Value),
-    on_record: &mut dyn FnMut(&Record),
-) -> Result<RunSummary> {
+    replica: &Replica,
+    device: &'a B::Device,
+) -> Result<Prepared<'a, B, PolicyGradient<B>>> {
     // Checked where it was read (PgConfig::from_toml / load, naming the file and line), not
     // again; only the method, which a config read without one was not checked against.
     config.check_method(method).map_err(|r| Error::InvalidInput(r.message))?;
@@ -96,16 +85,16 @@ fn replica_run<B: AutodiffBackend>(
     let eos_ids = model_eos_ids(from, &Qwen2Config::from_file(from.join("config.json"))?, Some(&tokenizer))?;
 
     let task = config.task.build()?;
-    let files = per_op_files(data.dir.as_deref(), &data.ops, &data.files)?;
+    let files = task.files(data.dir.as_deref(), &data.ops, &data.files)?;
     let prompts = PromptSet::from_task(task.as_ref(), &files, &tokenizer, data.max_prompt_length, data.rows_per_op)?;
     let settings = config.settings();
     let per_epoch = prompts.steps_per_epoch(settings.prompts_per_step);
     let total_steps = config.train.total_steps(|epochs| (per_epoch as f64 * epochs).floor() as u64).map_err(Error::InvalidInput)?;
     let environment = task.environment();
-    on_data(&json!({
+    let report = json!({
         "prompts": prompts.report, "steps_per_epoch": per_epoch, "total_steps": total_steps,
         "environment": environment.as_ref().map(|e| e.summary.clone()),
-    }));
+    });
 
     let frozen_dtype = config.model.dtype.unwrap_or_default();
     let signal = match (&config.reward, &config.teacher) {
@@ -141,44 +130,35 @@ fn replica_run<B: AutodiffBackend>(
         Some(eval) if replica.is_main() => {
             let dir = eval.rows.as_deref().ok_or_else(|| Error::InvalidInput("[eval] needs `rows`".into()))?;
             let validation = ValidationSettings {
-                id_max_op: eval.id_max_op.unwrap_or(ID_MAX_OP),
+                id_max_level: eval.id_max_op.map(i64::from),
                 rows_per_op: eval.rows_per_op,
                 max_prompt_length: data.max_prompt_length,
                 max_new_tokens: eval.max_new_tokens.unwrap_or(settings.rollout.max_response_length),
                 batch_size: settings.rollout.batch_size,
             };
-            let files = per_op_files(Some(dir), &eval.ops, &[])?;
+            let files = task.files(Some(dir), &eval.ops, &[])?;
             Some(Validator::from_files(task.clone(), &files, &tokenizer, eos_ids.clone(), &validation)?)
         }
         _ => None,
     };
-    let mut objective = PolicyGradient::<B>::new(settings, prompts, signal, reference, tokenizer, eos_ids)?.shard(replica.rank(), replica.world())?;
-    // Rank 0 resumes (or refuses to overwrite); the others start from its state (dist::sync_start).
-    // One writer per output directory: rank 0, which writes it, holds its lock for the run.
-    let _lock = replica.is_main().then(|| crate::io::lock_dir(&loop_config.out_dir)).transpose()?;
-    // What rewards were graded under (the sandbox's layers), as of this start.
-    if let Some(e) = environment.filter(|_| replica.is_main()) {
-        crate::io::write_atomic(&loop_config.out_dir.join(ENVIRONMENT_FILE), &format!("{:#}\n", e.record))?;
-    }
-    let start = match replica.is_main() {
-        true => Start::<B>::new(&loop_config, resume, &mut objective, device, || hf::load::<B>(from, device))?,
-        false => Start::<B>::fresh(&loop_config, device, || hf::load::<B>(from, device))?,
-    };
-    let evaluate = |model: &Qwen2<B::InnerBackend>| match &validator {
-        Some(v) => v.evaluate(model),
-        None => Ok(Record::new()),
-    };
-    let (_, summary) = train_replica(start, &mut objective, &loop_config, &replica, evaluate, on_record)?;
-    Ok(summary)
-}
-
-/// The `op{N}` files of `dir` for `ops` (every `*.jsonl` of `dir` if `ops` is empty), or `files`.
-fn per_op_files(dir: Option<&Path>, ops: &[u32], files: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    match (dir, ops.is_empty()) {
-        (Some(dir), false) => op_files(dir, ops),
-        (Some(dir), true) => jsonl_files(dir),
-        (None, _) => Ok(files.to_vec()),
-    }
+    let out_dir = loop_config.out_dir.clone();
+    let objective = PolicyGradient::<B>::new(settings, prompts, signal, reference, tokenizer, eos_ids)?.shard(replica.rank(), replica.world())?;
+    Ok(Prepared {
+        loop_config,
+        objective,
+        fresh: Box::new(move || hf::load::<B>(from, device)),
+        evaluate: Box::new(move |model| match &validator {
+            Some(v) => v.evaluate(model),
+            None => Ok(Record::new()),
+        }),
+        // What rewards were graded under (the sandbox's layers), as of this start.
+        started: Box::new(move || {
+            if let Some(e) = environment {
+                crate::io::write_atomic(&out_dir.join(ENVIRONMENT_FILE), &format!("{:#}\n", e.record))?;
+            }
+            Ok(report)
+        }),
+    })
 }
 
 /// A frozen model (reference or teacher) in the learner's weight layout, without gradients.

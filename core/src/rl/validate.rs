@@ -16,13 +16,15 @@ use crate::io::jsonl_files;
 use crate::model::Qwen2;
 use crate::tasks::{GroupScores, Reward, RewardConfig, Task, TaskConfig};
 use crate::tokenizer::Tokenizer;
+use crate::train::metrics;
 use crate::train::trainer::Record;
 
 /// What to validate on and how.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ValidationSettings {
-    /// Levels (Interplay: ops) up to this are in-distribution.
-    pub id_max_op: u32,
+    /// Levels (Interplay: ops) up to this are in-distribution; `None`: the task's own split
+    /// ([`Task::id_max_level`]).
+    pub id_max_level: Option<i64>,
     /// Rows read per file (all if `None`).
     pub rows_per_op: Option<usize>,
     /// Longer prompts are dropped (verl filters validation prompts as training ones).
@@ -38,7 +40,7 @@ pub struct Validator {
     reward: Box<dyn Reward>,
     tokenizer: Tokenizer,
     eos_ids: Vec<u32>,
-    id_max_op: u32,
+    id_max_level: Option<i64>,
     rollout: RolloutSettings,
 }
 
@@ -60,7 +62,8 @@ impl Validator {
         let reward = task.reward(&RewardConfig::Outcome)?;
         let rollout =
             RolloutSettings { n: 1, sampler: Sampler::greedy(), max_response_length: settings.max_new_tokens, batch_size: settings.batch_size, dtype: None };
-        Ok(Self { prompts, reward, tokenizer: tokenizer.clone(), eos_ids, id_max_op: settings.id_max_op, rollout })
+        let id_max_level = settings.id_max_level.or_else(|| task.id_max_level());
+        Ok(Self { prompts, reward, tokenizer: tokenizer.clone(), eos_ids, id_max_level, rollout })
     }
 
     /// `val_accuracy_id`, `val_accuracy_ood`, `val_accuracy_<group>` and the mean response length.
@@ -68,14 +71,14 @@ impl Validator {
         let prompts: Vec<&Prompt> = self.prompts.iter().collect();
         let responses = rollout(model, &self.tokenizer, &self.eos_ids, &prompts, &self.rollout, 0)?;
         let batch: Vec<_> = responses.iter().map(|r| (r.text.as_str(), &prompts[r.group].item)).collect();
-        let mut scores = GroupScores::new(Some(i64::from(self.id_max_op)));
+        let mut scores = GroupScores::new(self.id_max_level);
         for ((_, item), score) in batch.iter().zip(self.reward.score_batch(&batch)?) {
             scores.add(item, score);
         }
         let mut record = Record::new();
-        for (name, mean) in [("val_accuracy_id", scores.id), ("val_accuracy_ood", scores.ood)] {
+        for (metric, mean) in [(metrics::VAL_ACCURACY_ID, scores.id), (metrics::VAL_ACCURACY_OOD, scores.ood)] {
             if let Some(value) = mean.value() {
-                record.insert(name.into(), json!(value));
+                metric.set(&mut record, value);
             }
         }
         for (name, value) in scores.per_group("val_accuracy") {

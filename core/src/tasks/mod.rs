@@ -184,6 +184,25 @@ pub trait Task: Send + Sync {
     fn environment(&self) -> Option<TaskEnvironment> {
         None
     }
+
+    /// The row files a run reads (`[data]` or `[eval]`): those of `dir` for `groups` where the
+    /// task numbers its files (Interplay: `op{N}-….jsonl` per op), every `*.jsonl` of `dir` when
+    /// `groups` is empty, or `files` without a `dir`. A task without numbered files refuses
+    /// `groups`.
+    fn files(&self, dir: Option<&Path>, groups: &[u32], files: &[PathBuf]) -> Result<Vec<PathBuf>> {
+        match (dir, groups) {
+            (Some(dir), []) => crate::io::jsonl_files(dir),
+            (Some(dir), _) => Err(Error::data(dir, None, format!("the {} task does not number its files; leave `ops` out or list `files`", self.name()))),
+            (None, _) => Ok(files.to_vec()),
+        }
+    }
+
+    /// Items of at most this [`Item::level`] are in-distribution, the others out of it (the
+    /// ID/OOD split of validation) when a run does not set it (`[eval] id_max_op`); `None`: no
+    /// split.
+    fn id_max_level(&self) -> Option<i64> {
+        None
+    }
 }
 
 /// [`Task::environment`]: one line for the console and the JSON record.

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use burn::tensor::backend::Backend;
 use serde_json::json;
 
+use super::metrics;
 use super::config::EvalSection;
 use super::objective::evaluate_loss;
 use super::trainer::Record;
@@ -82,7 +83,7 @@ impl HeldOut {
     pub fn evaluate<B: Backend>(&mut self, model: &Qwen2<B>) -> Result<Record> {
         let mut record = Record::new();
         if !self.heldout.is_empty() {
-            record.insert("eval_loss".into(), json!(evaluate_loss(model, &self.heldout, 16, self.pad_id)?));
+            metrics::EVAL_LOSS.set(&mut record, evaluate_loss(model, &self.heldout, 16, self.pad_id)?);
         }
         if !self.prompts.is_empty() {
             let params = SamplingParams {
@@ -99,8 +100,8 @@ impl HeldOut {
             for ((_, item), verdict) in batch.iter().zip(self.task.evaluate_batch(&batch)?) {
                 scores.add(item, verdict);
             }
-            record.insert("eval_accuracy".into(), json!(scores.all.value().unwrap_or(0.0)));
-            for (name, value) in scores.per_group("eval_accuracy") {
+            metrics::EVAL_ACCURACY.set(&mut record, scores.all.value().unwrap_or(0.0));
+            for (name, value) in scores.per_group(metrics::EVAL_ACCURACY.key()) {
                 record.insert(name, json!(value));
             }
         }

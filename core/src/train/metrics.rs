@@ -8,6 +8,60 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 
+/// A metric that more than one layer names (the loop, an objective, the replicas' reduction,
+/// the CLI's progress lines, `kiln plot train`): its key in `metrics.jsonl`, written once here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Metric(pub &'static str);
+
+impl Metric {
+    /// Its key in a record.
+    pub const fn key(self) -> &'static str {
+        self.0
+    }
+
+    /// Sets it in `record`.
+    pub fn set(self, record: &mut Map<String, Value>, value: impl Into<Value>) {
+        record.insert(self.0.into(), value.into());
+    }
+
+    /// Its value in `record`, if a number.
+    pub fn get(self, record: &Map<String, Value>) -> Option<f64> {
+        record.get(self.0).and_then(Value::as_f64)
+    }
+}
+
+/// The optimizer step a record belongs to (0: the evaluation before training).
+pub const STEP: Metric = Metric("step");
+/// The training loss of the step (mean over its updates).
+pub const LOSS: Metric = Metric("loss");
+pub const LR: Metric = Metric("lr");
+/// The gradient norm before clipping.
+pub const GRAD_NORM: Metric = Metric("grad_norm");
+/// Tokens the step trained on (summed over replicas), and its rate.
+pub const TOKENS: Metric = Metric("tokens");
+pub const TOKENS_PER_S: Metric = Metric("tokens_per_s");
+/// Target tokens of the next-token loss (summed over replicas).
+pub const TARGETS: Metric = Metric("targets");
+/// Prompts and responses of an RL step, and the tokens rolled out (summed over replicas).
+pub const PROMPTS: Metric = Metric("prompts");
+pub const RESPONSES: Metric = Metric("responses");
+pub const ROLLOUT_TOKENS: Metric = Metric("rollout_tokens");
+/// Held-out loss and greedy accuracy (pre-training and SFT).
+pub const EVAL_LOSS: Metric = Metric("eval_loss");
+pub const EVAL_ACCURACY: Metric = Metric("eval_accuracy");
+/// The mean reward of an RL step's responses.
+pub const REWARD_MEAN: Metric = Metric("reward_mean");
+/// The KL to the reference model and (OPD) to the teacher, per token.
+pub const KL_REF: Metric = Metric("kl_ref");
+pub const TEACHER_KL: Metric = Metric("teacher_kl");
+/// Validation accuracy in distribution and out of it (RL and OPD).
+pub const VAL_ACCURACY_ID: Metric = Metric("val_accuracy_id");
+pub const VAL_ACCURACY_OOD: Metric = Metric("val_accuracy_ood");
+
+/// Counts that replicas add up (every other number is averaged, or taken at its extreme:
+/// [`crate::dist::reduce_records`]).
+pub const SUMMED: [Metric; 5] = [TOKENS, TARGETS, PROMPTS, RESPONSES, ROLLOUT_TOKENS];
+
 /// Appends metric records to a JSONL file.
 pub struct MetricsLog {
     path: PathBuf,
@@ -27,7 +81,7 @@ impl MetricsLog {
                 let mut kept = String::new();
                 for line in BufReader::new(file).lines() {
                     let line = line.map_err(|e| Error::io(path, e))?;
-                    let record_step = serde_json::from_str::<Value>(&line).ok().and_then(|v| v["step"].as_u64());
+                    let record_step = serde_json::from_str::<Value>(&line).ok().and_then(|v| v[STEP.key()].as_u64());
                     if record_step.is_some_and(|s| s <= step) {
                         kept.push_str(&line);
                         kept.push('\n');

@@ -1,13 +1,15 @@
 //! Training: the optimizer, learning-rate schedules, objectives, checkpoints, metrics and the
 //! loop that ties them together; the one run-config schema ([`config`]) and the pre-training
-//! and SFT runs ([`run`](mod@run), beside [`crate::rl::run`](mod@crate::rl::run)). Nothing here names a concrete task: the
-//! run's `[task]` is built through [`crate::tasks::TaskConfig`].
+//! and SFT runs ([`run`](mod@run), beside [`crate::rl::run`](mod@crate::rl::run)), both on one
+//! run skeleton ([`launch`]). Nothing here names a concrete task: the run's `[task]` is built
+//! through [`crate::tasks::TaskConfig`].
 
 pub mod adamw;
 pub mod checkpoint;
 pub mod config;
 #[cfg(feature = "tasks")]
 pub mod heldout;
+pub mod launch;
 pub mod metrics;
 pub mod objective;
 pub mod precision;

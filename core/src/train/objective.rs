@@ -185,8 +185,8 @@ impl<B: AutodiffBackend> Objective<B> for NextTokenLoss {
         let nll = -(logprobs * batch.label_mask.clone().float()).sum();
         let loss = nll / micro.step_targets as f64;
         let mut metrics = Map::new();
-        metrics.insert("tokens".into(), json!(batch.num_tokens));
-        metrics.insert("targets".into(), json!(batch.num_targets));
+        super::metrics::TOKENS.set(&mut metrics, batch.num_tokens);
+        super::metrics::TARGETS.set(&mut metrics, batch.num_targets);
         Ok((loss, metrics))
     }
 

@@ -15,14 +15,15 @@ use super::config::{
 };
 use super::heldout::HeldOut;
 use super::objective::NextTokenLoss;
-use super::trainer::{LoopConfig, Record, RunSummary, Start, train_replica};
+use super::launch::{self, Prepared};
+use super::trainer::{LoopConfig, Record, RunSummary};
 use crate::data::Sample;
 use crate::data::chat::{QWEN_DEFAULT_SYSTEM, render_examples};
 use crate::data::sft_source::{SftSource, SplitRule, read_sft_rows};
 use crate::data::corpus::pretrain_samples;
 use crate::data::packing::first_fit_decreasing;
 use crate::data::mixture::{Preset, TypoPolicy, readable_to_number};
-use crate::dist::{self, NodeSpec, Replica};
+use crate::dist::{NodeSpec, Replica};
 use crate::error::{Error, Result};
 use crate::model::{Qwen2, Qwen2Config, hf};
 use crate::tasks::{Task, TaskConfig};
@@ -143,31 +144,13 @@ pub fn run_replicated<B: AutodiffBackend>(
     nodes: Option<&NodeSpec>,
     resume: bool,
     on_data: impl FnOnce(&Value),
-    mut on_record: impl FnMut(&Record),
+    on_record: impl FnMut(&Record),
 ) -> Result<RunSummary> {
-    let text = serde_json::to_string(config).map_err(|e| Error::InvalidInput(e.to_string()))?;
-    let fingerprint = dist::fingerprint(&["next-token", &text, &devices.len().to_string(), &resume.to_string()]);
-    let mut on_data = Some(on_data);
-    dist::launch(
-        devices,
-        nodes,
-        &fingerprint,
-        |replica, device| {
-            replica_run::<B>(config, replica, device, resume, &mut |data| on_data.take().into_iter().for_each(|f| f(data)), &mut on_record)
-        },
-        |replica, device| replica_run::<B>(config, replica, device, resume, &mut |_| {}, &mut |_| {}),
-    )
+    launch::replicated::<B, _, _>("next-token", config, devices, nodes, resume, on_data, on_record, prepare::<B>)
 }
 
-/// One replica of a pre-training or SFT run.
-fn replica_run<B: AutodiffBackend>(
-    config: &RunConfig,
-    replica: Replica,
-    device: &B::Device,
-    resume: bool,
-    on_data: &mut dyn FnMut(&Value),
-    on_record: &mut dyn FnMut(&Record),
-) -> Result<RunSummary> {
+/// One replica of a pre-training or SFT run: its data, objective and held-out evaluation.
+fn prepare<'a, B: AutodiffBackend>(config: &'a RunConfig, replica: &Replica, device: &'a B::Device) -> Result<Prepared<'a, B, NextTokenLoss>> {
     // Checked where it was read (RunConfig::from_toml, naming the file and line), not again.
     let d = Defaults::NEXT_TOKEN;
     let tokenizer_dir = tokenizer_dir(&config.model)?;
@@ -199,15 +182,7 @@ fn replica_run<B: AutodiffBackend>(
     .map_err(Error::InvalidInput)?;
     loop_config.eval_steps = config.eval.steps.clone();
     loop_config.precision = t.precision;
-    let mut objective = NextTokenLoss::packed(samples, micro_batch, grad_accum, pad_id, seed)?.padding_free(t.padding_free).shard(replica.rank(), replica.world());
-    // Rank 0 resumes (or refuses to overwrite); the others start from its state (dist::sync_start).
-    // One writer per output directory: rank 0, which writes it, holds its lock for the run.
-    let _lock = replica.is_main().then(|| crate::io::lock_dir(&loop_config.out_dir)).transpose()?;
-    let start = match replica.is_main() {
-        true => Start::<B>::new(&loop_config, resume, &mut objective, device, || fresh_model(&config.model, device))?,
-        false => Start::<B>::fresh(&loop_config, device, || fresh_model(&config.model, device))?,
-    };
-    on_data(&data_summary);
+    let objective = NextTokenLoss::packed(samples, micro_batch, grad_accum, pad_id, seed)?.padding_free(t.padding_free).shard(replica.rank(), replica.world());
     let mut held_out = match replica.is_main() {
         true => {
             let mut held_out = HeldOut::load(task, &config.eval, cutoff_len, &tokenizer, pad_id)?;
@@ -216,9 +191,13 @@ fn replica_run<B: AutodiffBackend>(
         }
         false => None,
     };
-    let evaluate = |model: &Qwen2<B::InnerBackend>| held_out.as_mut().map_or_else(|| Ok(Record::new()), |h| h.evaluate(model));
-    let (_, summary) = train_replica(start, &mut objective, &loop_config, &replica, evaluate, on_record)?;
-    Ok(summary)
+    Ok(Prepared {
+        loop_config,
+        objective,
+        fresh: Box::new(move || fresh_model(&config.model, device)),
+        evaluate: Box::new(move |model| held_out.as_mut().map_or_else(|| Ok(Record::new()), |h| h.evaluate(model))),
+        started: Box::new(move || Ok(data_summary)),
+    })
 }
 
 /// The sections every run builds its loop from.

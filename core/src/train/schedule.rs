@@ -35,6 +35,11 @@ pub struct Schedule {
 }
 
 impl Schedule {
+    /// `base_lr` for every one of `total_steps` updates.
+    pub fn constant(base_lr: f64, total_steps: u64) -> Self {
+        Self { base_lr, warmup_steps: 0, total_steps, decay: Decay::Constant }
+    }
+
     /// HF's `get_warmup_steps`: `ceil(total · ratio)`.
     pub fn warmup_from_ratio(total_steps: u64, ratio: f64) -> u64 {
         (total_steps as f64 * ratio).ceil() as u64

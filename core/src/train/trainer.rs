@@ -14,7 +14,7 @@ use serde_json::{Map, Value, json};
 
 use super::adamw::{AdamW, AdamWConfig};
 use super::checkpoint::{self, TrainerState};
-use super::metrics::{MetricsLog, rss_mib};
+use super::metrics::{self, MetricsLog, rss_mib};
 use super::objective::Objective;
 use super::precision::{LossScale, Precision};
 use super::schedule::Schedule;
@@ -43,6 +43,13 @@ pub struct SavePolicy {
 
 fn yes() -> bool {
     true
+}
+
+impl SavePolicy {
+    /// No checkpoint at all (benchmarks, one-off steps).
+    pub fn never() -> Self {
+        Self { last: false, ..Self::default() }
+    }
 }
 
 impl Default for SavePolicy {
@@ -89,6 +96,29 @@ pub struct LoopConfig {
     pub allow_config_change: bool,
     /// Weights, optimizer state and compute dtypes ([`Precision`]).
     pub precision: Precision,
+}
+
+impl LoopConfig {
+    /// A plain loop of `total_steps` updates into `out_dir`: `lr` constant, AdamW's defaults,
+    /// one checkpoint after the last step, no evaluation, no time budget, nothing copied or
+    /// recorded with the checkpoint, f32. Change fields with struct update syntax:
+    /// `LoopConfig { save: SavePolicy::never(), ..LoopConfig::new(dir, 10, 1e-3) }`.
+    pub fn new(out_dir: impl Into<PathBuf>, total_steps: u64, lr: f64) -> Self {
+        Self {
+            total_steps,
+            schedule: Schedule::constant(lr, total_steps),
+            optimizer: AdamWConfig::default(),
+            out_dir: out_dir.into(),
+            save: SavePolicy::default(),
+            eval_every: None,
+            eval_steps: Vec::new(),
+            time_budget: None,
+            companions: None,
+            run_config: Value::Null,
+            allow_config_change: false,
+            precision: Precision::default(),
+        }
+    }
 }
 
 /// One line of the metrics log.
@@ -286,7 +316,7 @@ where
     let inference = |model: &Qwen2<B>| model.valid().in_dtype(model.compute_dtype());
     if !resumed && (config.eval_every.is_some() || config.eval_steps.contains(&0)) && main {
         let mut record = evaluate(&inference(&model))?;
-        record.insert("step".into(), json!(0));
+        metrics::STEP.set(&mut record, 0);
         emit(&mut log, record)?;
     }
 
@@ -345,20 +375,20 @@ where
         let update_seconds = update_began.elapsed().as_secs_f64();
         step += 1;
         // The step's loss and metrics over all replicas.
-        extras.insert("loss".into(), json!(loss_sum));
+        metrics::LOSS.set(&mut extras, loss_sum);
         extras.extend(objective.step_metrics());
         if replica.world() > 1 {
             let all = replica.gather(Value::Object(extras))?;
             extras = dist::reduce_records(all, objective.gradient_reduction());
         }
-        let loss_sum = extras.remove("loss").and_then(|l| l.as_f64()).unwrap_or(loss_sum);
+        let loss_sum = extras.remove(metrics::LOSS.key()).and_then(|l| l.as_f64()).unwrap_or(loss_sum);
 
         let seconds = step_began.elapsed().as_secs_f64();
         let mut record = Record::new();
-        record.insert("step".into(), json!(step));
-        record.insert("loss".into(), json!(loss_sum));
-        record.insert("lr".into(), json!(lr));
-        record.insert("grad_norm".into(), json!(grad_norm));
+        metrics::STEP.set(&mut record, step);
+        metrics::LOSS.set(&mut record, loss_sum);
+        metrics::LR.set(&mut record, lr);
+        metrics::GRAD_NORM.set(&mut record, grad_norm);
         if skipped_total > 0 {
             record.insert("skipped_updates".into(), json!(skipped));
         }
@@ -368,8 +398,8 @@ where
         if let Some(s) = &loss_scale {
             record.insert("loss_scale".into(), json!(s.scale));
         }
-        if let Some(tokens) = extras.get("tokens").and_then(Value::as_f64) {
-            record.insert("tokens_per_s".into(), json!(tokens / seconds));
+        if let Some(tokens) = metrics::TOKENS.get(&extras) {
+            metrics::TOKENS_PER_S.set(&mut record, tokens / seconds);
             record.insert("update_tokens_per_s".into(), json!(tokens / update_seconds));
         }
         record.insert("step_s".into(), json!(seconds));

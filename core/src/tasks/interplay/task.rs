@@ -7,7 +7,7 @@
 //! null, `solution` must be a string and `op` an integer; a row that composes to no text is an
 //! error naming the file and line.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
@@ -15,8 +15,8 @@ use super::answer::{exact_match, extract_tagged_answer};
 use super::rewards::{ProcessRewardConfig, outcome_reward, process_reward, rl_gold_answer};
 use super::row::gold_answer;
 use super::text::{EOS, compose_text, prompt_of};
-use crate::error::Result;
-use crate::io::{Record, jsonl_records};
+use crate::error::{Error, Result};
+use crate::io::{Record, jsonl_files, jsonl_records};
 use crate::tasks::{Item, Items, Reward, RewardConfig, Source, Task};
 
 /// The Interplay reasoning task.
@@ -122,6 +122,42 @@ impl Task for InterplayTask {
     fn stop_strings(&self) -> Vec<String> {
         vec!["</answer>".to_owned()]
     }
+
+    /// `op{N}-<count>.jsonl` (or `op{N}.jsonl`) of `dir` for each op of `ops`, in that order.
+    fn files(&self, dir: Option<&Path>, ops: &[u32], files: &[PathBuf]) -> Result<Vec<PathBuf>> {
+        match (dir, ops) {
+            (Some(dir), []) => jsonl_files(dir),
+            (Some(dir), ops) => op_files(dir, ops),
+            (None, _) => Ok(files.to_vec()),
+        }
+    }
+
+    /// Ops 2–10 are in-distribution, as in the release (its pre-training mixtures' range).
+    fn id_max_level(&self) -> Option<i64> {
+        Some(i64::from(ID_MAX_OP))
+    }
+}
+
+/// The release's in-distribution ops end here ([`Task::id_max_level`]).
+pub const ID_MAX_OP: u32 = 10;
+
+/// The files `op{N}-….jsonl` (or `op{N}.jsonl`) of `dir` for each op of `ops`, in that order.
+pub fn op_files(dir: &Path, ops: &[u32]) -> Result<Vec<PathBuf>> {
+    let files = jsonl_files(dir)?;
+    ops.iter()
+        .map(|op| {
+            let matches = |p: &&PathBuf| {
+                let name = p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+                name == format!("op{op}.jsonl") || name.starts_with(&format!("op{op}-"))
+            };
+            let found: Vec<&PathBuf> = files.iter().filter(matches).collect();
+            match found.as_slice() {
+                [one] => Ok((*one).clone()),
+                [] => Err(Error::data(dir, None, format!("no file for op {op} (expected op{op}-<count>.jsonl)"))),
+                _ => Err(Error::data(dir, None, format!("several files for op {op}: {found:?}"))),
+            }
+        })
+        .collect()
 }
 
 /// 1 when the extracted answer equals the gold answer as a string, else 0

@@ -349,7 +349,8 @@ pub struct EvalSection {
     pub rows_per_op: Option<usize>,
     /// Generation length (pretrain, sft: 320; rl, opd: the rollout's).
     pub max_new_tokens: Option<usize>,
-    /// Ops up to this are in-distribution (rl, opd: 10).
+    /// Ops up to this are in-distribution (rl, opd; the task's own split when unset:
+    /// [`crate::tasks::Task::id_max_level`], Interplay's 10).
     pub id_max_op: Option<u32>,
 }
 
