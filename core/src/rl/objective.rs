@@ -1,19 +1,24 @@
-//! The policy-gradient [`Objective`] shared by GRPO and on-policy distillation. One step:
+//! The policy-gradient [`Objective`] shared by GRPO and on-policy distillation. One step, as
+//! named stages (each a function of its own, in this order in `updates` and `loss`):
 //!
-//! 1. draw the step's prompts and roll out `n` responses each with the current policy;
-//! 2. score them: rewards (DAPO's overlong shaping if set), optionally DAPO's dynamic sampling
-//!    (groups whose rewards all agree are dropped and more prompts are rolled out, at most
-//!    `max_num_gen_batches` generations), and advantages from the named estimator
-//!    ([`AdvEstimator`]); or the teacher's log-probs of the sampled tokens and per-token
-//!    advantages (OPD) — the only difference between the two;
-//! 3. compute old log-probs (the policy before this step's updates), reference log-probs (when
-//!    β > 0) and entropies once, with the learner's own forward pass;
-//! 4. split the responses into mini-batches of `mini_batch` prompts (one optimizer update each)
-//!    and those into micro-batches, whose losses are scaled by 1 / (micro-batches in the
-//!    mini-batch), as verl's `dp_actor.update_policy` does; each micro-batch's loss is the named
-//!    policy loss ([`PolicyLossMode`]), its per-token losses weighted by truncated importance
-//!    sampling when `tis_imp_ratio_cap` is set; the tokens rollout rejection sampling rejects
-//!    (`rollout_rs`, [`super::rejection`]) leave every term of the loss.
+//! 1. **rollout** (`draw`, `generate`): the replica's share of the step's prompts, `n`
+//!    responses each from the current policy;
+//! 2. **score** (`rewarded`): rewards (DAPO's overlong shaping if set), optionally DAPO's dynamic
+//!    sampling (groups whose rewards all agree are dropped and more prompts are rolled out, at
+//!    most `max_num_gen_batches` generations); OPD has no rewards;
+//! 3. **advantage**: the named estimator ([`AdvEstimator`], `sequence_advantages`) over each
+//!    prompt's group, or the teacher's per-token signal (OPD, `distilled`) — the only
+//!    difference between the two;
+//! 4. **lay-out** (`lay_out`): mini-batches of `mini_batch` prompts (one optimizer update each)
+//!    split into micro-batches, whose losses are scaled by 1 / (micro-batches in the mini-batch)
+//!    as verl's `dp_actor.update_policy` does, with old log-probs (the policy before this
+//!    step's updates), reference log-probs (when β > 0), the teacher's and entropies computed
+//!    once with the learner's own forward pass;
+//! 5. **policy loss and aggregation** ([`Objective::loss`]): the named policy loss
+//!    ([`PolicyLossMode`]) aggregated by the named mode ([`LossAgg`]), its per-token losses
+//!    weighted by truncated importance sampling when `tis_imp_ratio_cap` is set; the tokens
+//!    rollout rejection sampling rejects (`rollout_rs`, [`super::rejection`]) leave every term
+//!    of the loss.
 
 use std::time::Instant;
 
@@ -204,7 +209,6 @@ struct Scored {
     old: Vec<f32>,
     entropy: Vec<f32>,
     reference: Option<Vec<f32>>,
-    teacher: Option<Vec<f32>>,
 }
 
 impl<B: AutodiffBackend> PolicyGradient<B> {
@@ -261,19 +265,14 @@ impl<B: AutodiffBackend> PolicyGradient<B> {
         &self.prompts
     }
 
-    /// Old, reference and teacher log-probs and entropies of one micro-batch (no gradients).
+    /// Old and reference log-probs and entropies of one micro-batch (no gradients).
     fn score(&self, policy: &Qwen2<B::InnerBackend>, layout: &ResponseLayout) -> Scored {
         let device = policy.device();
         let batch = layout.to_device::<B::InnerBackend>(&device);
         let scores = |model: &Qwen2<B::InnerBackend>, entropy| target_scores(model, response_hidden(model, &batch), batch.targets.clone(), entropy);
-        let logprobs = |model: &Qwen2<B::InnerBackend>| host(scores(model, false).0);
         let (old, entropy) = scores(policy, true);
         let (old, entropy) = (host(old), host(entropy.expect("asked for")));
-        let teacher = match &self.signal {
-            Signal::Teacher { model, .. } => Some(logprobs(model)),
-            Signal::Rewards { .. } => None,
-        };
-        Scored { old, entropy, reference: self.reference.as_ref().map(logprobs), teacher }
+        Scored { old, entropy, reference: self.reference.as_ref().map(|r| host(scores(r, false).0)) }
     }
 }
 
@@ -349,83 +348,38 @@ struct TokenStats {
 impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
     type Micro = PgMicro<B>;
 
+    /// One RL step as named stages: rollout → score → advantage → lay-out (the policy loss and
+    /// its aggregation follow in [`Objective::loss`]).
     fn updates(&mut self, model: &Qwen2<B>, step: u64) -> Result<Vec<Vec<Self::Micro>>> {
-        let s = self.settings;
         let began = Instant::now();
         let policy = model.valid();
-        let share = s.mini_batch / self.world;
-        let step_prompts = self.prompts.batch(step, s.prompts_per_step, s.seed)?;
-        let mut prompts: Vec<&Prompt> =
-            step_prompts.chunks(s.mini_batch).flat_map(|update| update[self.rank * share..(self.rank + 1) * share].iter().copied()).collect();
-        let seed = step_seed(s.seed, step) ^ (self.rank as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let mut responses = self.generate(&policy, &prompts, seed)?;
-        let mut rollout_s = began.elapsed().as_secs_f64();
         let mut metrics = Map::new();
-        let mut sequence_advantages = None;
-        if let Signal::Rewards { reward, estimator, scaling, epsilon } = &self.signal {
-            let mut scores = self.scores(reward.as_ref(), &prompts, &responses)?;
-            if let Some(filter) = s.filter_groups.filter(|f| f.enable) {
-                let mut groups = Groups::default();
-                groups.add(&prompts, responses, scores);
-                let mut generations = 1;
-                while groups.kept.len() < prompts.len() && generations < filter.max_num_gen_batches {
-                    let began = Instant::now();
-                    let more = self.prompts.batch(step, s.prompts_per_step, s.seed ^ step_seed(s.seed, step).wrapping_add(generations as u64))?;
-                    let more_responses = self.generate(&policy, &more, step_seed(seed, generations as u64))?;
-                    rollout_s += began.elapsed().as_secs_f64();
-                    let more_scores = self.scores(reward.as_ref(), &more, &more_responses)?;
-                    groups.add(&more, more_responses, more_scores);
-                    generations += 1;
-                }
-                metrics.insert("filter_groups_generations".into(), json!(generations));
-                metrics.insert("filter_groups_informative".into(), json!(groups.kept.len()));
-                (prompts, responses, scores) = groups.take(prompts.len());
+        // rollout: this replica's share of the step's prompts, `n` responses each
+        let (prompts, seed) = self.draw(step)?;
+        let responses = self.generate(&policy, &prompts, seed)?;
+        let mut rollout_s = began.elapsed().as_secs_f64();
+        // score and advantage: a reward per response and the estimator's advantage (GRPO), or
+        // the teacher, whose per-token advantages come with each micro-batch's scores (OPD)
+        let (prompts, responses, advantages) = match &self.signal {
+            Signal::Rewards { reward, estimator, scaling, epsilon } => {
+                let rewarded = self.rewarded(reward.as_ref(), &policy, step, seed, prompts, responses)?;
+                rollout_s += rewarded.rollout_s;
+                metrics.extend(rewarded.metrics);
+                let params = AdvParams { epsilon: *epsilon, scaling: *scaling };
+                let sequence = sequence_advantages(*estimator, &params, &rewarded.responses, &rewarded.scores, &mut metrics)?;
+                (rewarded.prompts, rewarded.responses, StepAdvantages::Sequence(sequence))
             }
-            let groups: Vec<usize> = responses.iter().map(|r| r.group).collect();
-            let lengths: Vec<usize> = responses.iter().map(|r| r.tokens.len()).collect();
-            let (mean, std) = mean_and_std(&scores);
-            metric::REWARD_MEAN.set(&mut metrics, mean);
-            metrics.insert("reward_std".into(), json!(std));
-            metrics.insert("frac_zero_std_groups".into(), json!(zero_std_fraction(&scores, &groups)));
-            let outcomes = Outcomes::new(&scores, &groups, &lengths)?;
-            sequence_advantages = Some(estimator.compute(&outcomes, &AdvParams { epsilon: *epsilon, scaling: *scaling }));
-        }
-
+            Signal::Teacher { model, coef, .. } => (prompts, responses, StepAdvantages::Teacher { model, coef: *coef }),
+        };
+        // lay-out: mini-batches (one optimizer update each) of micro-batches, with their old,
+        // reference and teacher log-probs from the learner's own forward pass
         let scoring_began = Instant::now();
-        let per_update = s.mini_batch / self.world * s.rollout.n;
-        let micros_per_update = per_update.div_ceil(s.micro_batch);
-        let total_micros = responses.len().div_ceil(per_update) * micros_per_update;
-        let device = model.device();
-        let mut stats = TokenStats { advantage_min: f64::INFINITY, advantage_max: f64::NEG_INFINITY, ..Default::default() };
-        let mut updates = Vec::new();
-        for (u, update) in responses.chunks(per_update).enumerate() {
-            let mut micros = Vec::new();
-            let count = update.len().div_ceil(s.micro_batch);
-            for (m, chunk) in update.chunks(s.micro_batch).enumerate() {
-                let first = u * per_update + m * s.micro_batch;
-                let pairs: Vec<(&[u32], &[u32])> = chunk.iter().map(|r| (prompts[r.group].ids.as_slice(), r.tokens.as_slice())).collect();
-                let layout = ResponseLayout::new(&pairs, self.pad_id)?;
-                let scored = self.score(&policy, &layout);
-                let advantages = self.advantages(&layout, chunk, &scored, sequence_advantages.as_deref().map(|a| &a[first..first + chunk.len()]));
-                stats.add(&layout, chunk, &scored, &advantages);
-                micros.push(PgMicro {
-                    batch: layout.to_device::<B>(&device),
-                    old: layout.tensor(scored.old, &device),
-                    advantages: layout.tensor(advantages.iter().map(|&a| a as f32).collect(), &device),
-                    reference: scored.reference.map(|r| layout.tensor(r, &device)),
-                    rollout: (s.tis_imp_ratio_cap.is_some() || s.rejection.is_some()).then(|| layout.tensor(raw_rollout_logprobs(&layout, chunk), &device)),
-                    scale: 1.0 / count as f64,
-                    weight: 1.0 / total_micros as f64,
-                    layout,
-                });
-            }
-            updates.push(micros);
-        }
+        let (updates, stats) = self.lay_out(model, &policy, &prompts, &responses, &advantages)?;
         let scoring_s = scoring_began.elapsed().as_secs_f64();
 
         metric::PROMPTS.set(&mut metrics, prompts.len());
         metrics.insert("updates".into(), json!(updates.len()));
-        metrics.extend(token_metrics(&responses, &stats, matches!(self.signal, Signal::Teacher { .. })));
+        metrics.extend(token_metrics(&responses, &stats, matches!(advantages, StepAdvantages::Teacher { .. })));
         metrics.insert("rollout_s".into(), json!(rollout_s));
         metrics.insert("rollout_tokens_per_s".into(), json!(stats.tokens / rollout_s));
         metrics.insert("logprob_s".into(), json!(scoring_s));
@@ -540,35 +494,170 @@ impl<B: AutodiffBackend> PolicyGradient<B> {
         Ok(scores)
     }
 
-    /// Per-token advantages of a micro-batch, `[rows · R]`, zero on padding.
-    fn advantages(&self, layout: &ResponseLayout, chunk: &[Response], scored: &Scored, sequence: Option<&[f64]>) -> Vec<f64> {
-        let width = layout.response_width;
-        let mut out = vec![0.0; layout.rows() * width];
-        for (row, response) in chunk.iter().enumerate() {
-            let n = response.tokens.len();
-            let cells = &mut out[row * width..row * width + n];
-            match (&self.signal, sequence, &scored.teacher) {
-                (Signal::Teacher { coef, .. }, _, Some(teacher)) => {
-                    let span = row * width..row * width + n;
-                    cells.copy_from_slice(&distillation_advantages(&scored.old[span.clone()], &teacher[span], *coef));
-                }
-                (_, Some(sequence), _) => cells.fill(sequence[row]),
-                _ => unreachable!("GRPO has sequence advantages, OPD teacher log-probs"),
-            }
+    /// This replica's share of step `step`'s prompts (consecutive within each mini-batch: whole
+    /// groups) and its sampling seed.
+    fn draw(&self, step: u64) -> Result<(Vec<&Prompt>, u64)> {
+        let s = &self.settings;
+        let share = s.mini_batch / self.world;
+        let step_prompts = self.prompts.batch(step, s.prompts_per_step, s.seed)?;
+        let prompts = step_prompts.chunks(s.mini_batch).flat_map(|update| update[self.rank * share..(self.rank + 1) * share].iter().copied()).collect();
+        let seed = step_seed(s.seed, step) ^ (self.rank as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        Ok((prompts, seed))
+    }
+
+    /// The responses' rewards; with DAPO's dynamic sampling, groups whose rewards all agree are
+    /// replaced by informative groups of further generations (at most `max_num_gen_batches`).
+    fn rewarded<'p>(
+        &'p self,
+        reward: &dyn Reward,
+        policy: &Qwen2<B::InnerBackend>,
+        step: u64,
+        seed: u64,
+        prompts: Vec<&'p Prompt>,
+        responses: Vec<Response>,
+    ) -> Result<Rewarded<'p>> {
+        let s = &self.settings;
+        let scores = self.scores(reward, &prompts, &responses)?;
+        let mut out = Rewarded { prompts, responses, scores, rollout_s: 0.0, metrics: Map::new() };
+        let Some(filter) = s.filter_groups.filter(|f| f.enable) else { return Ok(out) };
+        let wanted = out.prompts.len();
+        let mut groups = Groups::default();
+        groups.add(&out.prompts, out.responses, out.scores);
+        let mut generations = 1;
+        while groups.kept.len() < wanted && generations < filter.max_num_gen_batches {
+            let began = Instant::now();
+            let more = self.prompts.batch(step, s.prompts_per_step, s.seed ^ step_seed(s.seed, step).wrapping_add(generations as u64))?;
+            let more_responses = self.generate(policy, &more, step_seed(seed, generations as u64))?;
+            out.rollout_s += began.elapsed().as_secs_f64();
+            let more_scores = self.scores(reward, &more, &more_responses)?;
+            groups.add(&more, more_responses, more_scores);
+            generations += 1;
         }
-        out
+        out.metrics.insert("filter_groups_generations".into(), json!(generations));
+        out.metrics.insert("filter_groups_informative".into(), json!(groups.kept.len()));
+        (out.prompts, out.responses, out.scores) = groups.take(wanted);
+        Ok(out)
+    }
+
+    /// The step's micro-batches by optimizer update, each with its log-probs (old, reference,
+    /// teacher), entropies and per-token advantages, and the step's token statistics.
+    fn lay_out(
+        &self,
+        model: &Qwen2<B>,
+        policy: &Qwen2<B::InnerBackend>,
+        prompts: &[&Prompt],
+        responses: &[Response],
+        advantages: &StepAdvantages<'_, B::InnerBackend>,
+    ) -> Result<(Vec<Vec<PgMicro<B>>>, TokenStats)> {
+        let s = &self.settings;
+        let per_update = s.mini_batch / self.world * s.rollout.n;
+        let micros_per_update = per_update.div_ceil(s.micro_batch);
+        let total_micros = responses.len().div_ceil(per_update) * micros_per_update;
+        let device = model.device();
+        let mut stats = TokenStats { advantage_min: f64::INFINITY, advantage_max: f64::NEG_INFINITY, ..Default::default() };
+        let mut updates = Vec::new();
+        for (u, update) in responses.chunks(per_update).enumerate() {
+            let mut micros = Vec::new();
+            let count = update.len().div_ceil(s.micro_batch);
+            for (m, chunk) in update.chunks(s.micro_batch).enumerate() {
+                let first = u * per_update + m * s.micro_batch;
+                let pairs: Vec<(&[u32], &[u32])> = chunk.iter().map(|r| (prompts[r.group].ids.as_slice(), r.tokens.as_slice())).collect();
+                let layout = ResponseLayout::new(&pairs, self.pad_id)?;
+                let scored = self.score(policy, &layout);
+                let (token_advantages, teacher) = match advantages {
+                    StepAdvantages::Sequence(sequence) => (spread(&layout, chunk, &sequence[first..first + chunk.len()]), None),
+                    StepAdvantages::Teacher { model, coef } => {
+                        let teacher = logprobs_of(model, &layout);
+                        (distilled(&layout, chunk, &scored.old, &teacher, *coef), Some(teacher))
+                    }
+                };
+                stats.add(&layout, chunk, &scored, teacher.as_deref(), &token_advantages);
+                micros.push(PgMicro {
+                    batch: layout.to_device::<B>(&device),
+                    old: layout.tensor(scored.old, &device),
+                    advantages: layout.tensor(token_advantages.iter().map(|&a| a as f32).collect(), &device),
+                    reference: scored.reference.map(|r| layout.tensor(r, &device)),
+                    rollout: (s.tis_imp_ratio_cap.is_some() || s.rejection.is_some()).then(|| layout.tensor(raw_rollout_logprobs(&layout, chunk), &device)),
+                    scale: 1.0 / count as f64,
+                    weight: 1.0 / total_micros as f64,
+                    layout,
+                });
+            }
+            updates.push(micros);
+        }
+        Ok((updates, stats))
     }
 }
 
+/// The rewarded responses of a GRPO step (after dynamic sampling), the extra rollout time it
+/// took and its metrics.
+struct Rewarded<'p> {
+    prompts: Vec<&'p Prompt>,
+    responses: Vec<Response>,
+    scores: Vec<f64>,
+    rollout_s: f64,
+    metrics: Map<String, Value>,
+}
+
+/// Where a step's per-token advantages come from.
+enum StepAdvantages<'t, BB: Backend> {
+    /// GRPO: one per response (the estimator's), on each of its tokens.
+    Sequence(Vec<f64>),
+    /// OPD: `−coef · (log π_old − log π_teacher)` per token.
+    Teacher { model: &'t Qwen2<BB>, coef: f64 },
+}
+
+/// The advantage stage of GRPO: `estimator` over the responses' `scores` within their prompts'
+/// groups, one per response; adds the reward's mean, std and the share of groups without signal
+/// to `metrics`.
+fn sequence_advantages(estimator: AdvEstimator, params: &AdvParams, responses: &[Response], scores: &[f64], metrics: &mut Map<String, Value>) -> Result<Vec<f64>> {
+    let groups: Vec<usize> = responses.iter().map(|r| r.group).collect();
+    let lengths: Vec<usize> = responses.iter().map(|r| r.tokens.len()).collect();
+    let (mean, std) = mean_and_std(scores);
+    metric::REWARD_MEAN.set(metrics, mean);
+    metrics.insert("reward_std".into(), json!(std));
+    metrics.insert("frac_zero_std_groups".into(), json!(zero_std_fraction(scores, &groups)));
+    let outcomes = Outcomes::new(scores, &groups, &lengths)?;
+    Ok(estimator.compute(&outcomes, params))
+}
+
+/// A micro-batch's per-token advantages, `[rows · R]` (zero on padding): each response's
+/// sequence advantage on each of its tokens.
+fn spread(layout: &ResponseLayout, chunk: &[Response], sequence: &[f64]) -> Vec<f64> {
+    let width = layout.response_width;
+    let mut out = vec![0.0; layout.rows() * width];
+    for (row, response) in chunk.iter().enumerate() {
+        out[row * width..row * width + response.tokens.len()].fill(sequence[row]);
+    }
+    out
+}
+
+/// A micro-batch's per-token distillation advantages, `[rows · R]` (zero on padding).
+fn distilled(layout: &ResponseLayout, chunk: &[Response], old: &[f32], teacher: &[f32], coef: f64) -> Vec<f64> {
+    let width = layout.response_width;
+    let mut out = vec![0.0; layout.rows() * width];
+    for (row, response) in chunk.iter().enumerate() {
+        let span = row * width..row * width + response.tokens.len();
+        out[span.clone()].copy_from_slice(&distillation_advantages(&old[span.clone()], &teacher[span], coef));
+    }
+    out
+}
+
+/// `model`'s log-probs of a micro-batch's sampled tokens, `[rows · R]` (no gradients).
+fn logprobs_of<BB: Backend>(model: &Qwen2<BB>, layout: &ResponseLayout) -> Vec<f32> {
+    let batch = layout.to_device::<BB>(&model.device());
+    host(target_scores(model, response_hidden(model, &batch), batch.targets.clone(), false).0)
+}
+
 impl TokenStats {
-    fn add(&mut self, layout: &ResponseLayout, chunk: &[Response], scored: &Scored, advantages: &[f64]) {
+    fn add(&mut self, layout: &ResponseLayout, chunk: &[Response], scored: &Scored, teacher: Option<&[f32]>, advantages: &[f64]) {
         let width = layout.response_width;
         for (row, response) in chunk.iter().enumerate() {
             for (t, &sampled) in response.sampler_logprobs.iter().enumerate() {
                 let i = row * width + t;
                 self.tokens += 1.0;
                 self.entropy += f64::from(scored.entropy[i]);
-                if let Some(teacher) = &scored.teacher {
+                if let Some(teacher) = teacher {
                     self.teacher_kl += f64::from(scored.old[i]) - f64::from(teacher[i]);
                 }
                 self.advantage += advantages[i];
