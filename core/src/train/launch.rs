@@ -21,16 +21,20 @@ pub struct Prepared<'a, B: AutodiffBackend, O> {
     /// The model a fresh run starts from (`[model] init` or `from`).
     pub fresh: Box<dyn FnOnce() -> Result<Qwen2<B>> + 'a>,
     /// The evaluation at the loop's evaluation steps (rank 0; an empty record elsewhere).
-    pub evaluate: Box<dyn FnMut(&Qwen2<B::InnerBackend>) -> Result<Record> + 'a>,
+    pub evaluate: Evaluate<'a, B>,
     /// Rank 0, once the run has started (its lock held, its checkpoint loaded): the data report
     /// for `on_data`, and files the family writes into the output directory.
     pub started: Box<dyn FnOnce() -> Result<Value> + 'a>,
 }
 
+/// The evaluation of a run: the inference model to a metrics record.
+pub type Evaluate<'a, B> = Box<dyn FnMut(&Qwen2<<B as AutodiffBackend>::InnerBackend>) -> Result<Record> + 'a>;
+
 /// Runs `config` of `family` with one replica per device of `devices` (and one process per node
 /// with `nodes`, see [`crate::dist`]): `replica` prepares each replica; rank 0 sees `on_data`
 /// (the report [`Prepared::started`] returns) and `on_record` (every metrics record), and writes
 /// the output directory.
+#[allow(clippy::too_many_arguments)] // the two run families' `run_replicated` plus what differs
 pub fn replicated<B, O, C>(
     family: &str,
     config: &C,
