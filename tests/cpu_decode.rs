@@ -6,7 +6,7 @@
 //! `Autodiff<Flex>`, after `.valid()`, before and after an optimizer-style update.
 //!
 //! bf16 weights: on CPUs with AVX512-BF16 the bf16 kernel computes the f32 products of the
-//! bf16-rounded inputs (both layouts, 1..=16 rows, odd k and n) and a bf16 projection takes it;
+//! bf16-rounded inputs (both layouts, 1..=MAX_ROWS rows, odd k and n) and a bf16 projection takes it;
 //! elsewhere (or under `KILN_SIMD=avx512` or lower) it declines and projections still compute the
 //! same products through burn.
 
