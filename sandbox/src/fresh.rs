@@ -14,6 +14,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::SandboxError;
+use crate::dirfd::Dir;
 
 /// The harness's own file name (imported as the module `kiln_lcb`).
 const HARNESS_FILE: &str = "kiln_lcb.py";
@@ -167,12 +168,14 @@ pub(crate) fn renew_scratch(dir: &Path, owner: Option<(u32, u32)>) -> std::io::R
     Ok(())
 }
 
-/// Removes `path` with everything beneath it, opening up directories a program made unreadable.
+/// Removes `path` with everything beneath it, opening up directories a program made unreadable
+/// (by descriptor: [`crate::dirfd`]).
 pub(crate) fn remove_tree(path: &Path) -> std::io::Result<()> {
     let m = std::fs::symlink_metadata(path)?;
     if m.is_dir() {
-        set_mode(path, 0o700)?;
-        remove_contents(path)?;
+        let dir = Dir::open(path)?;
+        dir.set_mode(0o700)?;
+        dir.remove_contents()?;
         std::fs::remove_dir(path)
     } else {
         std::fs::remove_file(path)
@@ -181,10 +184,7 @@ pub(crate) fn remove_tree(path: &Path) -> std::io::Result<()> {
 
 /// Removes everything inside the directory `dir` (symbolic links are removed, never followed).
 fn remove_contents(dir: &Path) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        remove_tree(&entry?.path())?;
-    }
-    Ok(())
+    Dir::open(dir)?.remove_contents()
 }
 
 #[cfg(test)]

@@ -128,6 +128,7 @@
 //! - **Memory**: 4 GiB of data per test by default (LCB sets none).
 
 mod compare;
+mod dirfd;
 mod error;
 #[cfg(all(unix, not(target_os = "linux")))]
 mod fallback;

@@ -2,11 +2,15 @@
 //! the host while the run goes on: every [`CHECK_EVERY`] the tree's allocated blocks and entries
 //! are summed, and a run over the tmpfs's bounds (the file-size limit in bytes, 4096 entries) is
 //! killed. `fallocate` is denied by seccomp, so between two checks a program can only add what
-//! `write` gets through in that time (kept by the page cache; removed after the run).
+//! `write` gets through in that time (kept by the page cache; removed after the run); so are
+//! `unlink`, `rename` and `O_TMPFILE`, so every block a run writes is in a file the tree shows.
+//! The tree is walked by descriptor ([`crate::dirfd`]): a name swapped for a link while it is
+//! measured makes kiln follow nothing.
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
+
+use crate::dirfd::Dir;
 
 /// How often a plain scratch directory is measured during a run.
 pub(crate) const CHECK_EVERY: Duration = Duration::from_millis(20);
@@ -26,23 +30,27 @@ impl Quota {
     /// opening its mode counts as over (it could hide anything).
     pub(crate) fn exceeded(&self) -> bool {
         let (mut bytes, mut entries) = (0u64, 0usize);
-        let mut dirs = vec![self.dir.clone()];
+        let Ok(root) = Dir::open(&self.dir) else {
+            return true;
+        };
+        let mut dirs = vec![root];
         while let Some(d) = dirs.pop() {
-            let Ok(list) = read_dir_opening(&d) else {
+            let Ok(list) = d.entries() else {
                 return true;
             };
             for entry in list {
-                let Ok(entry) = entry else { return true };
                 entries += 1;
-                let Ok(m) = std::fs::symlink_metadata(entry.path()) else {
-                    continue; // removed meanwhile
-                };
-                bytes = bytes.saturating_add(m.blocks().saturating_mul(512));
+                bytes = bytes.saturating_add((entry.stat.st_blocks as u64).saturating_mul(512));
                 if bytes > self.bytes || entries > self.entries {
                     return true;
                 }
-                if m.is_dir() {
-                    dirs.push(entry.path());
+                if entry.is_dir() {
+                    match d.child(&entry.name) {
+                        Ok(child) => dirs.push(child),
+                        // removed, or swapped for a link, meanwhile: the next check sees it
+                        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP)) => {}
+                        Err(_) => return true,
+                    }
                 }
             }
         }
@@ -50,21 +58,10 @@ impl Quota {
     }
 }
 
-/// Lists `dir`, first making it readable if the program made it unreadable (kiln owns it, or is
-/// root).
-fn read_dir_opening(dir: &Path) -> std::io::Result<std::fs::ReadDir> {
-    match std::fs::read_dir(dir) {
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-            std::fs::read_dir(dir)
-        }
-        r => r,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn bytes_and_entries_over_the_quota_are_seen_even_in_hidden_directories() {

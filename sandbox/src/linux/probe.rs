@@ -312,14 +312,15 @@ pub(crate) fn probe(
             let on = "allow-list: no sockets, no fork/clone of processes, no exec, no \
                       ptrace/mount/unshare/setns; signals only to itself (kill, tgkill, sigqueue, \
                       pidfds, F_SETOWN(_EX), FIOSETOWN/TIOCSPGRP); no chmod, utime, truncate by \
-                      path or O_TRUNC without write access; no memfd_create or fallocate (F_SETOWN to \
-                      kiln, chmod, O_TRUNC, memfd_create and fallocate checked)";
+                      path or O_TRUNC without write access; no memfd_create or fallocate; no \
+                      unlink, rename or O_TMPFILE (F_SETOWN to kiln, chmod, O_TRUNC, memfd_create, \
+                      fallocate and unlink checked)";
             t.add(
                 "seccomp",
                 |l| l.seccomp = true,
                 slot0,
                 SECCOMP_CHECK,
-                |o| o == "denied denied denied denied denied denied denied denied thread",
+                |o| o == "denied denied denied denied denied denied denied denied denied thread",
                 on,
             )
         }
@@ -444,8 +445,8 @@ fn net_trial(
 /// socket, fork and exec of the interpreter itself (which Landlock allows: only seccomp can
 /// refuse it), making kiln the target of a pipe's `SIGIO` (`F_SETOWN`; harmless without
 /// `O_ASYNC`), a chmod and an `O_RDONLY | O_TRUNC` open in the scratch directory, `memfd_create`
-/// and `fallocate` must be denied; threads must still start.
-const SECCOMP_CHECK: &str = "import fcntl, os, socket, sys, threading\nout = []\nr, w = os.pipe()\nopen('t', 'w').write('x')\nfor f in (socket.socket, os.fork, lambda: os.execv(sys.executable, ['python', '-c', '']), lambda: fcntl.fcntl(r, fcntl.F_SETOWN, os.getppid()), lambda: os.chmod('t', 0o600), lambda: os.open('t', os.O_RDONLY | os.O_TRUNC), lambda: os.memfd_create('m'), lambda: os.posix_fallocate(os.open('t', os.O_WRONLY), 0, 4096)):\n    try:\n        f(); out.append('allowed')\n    except PermissionError:\n        out.append('denied')\nt = threading.Thread(target=out.append, args=('thread',))\nt.start()\nt.join()\nprint(' '.join(out))";
+/// `fallocate` and `unlink` must be denied; threads must still start.
+const SECCOMP_CHECK: &str = "import fcntl, os, socket, sys, threading\nout = []\nr, w = os.pipe()\nopen('t', 'w').write('x')\nfor f in (socket.socket, os.fork, lambda: os.execv(sys.executable, ['python', '-c', '']), lambda: fcntl.fcntl(r, fcntl.F_SETOWN, os.getppid()), lambda: os.chmod('t', 0o600), lambda: os.open('t', os.O_RDONLY | os.O_TRUNC), lambda: os.memfd_create('m'), lambda: os.posix_fallocate(os.open('t', os.O_WRONLY), 0, 4096), lambda: os.unlink('t')):\n    try:\n        f(); out.append('allowed')\n    except PermissionError:\n        out.append('denied')\nt = threading.Thread(target=out.append, args=('thread',))\nt.start()\nt.join()\nprint(' '.join(out))";
 
 /// The layers found to work so far; each trial adds one on top.
 struct Trials<'a> {

@@ -26,7 +26,12 @@
 //! - no `memfd_create`: its pages are shared memory that `RLIMIT_DATA` does not count and that
 //!   `RLIMIT_AS` counts only while mapped (Python needs it only for `os.memfd_create`);
 //! - no `fallocate`, which reserves a file's blocks at once: a plain scratch directory (no tmpfs)
-//!   is measured every 20 ms, and between two checks only `write` can add to it.
+//!   is measured every 20 ms, and between two checks only `write` can add to it;
+//! - no `unlink`, `rename` (which replaces its target) or `open(O_TMPFILE)`: a file written after
+//!   its name is gone holds blocks that no directory shows, so a measured scratch directory would
+//!   not see them (LiveCodeBench's `reliability_guard` nulls `os.unlink`, `os.rename`,
+//!   `os.replace` and `os.remove` too); `rmdir` (`unlinkat(AT_REMOVEDIR)`) of empty directories
+//!   stays.
 
 use std::collections::BTreeMap;
 
@@ -81,10 +86,19 @@ fn pid_is(arg: u8, values: &[u32]) -> Vec<SeccompRule> {
         .collect()
 }
 
-/// Rules allowing an open whose flags (argument `arg`) truncate only with write access.
+/// `O_TMPFILE` without its `O_DIRECTORY` bit.
+const O_TMPFILE_BIT: u64 = (libc::O_TMPFILE & !libc::O_DIRECTORY) as u64;
+
+/// Rules allowing an open whose flags (argument `arg`) truncate only with write access and never
+/// make an unnamed file (`O_TMPFILE`).
 fn open_flags_at(arg: u8) -> Vec<SeccompRule> {
     let (trunc, acc) = (libc::O_TRUNC as u64, libc::O_ACCMODE as u64);
-    let masked = |mask, value| rule(vec![cond(arg, Len::Dword, Op::MaskedEq(mask), value)]);
+    let masked = |mask, value| {
+        rule(vec![
+            cond(arg, Len::Dword, Op::MaskedEq(mask), value),
+            cond(arg, Len::Dword, Op::MaskedEq(O_TMPFILE_BIT), 0),
+        ])
+    };
     vec![
         masked(trunc, 0),
         masked(acc, libc::O_WRONLY as u64),
@@ -144,6 +158,12 @@ pub(crate) fn build(exec_path: *const libc::c_char) -> Result<Filters, String> {
         ]));
     }
     rules.insert(libc::SYS_fcntl, fcntl);
+    // unlinkat only as rmdir (an empty directory holds no blocks)
+    let removedir = libc::AT_REMOVEDIR as u64;
+    rules.insert(
+        libc::SYS_unlinkat,
+        vec![rule(vec![cond(2, Len::Dword, Op::MaskedEq(removedir), removedir)])],
+    );
     rules.insert(libc::SYS_openat, open_flags_at(2));
     #[cfg(target_arch = "x86_64")]
     rules.insert(libc::SYS_open, open_flags_at(1));
@@ -213,8 +233,8 @@ const ALLOWED: &[i64] = &[
     libc::SYS_lseek, libc::SYS_close, libc::SYS_close_range,
     libc::SYS_newfstatat, libc::SYS_fstat, libc::SYS_statx, libc::SYS_statfs, libc::SYS_fstatfs,
     libc::SYS_faccessat, libc::SYS_faccessat2, libc::SYS_readlinkat, libc::SYS_getdents64,
-    libc::SYS_getcwd, libc::SYS_chdir, libc::SYS_fchdir, libc::SYS_mkdirat, libc::SYS_unlinkat,
-    libc::SYS_renameat, libc::SYS_renameat2, libc::SYS_linkat, libc::SYS_symlinkat,
+    libc::SYS_getcwd, libc::SYS_chdir, libc::SYS_fchdir, libc::SYS_mkdirat,
+    libc::SYS_linkat, libc::SYS_symlinkat,
     libc::SYS_ftruncate, libc::SYS_fsync, libc::SYS_fdatasync,
     libc::SYS_fadvise64, libc::SYS_flock, libc::SYS_dup, libc::SYS_dup3,
     libc::SYS_pipe2, libc::SYS_umask, libc::SYS_copy_file_range, libc::SYS_sendfile,
@@ -253,8 +273,6 @@ const ALLOWED: &[i64] = &[
     #[cfg(target_arch = "x86_64")] libc::SYS_getdents,
     #[cfg(target_arch = "x86_64")] libc::SYS_mkdir,
     #[cfg(target_arch = "x86_64")] libc::SYS_rmdir,
-    #[cfg(target_arch = "x86_64")] libc::SYS_unlink,
-    #[cfg(target_arch = "x86_64")] libc::SYS_rename,
     #[cfg(target_arch = "x86_64")] libc::SYS_link,
     #[cfg(target_arch = "x86_64")] libc::SYS_symlink,
     #[cfg(target_arch = "x86_64")] libc::SYS_dup2,

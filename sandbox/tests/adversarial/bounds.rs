@@ -203,6 +203,41 @@ fn many_files_in_a_plain_scratch_directory_are_stopped() {
     }
 }
 
+/// Removing a file's name, or replacing it by a rename, and `O_TMPFILE`: each would leave blocks
+/// that no directory shows (through the C library: LiveCodeBench's guard nulls `os.unlink`,
+/// `os.rename` and the like). Removing an empty directory stays allowed.
+const HIDING: &str = "open('f', 'w').close()\nopen('g', 'w').close()\nos.mkdir('d')\n\
+def c(r):\n    if r != 0:\n        raise OSError(ctypes.get_errno(), 'failed')\n\
+AT_FDCWD = -100\n\
+print(attempt(lambda: c(libc.unlink(b'f'))), attempt(lambda: c(libc.unlinkat(AT_FDCWD, b'f', 0))), \
+attempt(lambda: c(libc.rename(b'f', b'g'))), attempt(lambda: c(libc.renameat2(AT_FDCWD, b'f', AT_FDCWD, b'h', 0))), \
+attempt(lambda: os.close(os.open('.', os.O_TMPFILE | os.O_WRONLY))), attempt(lambda: c(libc.rmdir(b'd'))))";
+
+#[test]
+fn files_cannot_be_hidden_from_the_scratch_measure() {
+    let _alone = common::exclusive();
+    let want = "denied denied denied denied denied allowed";
+    for sandbox in modes() {
+        let g = grade_in(sandbox, &probe(HIDING), &stdin("", want), &short());
+        assert_verdict(&g, Verdict::Accepted);
+    }
+    // writing on into files whose names it tried to remove is stopped like any other
+    let hidden = "files = []\nfor i in range(16):\n    f = open('h%d' % i, 'wb')\n    \
+                  libc.unlink(b'h%d' % i)\n    files.append(f)\nwhile True:\n    for f in files:\n        \
+                  f.write(b'x' * (1 << 20))\n        f.flush()";
+    let slow = Limits { per_test: Duration::from_secs(8), ..short() };
+    for sandbox in [common::bare_sandbox(), common::fallback_sandbox()] {
+        let p = sandbox.protections();
+        assert!(!p.scratch.active, "{p}");
+        let before = free_bytes();
+        let g = grade_in(sandbox, &probe(hidden), &stdin("", "1"), &slow);
+        let after = free_bytes();
+        assert_verdict(&g, Verdict::RuntimeError);
+        assert!(g.tests[0].detail.contains("scratch directory"), "{g:#?}\n{p}");
+        assert!(after + (160 << 20) > before, "free space fell from {before} to {after} under {p}");
+    }
+}
+
 /// Capability words (permitted + effective + inheritable), bounding-set members when the run is
 /// root (only root's `execve` draws on them), `no_new_privs`
 /// (by `capget` and `prctl`: Landlock hides `/proc`), then `CapEff` from `/proc/self/status`
