@@ -203,6 +203,8 @@ impl Sandbox {
         };
         let _ = off;
         refuse_unconfined(&protections, opts.allow_unsafe)?;
+        #[cfg(target_os = "linux")]
+        let slots = if linux.layers.share_task_count(is_root) { 1 } else { slots };
         sandbox_dirs.0 = None;
         let sandbox = Sandbox {
             protections,
@@ -226,7 +228,8 @@ impl Sandbox {
         &self.protections
     }
 
-    /// The number of processes that run in parallel.
+    /// The number of processes that run in parallel: [`SandboxOptions::slots`], or 1 where runs
+    /// share kiln's uid's task count (the tasks layer says so).
     pub fn slots(&self) -> usize {
         self.pool.size
     }

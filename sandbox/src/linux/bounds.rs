@@ -51,7 +51,7 @@ pub(crate) fn tasks(platform: &Platform, layers: &Layers, slot: &SlotResources) 
     } else if !platform.is_root {
         how.push(format!(
             "RLIMIT_NPROC on kiln's shared uid (its tasks at the start + {limit}, at most {} \
-             below kiln's own limit)",
+             below kiln's own limit; one run at a time, so that no run takes another's room)",
             super::tasks::KILN_RESERVE
         ));
     }

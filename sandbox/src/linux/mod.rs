@@ -40,6 +40,15 @@ pub(crate) struct Layers {
     pub cgroup: bool,
 }
 
+impl Layers {
+    /// Whether runs count their tasks against kiln's own uid (neither the uid drop nor a user
+    /// namespace; the host's root is exempt from `RLIMIT_NPROC`): one run's threads would then
+    /// take the room of another's, so runs go one at a time.
+    pub(crate) fn share_task_count(&self, is_root: bool) -> bool {
+        !self.drop_uid && !self.user_ns && !is_root
+    }
+}
+
 /// Per-slot resources used by the layers.
 pub(crate) struct SlotResources {
     /// The scratch directory (and tmpfs mount point).

@@ -110,6 +110,37 @@ fn thread_bombs_are_contained_and_kiln_still_starts_threads() {
     }
 }
 
+/// A thread bomb in one slot while another slot's program starts sixteen threads: the second
+/// passes in every mode. (Where runs share kiln's uid, runs go one at a time, since one run's
+/// threads would take another's room under `RLIMIT_NPROC`.)
+#[test]
+fn a_thread_bomb_never_takes_another_runs_threads() {
+    let _alone = common::exclusive();
+    let benign = "import threading, time\ntime.sleep(0.5)\nres = [0] * 16\ndef work(i):\n    res[i] = i\n\
+                  ts = [threading.Thread(target=work, args=(i,)) for i in range(16)]\n\
+                  for t in ts: t.start()\nfor t in ts: t.join()\nprint(sum(res))";
+    for sandbox in modes() {
+        let p = sandbox.protections();
+        if !p.tasks.active {
+            continue; // (the host's root without the uid drop and a cgroup: refused for tasks)
+        }
+        if p.tasks.detail.contains("shared uid") {
+            assert_eq!(sandbox.slots(), 1, "{p}");
+        }
+        let limits = Limits { per_test: Duration::from_secs(4), ..short() };
+        let bomb = THREAD_BOMB.replace("MOST", "3001");
+        std::thread::scope(|s| {
+            let first = s.spawn(|| sandbox.grade(benign, &stdin("", "120"), &limits).unwrap());
+            std::thread::sleep(Duration::from_millis(100)); // the benign run has its limits now
+            let g = sandbox.grade(&bomb, &stdin("", "bounded"), &limits).unwrap();
+            assert_verdict(&g, Verdict::Accepted);
+            assert_verdict(&first.join().unwrap(), Verdict::Accepted);
+        });
+        let left = common::leftovers_of(sandbox);
+        assert!(left.is_empty(), "processes left behind: {left:?}");
+    }
+}
+
 /// Creates memory files until that fails, each grown 1 MiB at a time until that fails, then
 /// prints the total ("denied" if the first one is refused).
 const MEMFD_GROWTH: &str = "import os\nfds, total = [], 0\n\
