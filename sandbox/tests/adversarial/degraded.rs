@@ -346,3 +346,53 @@ fn older_landlock_abis_are_contained_by_the_others_or_refused() {
     }
     println!("{}", report.join("\n"));
 }
+
+/// Settings met on real machines, several layers missing at once: a user on a distribution that
+/// forbids unprivileged user namespaces (Ubuntu 24.04's default) on kernels with Landlock ABI 1
+/// to 5 (run as `nobody` by the unprivileged pass, this is that user: no namespaces, no uid
+/// drop, a plain scratch directory), and root in a container that allows no mounts, network or
+/// PID namespaces and no cgroup of its own (the uid drop stays). Contained, or refused naming
+/// what nothing contains.
+#[test]
+fn several_layers_missing_at_once_are_contained_or_refused() {
+    let _alone = common::exclusive();
+    let kernel = common::landlock_abi();
+    assert!(kernel >= 1, "this test needs a kernel with Landlock");
+    let mut settings: Vec<(String, Vec<&str>, Option<u32>)> = (1..=kernel.min(5) as u32)
+        .map(|abi| (format!("no user namespaces, Landlock ABI {abi}"), vec!["user_namespace"], Some(abi)))
+        .collect();
+    settings.push((
+        "no mounts, network or PID namespaces, no cgroup".into(),
+        vec!["scratch", "net_namespace", "pid_namespace", "cgroup"],
+        None,
+    ));
+    let mut report = Vec::new();
+    for (i, (name, skip, abi)) in settings.iter().enumerate() {
+        let t = Instant::now();
+        let made = Sandbox::new(SandboxOptions {
+            slots: 1,
+            uid_base: UID_BASE + 200 + 10 * i as u32,
+            skip_layers: skip.iter().map(|l| l.to_string()).collect(),
+            landlock_abi: *abi,
+            ..SandboxOptions::default()
+        });
+        let sandbox = match made {
+            Err(SandboxError::Unconfined(why)) => {
+                assert!(why.contains("left off on request"), "{name}: {why}");
+                report.push(format!("{name}: refused ({why}) in {:?}", t.elapsed()));
+                continue;
+            }
+            Err(e) => panic!("{name}: {e}"),
+            Ok(s) => s,
+        };
+        let p = sandbox.protections();
+        assert!(p.confined() && !p.unsafe_mode, "{name}: {p}");
+        for layer in skip {
+            let (_, off) = p.layers().into_iter().find(|(n, _)| n == layer).unwrap();
+            assert!(!off.active, "{name}: {layer} is on\n{p}");
+        }
+        contained(&sandbox, sandbox.slot_uids().first().copied());
+        report.push(format!("{name}: contained in {:?}", t.elapsed()));
+    }
+    println!("{}", report.join("\n"));
+}
