@@ -557,3 +557,40 @@ fn kiln_sft_trains_on_parquet_rows_and_scores_the_held_out_ones() {
     assert!(eval_losses.len() >= 2 && eval_losses.iter().all(|l| l.is_finite() && *l > 1.0), "{metrics:?}");
     assert!(metrics.iter().any(|m| m["targets"].as_u64().unwrap_or(0) > 50), "assistant turns are targets: {metrics:?}");
 }
+
+/// `kiln rl` with code rewards on a tiny random model: one step, graded in the sandbox with the
+/// layers `--sandbox-without` leaves off recorded in the output directory's environment.json and
+/// printed with the data line; the flag on a task that runs no programs is one error line.
+#[test]
+fn rl_with_code_rewards_records_the_sandbox_layers_left_off() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny_model(tmp.path());
+    let config = tmp.path().join("rl.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[model]\nfrom = {model:?}\n\n[task]\nkind = \"code\"\n\n[data]\nkind = \"prompts\"\nfiles = [{problems:?}]\nmax_prompt_length = 2000\n\n\
+             [rollout]\nn = 2\nmax_response_length = 8\n\n[train]\nsteps = 1\nprompts_per_step = 2\nmini_batch = 2\nmicro_batch = 4\n\n\
+             [optimizer]\nlr = 1e-4\n\n[reward]\nkind = \"code\"\nper_test_timeout_s = 1\nmax_tests = 1\n\n[output]\ndir = {out:?}\n",
+            model = tmp.path().join("model"),
+            problems = fixture("code/lcb_mini/test5.jsonl"),
+            out = tmp.path().join("out"),
+        ),
+    )
+    .unwrap();
+    let run = kiln(&["rl", "--config", s(&config), "--sandbox-without", "net_namespace"]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(stderr.contains("left off: net_namespace"), "{stderr}");
+    let environment: Value = serde_json::from_str(&std::fs::read_to_string(tmp.path().join("out/environment.json")).unwrap()).unwrap();
+    assert_eq!(environment["protections"]["skipped"], json!(["net_namespace"]), "{environment:#}");
+    assert_eq!(environment["protections"]["net_namespace"]["active"], json!(false), "{environment:#}");
+
+    let interplay = tmp.path().join("interplay.toml");
+    let text = std::fs::read_to_string(&config).unwrap().replace("[task]\nkind = \"code\"\n", "");
+    std::fs::write(&interplay, text).unwrap();
+    let refused = kiln(&["rl", "--config", s(&interplay), "--sandbox-without", "net_namespace"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && stderr.trim().lines().count() == 1, "{stderr}");
+    assert!(stderr.starts_with("error: ") && stderr.contains("--sandbox-without") && stderr.contains("interplay.toml"), "{stderr}");
+}

@@ -72,7 +72,7 @@ impl SandboxArgs {
     }
 }
 
-fn parse_layer(text: &str) -> Result<String> {
+pub(super) fn parse_layer(text: &str) -> Result<String> {
     if !SKIPPABLE_LAYERS.contains(&text) {
         bail!("unknown sandbox layer {text:?}: the layers that can be left off are {}", SKIPPABLE_LAYERS.join(", "));
     }

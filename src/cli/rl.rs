@@ -30,6 +30,17 @@ pub struct RlArgs {
     /// The device (default cpu; see --devices for several).
     #[arg(long, value_parser = super::parse_backend)]
     backend: Option<DeviceSpec>,
+    /// Code tasks: sandbox layers to leave off as if the kernel lacked them (added to `[task]
+    /// sandbox_without`; recorded in environment.json). kiln still refuses when the layers left
+    /// cannot contain a run.
+    #[cfg(feature = "code")]
+    #[arg(long, value_name = "LAYER[,LAYER...]", value_delimiter = ',', value_parser = super::code::parse_layer)]
+    sandbox_without: Vec<String>,
+    /// Code tasks: enforce Landlock as a kernel of this ABI (1-6) would (`[task]
+    /// sandbox_landlock_abi`).
+    #[cfg(feature = "code")]
+    #[arg(long, value_name = "ABI")]
+    sandbox_landlock_abi: Option<u32>,
     #[command(flatten)]
     dist: DistArgs,
 }
@@ -38,6 +49,8 @@ pub fn run(method: Method, args: RlArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.config).with_context(|| format!("{}", args.config.display()))?;
     let mut config = PgConfig::load(&args.config, &text, method)?;
     config.output.allow_config_change |= args.allow_config_change;
+    #[cfg(feature = "code")]
+    sandbox_flags(&mut config.task, args.sandbox_without, args.sandbox_landlock_abi, &args.config)?;
     let devices = args.dist.devices(args.backend, config.train.devices.as_deref())?;
     let nodes = args.dist.nodes()?;
     let run_kind = match method {
@@ -48,6 +61,31 @@ pub fn run(method: Method, args: RlArgs) -> Result<()> {
     let recompute = config.train.recompute;
     let job = RlJob { config, method, resume: args.resume, path: args.config, nodes, note };
     kiln::backends::run_replicas_with(&devices, recompute, job)?
+}
+
+/// `--sandbox-without` and `--sandbox-landlock-abi` into the code task's config (an error for
+/// other tasks, which run no programs).
+#[cfg(feature = "code")]
+fn sandbox_flags(task: &mut kiln::tasks::TaskConfig, without: Vec<String>, abi: Option<u32>, path: &std::path::Path) -> Result<()> {
+    if without.is_empty() && abi.is_none() {
+        return Ok(());
+    }
+    match task {
+        kiln::tasks::TaskConfig::Code(code) => {
+            for layer in without {
+                if !code.sandbox_without.contains(&layer) {
+                    code.sandbox_without.push(layer);
+                }
+            }
+            code.sandbox_landlock_abi = abi.or(code.sandbox_landlock_abi);
+            Ok(())
+        }
+        #[allow(unreachable_patterns)]
+        _ => anyhow::bail!(
+            "--sandbox-without and --sandbox-landlock-abi are for code tasks ([task] kind = \"code\"); {} runs no programs",
+            path.display()
+        ),
+    }
 }
 
 struct RlJob {
@@ -74,14 +112,16 @@ impl ReplicaJob for RlJob {
             self.resume,
             |data| {
                 bar.set_length(data["total_steps"].as_u64().unwrap_or(0));
+                // (suspend, not println: a bar hidden without a terminal drops println's lines)
+                let say = |line: String| bar.suspend(|| eprintln!("{line}"));
                 if let Some(note) = &self.note {
-                    bar.println(note);
+                    say(note.clone());
                 }
                 if let Some(environment) = data["environment"].as_str() {
-                    bar.println(format!("rewards graded under {environment}"));
+                    say(format!("rewards graded under {environment}"));
                 }
                 let report = &data["prompts"];
-                bar.println(format!(
+                say(format!(
                     "prompts: {} kept, {} longer than max_prompt_length dropped; {} steps ({} per epoch)",
                     report["prompts"], report["filtered_overlong"], data["total_steps"], data["steps_per_epoch"]
                 ));

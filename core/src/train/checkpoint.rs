@@ -243,9 +243,18 @@ impl<B: Backend> ModuleVisitor<B> for Sizes {
 }
 
 /// Settings a resumed run may change without `--allow-config-change`: where and how often it
-/// saves and evaluates, how long it runs (`steps`/`epochs`: the new total is warned about), and
-/// recomputation (memory only).
-const RESUMABLE: &[&str] = &["output", "eval", "train.steps", "train.epochs", "train.recompute"];
+/// saves and evaluates, how long it runs (`steps`/`epochs`: the new total is warned about),
+/// recomputation (memory only) and the sandbox layers code rewards run under (how the machine
+/// contains programs, not what they score; recorded in `environment.json`).
+const RESUMABLE: &[&str] = &[
+    "output",
+    "eval",
+    "train.steps",
+    "train.epochs",
+    "train.recompute",
+    "task.sandbox_without",
+    "task.sandbox_landlock_abi",
+];
 
 /// The settings of the run config `current` that differ from `saved` (both a run's
 /// `{"config": …}` record, as stored in `trainer_state.json`), as `name old → new`, in name

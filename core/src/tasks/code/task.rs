@@ -10,7 +10,7 @@
 //! kind = "code"
 //! template = "lcb-qwen"        # or "lighteval" / "generic" with chat_template = "<model dir>"
 //! timeout_s = 6                # per test, for evaluation (LiveCodeBench's)
-//! sandbox_without = []         # sandbox layers to leave off, e.g. ["seccomp"] (testing)
+//! sandbox_without = []         # sandbox layers to leave off, e.g. ["net_namespace"] (testing)
 //!
 //! [reward]
 //! kind = "code"
