@@ -130,18 +130,25 @@ fn programs_grade_as_in_lcb() {
     assert!(jobs.len() >= 45);
 }
 
-/// LCB's `reliability_guard` nulls these (testing_util.py); the harness must too, in both modes,
-/// however the program reaches them.
+/// LCB's `reliability_guard` nulls these (testing_util.py) and disables `faulthandler`; the
+/// harness must too, in both modes, however the program reaches them, in the full sandbox and in
+/// the fallback one (a run keeping kiln's uid).
 #[test]
 fn reliability_guard_nulls_what_lcb_nulls() {
     let nulled = "import os, sys, builtins, shutil, subprocess\nfrom subprocess import Popen\n\
-import importlib\nfound = [shutil.rmtree, shutil.move, shutil.chown, subprocess.Popen, Popen, builtins.help, builtins.quit]\n\
-found += [getattr(os, n) for n in 'kill system putenv remove removedirs rmdir fchdir setuid fork forkpty killpg rename renames truncate replace unlink fchmod fchown chmod chown chroot lchown getcwd chdir'.split()]\n\
+import importlib, faulthandler\nfound = [shutil.rmtree, shutil.move, shutil.chown, subprocess.Popen, Popen, builtins.help, builtins.quit]\n\
+found += [getattr(os, n) for n in 'kill system putenv remove removedirs rmdir fchdir setuid fork forkpty killpg rename renames truncate replace unlink fchmod fchown chmod chown chroot lchflags lchmod lchown getcwd chdir'.split()]\n\
 found += [sys.modules[m] for m in ('ipdb', 'joblib', 'resource', 'psutil', 'tkinter')]\n\
 import asyncio.subprocess\nfound.append(subprocess.Popen)\n\
-print(sum(f is not None for f in found), len(found), os.environ['OMP_NUM_THREADS'])";
-    let want = "0 37 1";
-    let g = common::sandbox().grade(
+print(sum(f is not None for f in found), len(found), os.environ['OMP_NUM_THREADS'], faulthandler.is_enabled())";
+    let want = "0 39 1 False";
+    for sandbox in [common::sandbox(), common::fallback_sandbox()] {
+        guarded(sandbox, nulled, want);
+    }
+}
+
+fn guarded(sandbox: &kiln_sandbox::Sandbox, nulled: &str, want: &str) {
+    let g = sandbox.grade(
         nulled,
         &[TestCase::Stdin {
             input: String::new(),
@@ -157,11 +164,11 @@ print(sum(f is not None for f in found), len(found), os.environ['OMP_NUM_THREADS
             .replace('\n', "\n    ")
             .replace("print(", "out = (")
             .replace(
-                "OMP_NUM_THREADS'])",
-                "OMP_NUM_THREADS'])\n    out = ' '.join(map(str, out))"
+                "faulthandler.is_enabled())",
+                "faulthandler.is_enabled())\n    out = ' '.join(map(str, out))"
             )
     );
-    let g = common::sandbox().grade(
+    let g = sandbox.grade(
         &call,
         &[TestCase::Call {
             fn_name: "f".into(),
