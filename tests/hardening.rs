@@ -429,7 +429,7 @@ fn resume_after_sigkill_is_bit_identical_across_an_epoch_boundary() {
 }
 
 /// `--resume` under a config whose settings differ from the checkpoint's run is refused with one
-/// line listing each changed setting (the learning rate, the model it starts from), and nothing
+/// line listing each changed setting (optimizer, schedule, seed, the model it starts from), and nothing
 /// is written; `--allow-config-change` resumes with a warning; more steps only warn.
 #[test]
 fn resuming_under_a_changed_config_is_refused_unless_allowed() {
@@ -441,16 +441,27 @@ fn resuming_under_a_changed_config_is_refused_unless_allowed() {
     let before = listing();
     let metrics = std::fs::read(out.join("metrics.jsonl")).unwrap();
 
-    // The learning rate and the model to start from changed: refused, naming both.
-    let changed = sft_toml("max_length = 32", "steps = 3", "dir = \"out\"\nsave_steps = 1").replace("lr = 1e-3", "lr = 1.67e-2");
+    // The learning rate, AdamW's beta2, the warm-up, the data seed and the model to start from
+    // changed: refused, naming each.
+    let changed = sft_toml("max_length = 32", "steps = 3", "dir = \"out\"\nsave_steps = 1")
+        .replace("lr = 1e-3", "lr = 1.67e-2\nbeta2 = 0.95\n\n[schedule]\nwarmup_steps = 1")
+        .replace("seed = 3", "seed = 4");
     std::fs::write(&run, changed.replace("from = \"model\"", "from = \"model2\"")).unwrap();
     std::fs::rename(tmp.path().join("model"), tmp.path().join("model2")).unwrap();
-    let line = fails_with(&["sft", "--config", r, "--resume"], &["checkpoint-2", "optimizer.lr 0.001 → 0.0167", "model.from", "--allow-config-change"]);
+    let line = fails_with(
+        &["sft", "--config", r, "--resume"],
+        &["checkpoint-2", "optimizer.lr 0.001 → 0.0167", "optimizer.beta2 0.999 → 0.95", "schedule.warmup_steps (unset) → 1", "train.seed 3 → 4", "model.from", "--allow-config-change"],
+    );
     assert!(!line.contains("train.steps"), "more steps are allowed: {line}");
     assert_eq!(listing(), before, "a refused resume writes nothing");
     assert_eq!(std::fs::read(out.join("metrics.jsonl")).unwrap(), metrics);
 
+    // The data order cannot change mid-run: a new seed stays refused when allowed, with its
+    // own line, and nothing is written.
+    fails_with(&["sft", "--config", r, "--resume", "--allow-config-change"], &["trained on other data", "seed 3"]);
+    assert_eq!(listing(), before, "a refused resume writes nothing");
     // Allowed: it resumes, warning once about the settings and once about the new total.
+    std::fs::write(&run, changed.replace("from = \"model\"", "from = \"model2\"").replace("seed = 4", "seed = 3")).unwrap();
     let resumed = ok(&["sft", "--config", r, "--resume", "--allow-config-change"]);
     let stderr = String::from_utf8_lossy(&resumed.stderr);
     assert!(stderr.contains("warning: resuming") && stderr.contains("with changed settings: model.from"), "{stderr}");

@@ -176,14 +176,18 @@ impl<B: AutodiffBackend> Start<B> {
                 for (step, path) in &checkpoints {
                     match load_checkpoint::<B>(path, *step, config, device) {
                         Ok((model, state, mut optimizer)) => {
-                            if settings_changed(path, &state, config)? {
+                            let changes = changed_settings(path, &state, config)?;
+                            // (the data cursor before any warning: a run that cannot continue its
+                            // data ends in one error line)
+                            objective.restore(&state.data)?;
+                            warn_of_changes(path, &state, config, &changes);
+                            if !changes.is_empty() {
                                 optimizer.config = config.optimizer;
                             }
                             for (bad, err) in broken {
                                 let aside = checkpoint::set_aside(&bad)?;
                                 eprintln!("warning: {err}; resuming from {} instead (the damaged checkpoint is kept as {})", path.display(), aside.display());
                             }
-                            objective.restore(&state.data)?;
                             let loss_scale = precision.loss_scale().map(|s| state.loss_scale.unwrap_or(s));
                             return Ok(Self { model, optimizer, step: state.step, loss_scale });
                         }
@@ -229,20 +233,27 @@ fn load_checkpoint<B: AutodiffBackend>(
     Ok((model, state, optimizer))
 }
 
-/// Whether the run resuming from checkpoint `path` (its `state`) changes settings the
+/// The settings the run resuming from checkpoint `path` (its `state`) changes from those the
 /// checkpoint was trained with: refused with one line listing them, unless the run allows it
-/// (then they are warned about and the new ones apply). A new number of steps is warned about.
-fn settings_changed(path: &Path, state: &TrainerState, config: &LoopConfig) -> Result<bool> {
+/// (then the new ones apply).
+fn changed_settings(path: &Path, state: &TrainerState, config: &LoopConfig) -> Result<Vec<String>> {
     let changes = checkpoint::config_changes(&state.config, &config.run_config);
-    let list = changes.join(", ");
     if !changes.is_empty() && !config.allow_config_change {
         return Err(Error::checkpoint(
             path,
-            format!("the run's config differs from the one this checkpoint was trained with: {list}; pass --allow-config-change to resume with the new settings"),
+            format!(
+                "the run's config differs from the one this checkpoint was trained with: {}; pass --allow-config-change to resume with the new settings",
+                changes.join(", ")
+            ),
         ));
     }
+    Ok(changes)
+}
+
+/// The warnings of a resume under allowed `changes`, and of a new number of steps.
+fn warn_of_changes(path: &Path, state: &TrainerState, config: &LoopConfig, changes: &[String]) {
     if !changes.is_empty() {
-        eprintln!("warning: resuming {} with changed settings: {list}", path.display());
+        eprintln!("warning: resuming {} with changed settings: {}", path.display(), changes.join(", "));
     }
     if state.total_steps != config.total_steps {
         eprintln!(
@@ -252,7 +263,6 @@ fn settings_changed(path: &Path, state: &TrainerState, config: &LoopConfig) -> R
             state.total_steps
         );
     }
-    Ok(!changes.is_empty())
 }
 
 /// Runs the loop from `start` to `config.total_steps` (or the time budget). `evaluate` is given
