@@ -79,8 +79,18 @@ pub(crate) fn tasks(platform: &Platform, layers: &Layers, slot: &SlotResources) 
     }
 }
 
-/// What bounds a run's memory (by mechanism; the memory tests check them).
-pub(crate) fn memory(layers: &Layers) -> Layer {
+/// Allocates 256 MiB of private data (run under a 96 MiB limit: it must fail).
+const MEMORY_CHECK: &str = "try:\n    b = bytearray(256 << 20)\n    print('allocated')\nexcept MemoryError:\n    print('bounded')";
+
+/// What bounds a run's memory (by mechanism; the memory tests check them all), tried by a run
+/// whose private allocation over its limit must fail.
+pub(crate) fn memory(platform: &Platform, layers: &Layers, slot: &SlotResources) -> Layer {
+    let limits = RunLimits { memory_bytes: 96 << 20, wall: std::time::Duration::from_secs(20), ..RunLimits::default() };
+    match super::probe::run_check_with(platform, layers, slot, MEMORY_CHECK, &limits) {
+        Ok(out) if out == "bounded" => {}
+        Ok(out) => return Layer::off(format!("not bounded: 256 MiB of data under a 96 MiB limit was {out}")),
+        Err(e) => return Layer::off(e),
+    }
     let mut parts = vec!["private data: RLIMIT_DATA".to_string()];
     if layers.cgroup {
         parts.push("shared mappings, tmpfs and memfd pages: the cgroup's memory limit".into());
@@ -96,7 +106,7 @@ pub(crate) fn memory(layers: &Layers) -> Layer {
                 .into(),
         );
     }
-    Layer::on(parts.join("; "))
+    Layer::on(parts.join("; ") + " (256 MiB under a 96 MiB limit tried: refused)")
 }
 
 /// What bounds a run's disk use.
@@ -119,11 +129,13 @@ pub(crate) fn disk(layers: &Layers) -> Layer {
 }
 
 /// The working layers that contain each property, from what the probe's runs showed: `tasks`
-/// whether the task bound held, `signal_scope` whether Landlock stopped a signal out.
+/// whether the task bound held, `memory` whether the memory bound did, `signal_scope` whether
+/// Landlock stopped a signal out.
 pub(crate) fn containment(
     platform: &Platform,
     layers: &Layers,
     tasks: bool,
+    memory: bool,
     signal_scope: bool,
 ) -> Containment {
     let pick =
@@ -164,11 +176,11 @@ pub(crate) fn containment(
         } else {
             Vec::new()
         },
-        memory: pick(&[
-            (true, "rlimits"),
-            (layers.cgroup, "cgroup"),
-            (layers.seccomp, "seccomp"),
-        ]),
+        memory: if memory {
+            pick(&[(true, "rlimits"), (layers.cgroup, "cgroup"), (layers.seccomp, "seccomp")])
+        } else {
+            Vec::new()
+        },
         // only seccomp denies every socket: a unix socket by path (a world-writable one: D-Bus,
         // X11) is reachable from any network namespace, and Landlock does not govern it
         network: if layers.seccomp {

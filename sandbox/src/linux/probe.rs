@@ -343,8 +343,8 @@ pub(crate) fn probe(
     let layers = t.layers;
     let capabilities = bounds::capabilities(&platform, &layers, slot0);
     let tasks = bounds::tasks(&platform, &layers, slot0);
-    let (memory, disk) = (bounds::memory(&layers), bounds::disk(&layers));
-    let containment = bounds::containment(&platform, &layers, tasks.active, signal_scope);
+    let (memory, disk) = (bounds::memory(&platform, &layers, slot0), bounds::disk(&layers));
+    let containment = bounds::containment(&platform, &layers, tasks.active, memory.active, signal_scope);
     Ok(Probed {
         platform,
         layers,
@@ -560,28 +560,39 @@ pub(crate) fn run_check(
     slot: &SlotResources,
     check: &str,
 ) -> Result<String, String> {
-    if !layers.tmpfs {
-        let owner = platform.is_root.then(|| platform.run_ids(layers, slot));
-        crate::fresh::renew_scratch(&slot.work, owner).map_err(|e| e.to_string())?;
-    }
     let limits = RunLimits {
         wall: Duration::from_secs(20),
         ..RunLimits::default()
     };
+    run_check_with(platform, layers, slot, check, &limits)
+}
+
+/// [`run_check`] under `limits`.
+pub(crate) fn run_check_with(
+    platform: &Platform,
+    layers: &Layers,
+    slot: &SlotResources,
+    check: &str,
+    limits: &RunLimits,
+) -> Result<String, String> {
+    if !layers.tmpfs {
+        let owner = platform.is_root.then(|| platform.run_ids(layers, slot));
+        crate::fresh::renew_scratch(&slot.work, owner).map_err(|e| e.to_string())?;
+    }
     let args: Vec<&OsStr> = ["-I", "-S", "-B", "-c", check]
         .into_iter()
         .map(OsStr::new)
         .collect();
     let start = Instant::now();
     let child = platform
-        .spawn(layers, slot, &args, &limits)
+        .spawn(layers, slot, &args, limits)
         .map_err(|e| e.to_string())?;
     let kill = if layers.pid_ns {
         Kill::Proxy
     } else {
         Kill::Group
     };
-    let out = supervise(child, b"", &limits, start, None, kill).map_err(|e| e.to_string())?;
+    let out = supervise(child, b"", limits, start, None, kill).map_err(|e| e.to_string())?;
     if out.exit != crate::run::Exit::Code(0) {
         let err = String::from_utf8_lossy(&out.stderr);
         let last = err.trim().lines().last().unwrap_or("").to_string();
