@@ -49,9 +49,12 @@ pub(crate) fn hierarchy() -> Result<Hierarchy, String> {
     if !(ctrl.split_whitespace().any(|c| c == "memory")
         && ctrl.split_whitespace().any(|c| c == "pids"))
     {
+        // (a cgroup that holds processes cannot enable controllers for its children; kiln does not
+        // move itself into a child group to make room for its slots' groups)
         return Err(format!(
-            "cgroup v2: memory and pids are not delegated to {} (run under a delegated scope, \
-             e.g. `systemd-run --user -p Delegate=yes --scope kiln ...`)",
+            "cgroup v2: {} does not enable memory and pids for its child groups (its \
+             cgroup.subtree_control lacks them; kiln's slots would need groups there); memory and \
+             tasks are left to the rlimits",
             base.display()
         ));
     }
