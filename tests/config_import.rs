@@ -74,6 +74,7 @@ fn verl_grpo_example_is_imported_with_every_value() {
     assert_eq!(c.optimizer.weight_decay, Some(0.01));
     assert_eq!((c.optimizer.beta1, c.optimizer.beta2, c.optimizer.max_grad_norm), (0.9, 0.999, 1.0));
     assert_eq!(c.schedule.kind, Some(kiln::train::config::ScheduleKind::Constant));
+    assert_eq!(c.train.precision, kiln::train::Precision::Bf16Mixed, "verl's actor: fp32 master weights, bfloat16 compute");
     let l = &c.loss;
     assert_eq!((l.clip_ratio, l.clip_ratio_low, l.clip_ratio_high, l.clip_ratio_c), (0.2, Some(0.2), Some(0.2), 3.0));
     assert_eq!((l.kl_coef, l.kl_estimator), (0.001, KlEstimator::K3), "use_kl_loss, kl_loss_coef, kl_loss_type low_var_kl");
@@ -95,6 +96,95 @@ fn verl_grpo_example_is_imported_with_every_value() {
     let tmp = tempfile::tempdir().unwrap();
     let back = show_through_binary(tmp.path(), "imported.toml", &imported.to_toml("the verl example"), RunKind::Rl);
     assert_eq!(&back, c);
+}
+
+/// Each value the goal names, set by an override to something neither verl's nor kiln's default,
+/// arrives in its kiln key, and the report says where it came from: a value dropped on the way
+/// would leave kiln's default and fail here.
+#[test]
+fn every_verl_value_is_carried_not_defaulted() {
+    let imported = verl_import(&[
+        "actor_rollout_ref.actor.optim.lr=3e-6",
+        "actor_rollout_ref.actor.optim.weight_decay=0.05",
+        "actor_rollout_ref.rollout.n=7",
+        "actor_rollout_ref.rollout.temperature=0.9",
+        "actor_rollout_ref.rollout.top_p=0.95",
+        "actor_rollout_ref.actor.kl_loss_coef=0.005",
+        "actor_rollout_ref.actor.kl_loss_type=mse",
+        "actor_rollout_ref.actor.clip_ratio=0.25",
+        "actor_rollout_ref.actor.clip_ratio_low=0.15",
+        "actor_rollout_ref.actor.clip_ratio_high=0.3",
+        "actor_rollout_ref.actor.clip_ratio_c=4.0",
+        "actor_rollout_ref.actor.optim.clip_grad=0.7",
+        "trainer.total_training_steps=123",
+        "trainer.save_freq=7",
+        "data.train_batch_size=96",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=48",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+        "data.max_prompt_length=700",
+        "actor_rollout_ref.rollout.response_length=900",
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+        "actor_rollout_ref.actor.fsdp_config.dtype=float16",
+    ])
+    .unwrap();
+    let c = pg(&imported);
+    let (o, l, r, t) = (&c.optimizer, &c.loss, &c.rollout, &c.train);
+    assert_eq!((o.lr, o.weight_decay, o.max_grad_norm), (Some(3e-6), Some(0.05), 0.7));
+    assert_eq!((r.n, r.temperature, r.top_p, r.max_response_length), (7, 0.9, 0.95, 900));
+    assert_eq!((l.kl_coef, l.kl_estimator), (0.005, KlEstimator::K2));
+    assert_eq!((l.clip_ratio, l.clip_ratio_low, l.clip_ratio_high, l.clip_ratio_c), (0.25, Some(0.15), Some(0.3), 4.0));
+    assert_eq!(l.agg, LossAgg::SeqMeanTokenMean);
+    assert_eq!((t.steps, t.prompts_per_step, t.mini_batch, t.micro_batch), (Some(123), Some(96), Some(48), Some(3)));
+    assert_eq!(t.precision, kiln::train::Precision::F16Mixed);
+    assert_eq!(c.output.save_steps, Some(7.0));
+    assert_eq!(c.prompts().unwrap().max_prompt_length, 700);
+    let carried: Vec<&str> = imported.report.carried.iter().map(|(from, _)| from.as_str()).collect();
+    for key in [
+        "actor_rollout_ref.actor.optim.lr",
+        "actor_rollout_ref.actor.optim.weight_decay",
+        "actor_rollout_ref.rollout.n",
+        "actor_rollout_ref.rollout.temperature",
+        "actor_rollout_ref.rollout.top_p",
+        "actor_rollout_ref.actor.kl_loss_coef",
+        "actor_rollout_ref.actor.kl_loss_type",
+        "actor_rollout_ref.actor.clip_ratio",
+        "actor_rollout_ref.actor.clip_ratio_low",
+        "actor_rollout_ref.actor.clip_ratio_high",
+        "actor_rollout_ref.actor.clip_ratio_c",
+        "actor_rollout_ref.actor.optim.clip_grad",
+        "trainer.total_training_steps",
+        "trainer.save_freq",
+        "data.train_batch_size",
+        "actor_rollout_ref.actor.ppo_mini_batch_size",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        "data.max_prompt_length",
+        "actor_rollout_ref.rollout.response_length",
+        "actor_rollout_ref.actor.loss_agg_mode",
+        "actor_rollout_ref.actor.fsdp_config.dtype",
+    ] {
+        assert!(carried.contains(&key), "{key} not reported carried: {carried:?}");
+    }
+}
+
+/// A changed setting that alters what verl trains and that kiln cannot reproduce is refused by
+/// name with verl's default (not listed as ignored), while infrastructure is listed with why.
+#[test]
+fn verl_settings_kiln_cannot_reproduce_are_refused_and_infrastructure_listed() {
+    for (extra, expected) in [
+        ("data.shuffle=False", "data.shuffle = false: kiln shuffles the prompts"),
+        ("actor_rollout_ref.actor.shuffle=True", "actor_rollout_ref.actor.shuffle = true"),
+        ("algorithm.rollout_correction.loss_type=reinforce", "algorithm.rollout_correction.loss_type"),
+        ("actor_rollout_ref.model.custom_chat_template=x", "actor_rollout_ref.model.custom_chat_template = \"x\": kiln has no equivalent of this setting (verl's default: null)"),
+        ("data.train_max_samples=100", "data.train_max_samples = 100: kiln has no equivalent"),
+        ("actor_rollout_ref.rollout.quantization=fp8", "actor_rollout_ref.rollout.quantization"),
+    ] {
+        let err = verl_import(&[extra]).err().unwrap_or_else(|| panic!("{extra} was accepted")).to_string();
+        assert!(err.contains("ppo_trainer.yaml") && err.contains(expected), "{extra}: {err}");
+    }
+    let imported = verl_import(&["actor_rollout_ref.rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=4", "data.gen_batch_size=1536"]).unwrap();
+    let ignored: Vec<&str> = imported.report.ignored.iter().map(|(k, _)| k.as_str()).collect();
+    assert!(ignored.contains(&"actor_rollout_ref.rollout.tensor_model_parallel_size") && ignored.contains(&"trainer.n_gpus_per_node"), "{ignored:?}");
+    assert!(imported.report.notes.iter().any(|n| n.starts_with("data.gen_batch_size = 1536")), "{:?}", imported.report.notes);
 }
 
 #[test]

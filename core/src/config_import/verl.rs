@@ -9,8 +9,10 @@
 //! - carried into a kiln key ([`MAPPING`] lists them);
 //! - checked: a value that changes the training and has no kiln equivalent is refused with one
 //!   line naming the file and the key ([`REFUSED`] and the checks in [`import`]);
-//! - ignored (a non-default value that does not matter to kiln: parallelism, engines,
-//!   logging…): listed;
+//! - ignored (a non-default value of a setting that does not change what is trained:
+//!   parallelism, memory, engines, logging…; [`INFRASTRUCTURE`] lists them): listed;
+//! - refused, when it is any other non-default value kiln cannot reproduce (named with its
+//!   default);
 //! - unknown (not a verl 0.9.1 key): listed;
 //! - or left at verl's default (counted).
 
@@ -34,6 +36,7 @@ pub const MAPPING: &[(&str, &str)] = &[
     ("actor_rollout_ref.model.path", "[model] from"),
     ("actor_rollout_ref.model.tokenizer_path", "[model] tokenizer"),
     ("actor_rollout_ref.rollout.dtype", "[model] dtype"),
+    ("actor_rollout_ref.actor.fsdp_config.model_dtype, .dtype", "[train] precision (fp32 master + bfloat16 compute -> bf16-mixed)"),
     ("data.train_files", "[data] files"),
     ("data.val_files", "[eval] rows (one file or directory)"),
     ("data.max_prompt_length", "[data] max_prompt_length"),
@@ -104,7 +107,174 @@ const REFUSED: &Refusals = &[
     ("reward.reward_manager.name", &["\"naive\"", "\"dapo\""], "kiln scores like verl's naive (and, with the overlong buffer, dapo) reward manager"),
     ("distillation.enabled", &["false"], "kiln's distillation is `kiln opd` ([teacher]), not imported"),
     ("algorithm.filter_groups.metric", &["\"reward\"", "\"seq_final_reward\""], "kiln filters groups on the reward the advantages see"),
+    ("data.shuffle", &["true"], "kiln shuffles the prompts every epoch ([data] seed)"),
+    ("actor_rollout_ref.actor.shuffle", &["false"], "kiln lays a step's responses out in mini-batches in order"),
+    ("algorithm.rollout_correction.loss_type", &["\"ppo_clip\""], "kiln's rollout correction weights the policy loss it runs"),
+    ("trainer.val_only", &["false"], "kiln's rl trains (evaluate with `kiln eval`)"),
 ];
+
+/// Settings that change how verl lays out, runs or logs the work, not what it trains: a
+/// non-default value is listed as ignored with the reason. `*.x.` matches a segment anywhere, a
+/// name ending in `.` (or `_`) every key it begins, anything else one key.
+pub const INFRASTRUCTURE: &[(&str, &str)] = &[
+    ("*.profiler.", "profiling"),
+    ("global_profiler.", "profiling"),
+    ("*.prometheus.", "monitoring"),
+    ("*.trace.", "tracing"),
+    ("ray_kwargs.", "verl's Ray runtime"),
+    ("transfer_queue.", "verl's Ray runtime"),
+    ("skip.", "verl's debugging shortcuts"),
+    ("trainer.v1.", "verl's trainer implementation"),
+    ("trainer.use_v1", "verl's trainer implementation"),
+    ("*.fsdp_config.", "parallelism and memory"),
+    ("*.megatron.", "parallelism and memory"),
+    ("*.turbo_config.", "parallelism and memory"),
+    ("*.checkpoint.", "what a checkpoint stores"),
+    ("*.checkpoint_engine.", "weight transfer to the inference engine"),
+    ("actor_rollout_ref.ref.", "the reference model's parallelism and batching (kiln's reference is the start model)"),
+    ("actor_rollout_ref.hybrid_engine", "verl's colocation"),
+    ("actor_rollout_ref.nccl_timeout", "verl's runtime"),
+    ("actor_rollout_ref.actor.strategy", "parallelism and memory"),
+    ("actor_rollout_ref.actor.use_dynamic_bsz", "batching by tokens (the same gradient)"),
+    ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "batching by tokens (the same gradient)"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size", "batching (the same gradient)"),
+    ("actor_rollout_ref.actor.use_torch_compile", "kernels"),
+    ("actor_rollout_ref.actor.use_fused_kernels", "kernels"),
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "parallelism and memory"),
+    ("actor_rollout_ref.actor.entropy_from_logits_with_chunking", "memory"),
+    ("actor_rollout_ref.actor.entropy_from_logits_chunk_size", "memory"),
+    ("actor_rollout_ref.actor.entropy_checkpointing", "memory"),
+    ("actor_rollout_ref.actor.pad_to_length", "padding (the same loss)"),
+    ("actor_rollout_ref.actor.pad_to_length_bucket", "padding (the same loss)"),
+    ("actor_rollout_ref.actor.use_remove_padding", "padding (the same loss)"),
+    ("actor_rollout_ref.actor.calculate_entropy", "a logged metric"),
+    ("actor_rollout_ref.actor.calculate_sum_pi_squared", "a logged metric"),
+    ("actor_rollout_ref.actor.use_prefix_grouper", "kernels"),
+    ("actor_rollout_ref.actor.rollout_n", "verl's copy of rollout.n"),
+    ("actor_rollout_ref.actor.freeze_vision_tower", "vision models"),
+    ("actor_rollout_ref.actor.data_loader_seed", "used only with actor.shuffle"),
+    ("actor_rollout_ref.actor.tau_pos", "used only by loss modes kiln refuses"),
+    ("actor_rollout_ref.actor.tau_neg", "used only by loss modes kiln refuses"),
+    ("actor_rollout_ref.actor.policy_loss.", "used only by loss modes kiln refuses"),
+    ("actor_rollout_ref.actor.qat.", "used only with qat.enable"),
+    ("actor_rollout_ref.actor.optim.optimizer_impl", "the optimizer's implementation"),
+    ("actor_rollout_ref.actor.optim.total_training_steps", "verl's copy of the run's steps"),
+    ("actor_rollout_ref.actor.optim.zero_indexed_step", "verl's step counting"),
+    ("actor_rollout_ref.rollout.name", "the inference engine"),
+    ("actor_rollout_ref.rollout.mode", "the inference engine"),
+    ("actor_rollout_ref.rollout.nnodes", "the inference engine's devices"),
+    ("actor_rollout_ref.rollout.n_gpus_per_node", "the inference engine's devices"),
+    ("actor_rollout_ref.rollout.full_determinism", "the inference engine"),
+    ("actor_rollout_ref.rollout.seed", "the inference engine's random stream (kiln's is keyed by [data] seed)"),
+    ("actor_rollout_ref.rollout.prompt_length", "verl's copy of data.max_prompt_length"),
+    ("actor_rollout_ref.rollout.gpu_memory_utilization", "the inference engine's memory"),
+    ("actor_rollout_ref.rollout.enforce_eager", "the inference engine"),
+    ("actor_rollout_ref.rollout.cudagraph_capture_sizes", "the inference engine"),
+    ("actor_rollout_ref.rollout.free_cache_engine", "the inference engine's memory"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size", "the inference engine's parallelism"),
+    ("actor_rollout_ref.rollout.data_parallel_size", "the inference engine's parallelism"),
+    ("actor_rollout_ref.rollout.expert_parallel_size", "the inference engine's parallelism"),
+    ("actor_rollout_ref.rollout.pipeline_model_parallel_size", "the inference engine's parallelism"),
+    ("actor_rollout_ref.rollout.max_num_batched_tokens", "the inference engine's batching"),
+    ("actor_rollout_ref.rollout.max_model_len", "the inference engine's memory"),
+    ("actor_rollout_ref.rollout.max_num_seqs", "the inference engine's batching"),
+    ("actor_rollout_ref.rollout.enable_chunked_prefill", "the inference engine"),
+    ("actor_rollout_ref.rollout.enable_prefix_caching", "the inference engine"),
+    ("actor_rollout_ref.rollout.scheduling_policy", "the inference engine"),
+    ("actor_rollout_ref.rollout.load_format", "the inference engine"),
+    ("actor_rollout_ref.rollout.layered_summon", "the inference engine"),
+    ("actor_rollout_ref.rollout.log_prob_", "batching of log-prob passes (the same values)"),
+    ("actor_rollout_ref.rollout.disable_log_stats", "logging"),
+    ("actor_rollout_ref.rollout.multi_stage_wake_up", "the inference engine's memory"),
+    ("actor_rollout_ref.rollout.router_config_path", "the inference engine"),
+    ("actor_rollout_ref.rollout.agent.", "the inference engine's agent loop"),
+    ("actor_rollout_ref.rollout.skip_tokenizer_init", "the inference engine"),
+    ("actor_rollout_ref.rollout.enable_rollout_routing_replay", "mixture-of-experts models"),
+    ("actor_rollout_ref.rollout.moe_load_balance_metrics_interval", "mixture-of-experts models"),
+    ("actor_rollout_ref.rollout.disaggregation.", "the inference engine's parallelism"),
+    ("actor_rollout_ref.rollout.calculate_log_probs", "a logged metric"),
+    ("actor_rollout_ref.rollout.val_kwargs.", "validation sampling (kiln validates greedily)"),
+    ("actor_rollout_ref.rollout.multi_turn.", "used only with multi_turn.enable"),
+    ("actor_rollout_ref.model.use_shm", "loading"),
+    ("actor_rollout_ref.model.trust_remote_code", "loading"),
+    ("actor_rollout_ref.model.external_lib", "loading"),
+    ("actor_rollout_ref.model.enable_gradient_checkpointing", "memory (kiln's [train] recompute)"),
+    ("actor_rollout_ref.model.enable_activation_offload", "memory"),
+    ("actor_rollout_ref.model.use_remove_padding", "padding (the same loss)"),
+    ("actor_rollout_ref.model.use_liger", "kernels"),
+    ("actor_rollout_ref.model.use_fused_kernels", "kernels"),
+    ("actor_rollout_ref.model.fused_kernel_options.", "kernels"),
+    ("actor_rollout_ref.model.tiled_mlp.", "memory"),
+    ("actor_rollout_ref.model.lora_alpha", "used only with LoRA"),
+    ("actor_rollout_ref.model.target_modules", "used only with LoRA"),
+    ("actor_rollout_ref.model.exclude_modules", "used only with LoRA"),
+    ("actor_rollout_ref.model.lora_adapter_path", "used only with LoRA"),
+    ("actor_rollout_ref.model.lora.", "used only with LoRA"),
+    ("actor_rollout_ref.model.mtp.", "used only with multi-token prediction"),
+    ("critic.", "kiln has no critic (used only by critic-based advantages, which kiln refuses)"),
+    ("distillation.", "used only with distillation.enabled"),
+    ("algorithm.pf_ppo.", "used only with algorithm.use_pf_ppo"),
+    ("algorithm.lam", "GAE's, which kiln does not run"),
+    ("reward.num_workers", "reward workers"),
+    ("reward.reward_model.", "used only with a reward model"),
+    ("reward.sandbox_fusion.", "verl's code-reward service (kiln grades in its own sandbox)"),
+    ("reward.custom_reward_function.name", "used only with a reward function"),
+    ("custom_reward_function.name", "used only with a reward function"),
+    ("reward_model.", "used only with a reward model"),
+    ("sandbox_fusion.", "verl's code-reward service (kiln grades in its own sandbox)"),
+    ("data.use_shm", "loading"),
+    ("data.prompt_key", "the rows' format (kiln reads its task's rows)"),
+    ("data.reward_fn_key", "the rows' format (kiln reads its task's rows)"),
+    ("data.return_raw_input_ids", "the rows' format"),
+    ("data.return_raw_chat", "the rows' format"),
+    ("data.return_full_prompt", "the rows' format"),
+    ("data.return_multi_modal_inputs", "vision models"),
+    ("data.image_key", "vision models"),
+    ("data.video_key", "vision models"),
+    ("data.audio_key", "vision models"),
+    ("data.image_patch_size", "vision models"),
+    ("data.dataloader_num_workers", "loading"),
+    ("data.trust_remote_code", "loading"),
+    ("data.filter_overlong_prompts", "kiln drops prompts over max_prompt_length (and counts them)"),
+    ("data.filter_overlong_prompts_workers", "loading"),
+    ("data.val_batch_size", "validation batching"),
+    ("data.validation_shuffle", "validation order"),
+    ("data.tool_config_path", "used only with multi-turn rollouts"),
+    ("data.function_tool_path", "used only with multi-turn rollouts"),
+    ("trainer.balance_batch", "which device gets which sequences (the same gradient)"),
+    ("trainer.project_name", "logging"),
+    ("trainer.experiment_name", "logging"),
+    ("trainer.logger", "logging"),
+    ("trainer.log_val_generations", "logging"),
+    ("trainer.rollout_data_dir", "logging"),
+    ("trainer.validation_data_dir", "logging"),
+    ("trainer.nnodes", "devices (kiln's --nnodes / launchers)"),
+    ("trainer.n_gpus_per_node", "devices (kiln's --devices / launchers)"),
+    ("trainer.device", "devices (kiln's --backend)"),
+    ("trainer.esi_redundant_time", "verl's runtime"),
+    ("trainer.resume_mode", "resuming (kiln's --resume)"),
+    ("trainer.resume_from_path", "resuming (kiln's --resume)"),
+    ("trainer.del_local_ckpt_after_load", "resuming"),
+    ("trainer.checkpoint_callback_class", "checkpoint hooks"),
+    ("trainer.val_before_train", "when validation runs"),
+    ("trainer.critic_warmup", "kiln has no critic"),
+    ("trainer.default_hdfs_dir", "where checkpoints are copied"),
+    ("trainer.max_actor_ckpt_to_keep", "how many checkpoints are kept"),
+    ("trainer.max_critic_ckpt_to_keep", "kiln has no critic"),
+    ("trainer.ray_wait_register_center_timeout", "verl's Ray runtime"),
+];
+
+/// Why `key` does not change what is trained, if [`INFRASTRUCTURE`] says so.
+fn infrastructure(key: &str) -> Option<&'static str> {
+    INFRASTRUCTURE.iter().find_map(|&(pattern, why)| {
+        let hit = match pattern.strip_prefix('*') {
+            Some(segment) => key.contains(segment) || key.ends_with(segment.trim_end_matches('.')),
+            None if pattern.ends_with('.') || pattern.ends_with('_') => key.starts_with(pattern),
+            None => key == pattern,
+        };
+        hit.then_some(why)
+    })
+}
 
 /// Keys read by the importer besides the mapped ones (their values are checked there).
 const READ: &[&str] = &[
@@ -201,7 +371,23 @@ pub fn import(path: &Path, text: &str, overrides: &[String]) -> Result<Imported>
         c.carry(&key, "model.dtype", kiln);
     }
 
+    // [train] precision: the actor's master weights (model_dtype) and compute (FSDP's mixed
+    // precision dtype)
+    let (master_key, compute_key) = (format!("{A}.fsdp_config.model_dtype"), format!("{A}.fsdp_config.dtype"));
+    let (master, compute) = (c.text(&master_key).unwrap_or_else(|| "fp32".into()), c.text(&compute_key).unwrap_or_else(|| "fp32".into()));
+    let precision = match (dtype(&master), dtype(&compute)) {
+        (Some("f32"), Some("f32")) => "f32",
+        (Some("f32"), Some("bf16")) => "bf16-mixed",
+        (Some("f32"), Some("f16")) => "f16-mixed",
+        (Some("bf16"), Some("bf16")) => "bf16-pure",
+        _ => return Err(c.refuse(&compute_key, &Value::from(compute), &format!("with model_dtype {master}: kiln trains f32, bf16-mixed or f16-mixed (f32 master weights) or bf16-pure"))),
+    };
+    c.carry(&compute_key, "train.precision", precision);
+
     // [data]
+    if let Some(rounds) = c.text("data.gen_batch_size") {
+        c.report.notes.push(format!("data.gen_batch_size = {rounds}: kiln draws train_batch_size prompts per generation round (dynamic sampling refills with up to max_num_gen_batches rounds); the kept batch is the same"));
+    }
     tree::set(&mut c.out, "data.kind", Value::from("prompts")).expect("a table");
     let files = match c.get("data.train_files") {
         Value::String(s) => vec![Value::String(s)],
@@ -468,15 +654,16 @@ pub fn import(path: &Path, text: &str, overrides: &[String]) -> Result<Imported>
                     c.report.at_defaults += 1;
                 }
             }
-            Some(_) => {
+            Some(default) => {
                 let why = if key.starts_with("algorithm.kl_ctrl.") || key == "algorithm.kl_penalty" {
                     "used only with algorithm.use_kl_in_reward, which kiln refuses"
                 } else if key.starts_with(&format!("{A}.kl_loss")) {
                     "used only with actor.use_kl_loss"
-                } else if key.starts_with("critic.") {
-                    "kiln has no critic"
+                } else if let Some(why) = infrastructure(&key) {
+                    why
                 } else {
-                    "irrelevant to kiln"
+                    let default = tree::show(default);
+                    return Err(c.refuse(&key, &value, &format!("kiln has no equivalent of this setting (verl's default: {default})")));
                 };
                 c.report.ignored.push((key, why.into()));
             }
