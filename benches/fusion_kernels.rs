@@ -118,7 +118,7 @@ fn step_counts<B: AutodiffBackend>(log: &Log, device: &B::Device, config: &Qwen2
     let steps = 3;
     let out = std::env::temp_dir().join(format!("kiln-fusion-kernels-{}", std::process::id()));
     let loop_config = LoopConfig {
-        optimizer: AdamWConfig { weight_decay: 0.1, ..Default::default() },
+        optimizer: AdamWConfig { weight_decay: 0.1, ..AdamWConfig::with_lr(1e-4) },
         save: SavePolicy::never(),
         ..LoopConfig::new(&out, steps, 1e-4)
     };

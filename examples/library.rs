@@ -131,8 +131,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let samples = corpus.iter().map(|t| answer_sample(&tokenizer, t)).collect::<kiln::Result<Vec<_>>>()?;
     let steps = 60;
     let loop_config = LoopConfig {
-        schedule: Schedule { base_lr: 3e-3, warmup_steps: 5, total_steps: steps, decay: Decay::Cosine },
-        optimizer: AdamWConfig { weight_decay: 0.01, ..AdamWConfig::default() },
+        schedule: Schedule { warmup_steps: 5, total_steps: steps, decay: Decay::Cosine },
+        optimizer: AdamWConfig { weight_decay: 0.01, ..AdamWConfig::with_lr(3e-3) },
         save: SavePolicy { every: Some(0.5), ..SavePolicy::default() },
         companions: Some(tokenizer_dir.clone()),
         run_config: json!({ "example": "library" }),

@@ -63,17 +63,17 @@ fn verl_grpo_example_is_imported_with_every_value() {
     let prompts = c.prompts().unwrap();
     assert_eq!(prompts.files, vec![PathBuf::from("~/data/gsm8k/train.parquet")]);
     assert_eq!(prompts.max_prompt_length, 1024);
-    assert_eq!(c.train.prompts_per_step, Some(512), "data.train_batch_size");
-    assert_eq!(c.train.mini_batch, Some(256), "ppo_mini_batch_size");
-    assert_eq!(c.train.micro_batch, Some(2), "ppo_micro_batch_size_per_gpu");
+    assert_eq!(c.train.prompts_per_step, 512, "data.train_batch_size");
+    assert_eq!(c.train.mini_batch, 256, "ppo_mini_batch_size");
+    assert_eq!(c.train.micro_batch, 2, "ppo_micro_batch_size_per_gpu");
     assert_eq!((c.train.epochs, c.train.steps), (Some(15.0), None), "trainer.total_epochs");
     assert_eq!(c.rollout.n, 5);
     assert_eq!(c.rollout.max_response_length, 1024);
     assert_eq!((c.rollout.temperature, c.rollout.top_p, c.rollout.top_k), (1.0, 1.0, 0), "verl's top_k -1 is kiln's 0");
-    assert_eq!(c.optimizer.lr, Some(1e-6));
-    assert_eq!(c.optimizer.weight_decay, Some(0.01));
-    assert_eq!((c.optimizer.beta1, c.optimizer.beta2, c.optimizer.max_grad_norm), (0.9, 0.999, 1.0));
-    assert_eq!(c.schedule.kind, Some(kiln::train::config::ScheduleKind::Constant));
+    assert_eq!(c.optimizer.lr, 1e-6);
+    assert_eq!(c.optimizer.weight_decay, 0.01);
+    assert_eq!((c.optimizer.beta1, c.optimizer.beta2, c.optimizer.max_grad_norm), (0.9, 0.999, Some(1.0)));
+    assert_eq!(c.schedule.kind, kiln::train::config::ScheduleKind::Constant);
     assert_eq!(c.train.precision, kiln::train::Precision::Bf16Mixed, "verl's actor: fp32 master weights, bfloat16 compute");
     let l = &c.loss;
     assert_eq!((l.clip_ratio, l.clip_ratio_low, l.clip_ratio_high, l.clip_ratio_c), (0.2, Some(0.2), Some(0.2), 3.0));
@@ -84,7 +84,7 @@ fn verl_grpo_example_is_imported_with_every_value() {
     assert_eq!(c.output.dir, PathBuf::from("checkpoints/verl_grpo_example_geo3k/glm41v_9b_function_rm"), "default_local_dir, interpolated");
     assert_eq!(c.output.save_steps, Some(20.0));
     let eval = c.eval.as_ref().unwrap();
-    assert_eq!((eval.every, eval.rows.as_deref()), (Some(5), Some(Path::new("~/data/gsm8k/test.parquet"))));
+    assert_eq!((eval.every, eval.rows.as_path()), (5, Path::new("~/data/gsm8k/test.parquet")));
     // Infrastructure the example sets is listed, not carried; nothing is unknown.
     let ignored: Vec<&str> = imported.report.ignored.iter().map(|(k, _)| k.as_str()).collect();
     for key in ["actor_rollout_ref.rollout.gpu_memory_utilization", "actor_rollout_ref.actor.use_dynamic_bsz", "actor_rollout_ref.rollout.name", "trainer.project_name"] {
@@ -129,12 +129,12 @@ fn every_verl_value_is_carried_not_defaulted() {
     .unwrap();
     let c = pg(&imported);
     let (o, l, r, t) = (&c.optimizer, &c.loss, &c.rollout, &c.train);
-    assert_eq!((o.lr, o.weight_decay, o.max_grad_norm), (Some(3e-6), Some(0.05), 0.7));
+    assert_eq!((o.lr, o.weight_decay, o.max_grad_norm), (3e-6, 0.05, Some(0.7)));
     assert_eq!((r.n, r.temperature, r.top_p, r.max_response_length), (7, 0.9, 0.95, 900));
     assert_eq!((l.kl_coef, l.kl_estimator), (0.005, KlEstimator::K2));
     assert_eq!((l.clip_ratio, l.clip_ratio_low, l.clip_ratio_high, l.clip_ratio_c), (0.25, Some(0.15), Some(0.3), 4.0));
     assert_eq!(l.agg, LossAgg::SeqMeanTokenMean);
-    assert_eq!((t.steps, t.prompts_per_step, t.mini_batch, t.micro_batch), (Some(123), Some(96), Some(48), Some(3)));
+    assert_eq!((t.steps, t.prompts_per_step, t.mini_batch, t.micro_batch), (Some(123), 96, 48, 3));
     assert_eq!(t.precision, kiln::train::Precision::F16Mixed);
     assert_eq!(c.output.save_steps, Some(7.0));
     assert_eq!(c.prompts().unwrap().max_prompt_length, 700);
@@ -232,8 +232,8 @@ fn verl_dapo_keys_and_overrides_map_to_kiln_names() {
     let f = c.rollout.filter_groups.unwrap();
     assert_eq!((f.enable, f.max_num_gen_batches), (true, 4));
     assert_eq!((c.rollout.temperature, c.rollout.top_p, c.rollout.top_k), (0.7, 0.9, 20));
-    assert_eq!((c.optimizer.weight_decay, c.optimizer.max_grad_norm), (Some(0.1), 0.5));
-    assert_eq!(c.schedule.kind, Some(kiln::train::config::ScheduleKind::CosineWithMinLr));
+    assert_eq!((c.optimizer.weight_decay, c.optimizer.max_grad_norm), (0.1, Some(0.5)));
+    assert_eq!(c.schedule.kind, kiln::train::config::ScheduleKind::CosineWithMinLr);
     assert_eq!((c.schedule.min_lr_rate, c.schedule.warmup_steps), (Some(0.1), Some(10)));
     assert_eq!((c.train.steps, c.train.epochs), (Some(300), None), "total_training_steps bounds the run");
     assert_eq!(imported.report.unknown, vec!["actor_rollout_ref.actor.not_a_verl_key".to_string()], "an unknown key is listed");
@@ -286,12 +286,12 @@ fn trl_grpo_config_is_imported_with_trl_names() {
     assert_eq!(c.prompts().unwrap().files, vec![PathBuf::from("prompts.jsonl")]);
     assert_eq!(c.prompts().unwrap().seed, 7);
     assert_eq!(c.output.dir, PathBuf::from("runs/qwen-grpo"));
-    assert_eq!((c.optimizer.lr, c.optimizer.weight_decay, c.optimizer.beta2, c.optimizer.max_grad_norm), (Some(5e-7), Some(0.1), 0.99, 0.5));
+    assert_eq!((c.optimizer.lr, c.optimizer.weight_decay, c.optimizer.beta2, c.optimizer.max_grad_norm), (5e-7, 0.1, 0.99, Some(0.5)));
     assert_eq!((c.optimizer.beta1, c.optimizer.eps), (0.9, 1e-8), "TRL's defaults where the file is silent");
-    assert_eq!((c.schedule.kind, c.schedule.warmup_ratio), (Some(kiln::train::config::ScheduleKind::Cosine), 0.1));
+    assert_eq!((c.schedule.kind, c.schedule.warmup_ratio), (kiln::train::config::ScheduleKind::Cosine, 0.1));
     assert_eq!((c.train.steps, c.train.epochs), (Some(200), None), "max_steps bounds the run");
     // 16 completions per device x 4 accumulation steps = 64 completions = 8 prompts x 8.
-    assert_eq!((c.train.micro_batch, c.train.mini_batch, c.train.prompts_per_step), (Some(16), Some(8), Some(8)));
+    assert_eq!((c.train.micro_batch, c.train.mini_batch, c.train.prompts_per_step), (16, 8, 8));
     assert_eq!(c.output.save_steps, Some(50.0));
     assert_eq!(c.rollout.n, 8);
     assert_eq!(c.rollout.max_response_length, 768);
@@ -344,7 +344,7 @@ fn trl_sft_config_with_packing_is_imported() {
     // padding-free as TRL's SFTTrainer turns it on.
     assert_eq!((data.max_length, data.cutoff_len, data.neat_packing), (Some(16384), 16384, true));
     assert!(c.train.padding_free, "TRL's bfd packing is padding-free");
-    assert_eq!((c.train.micro_batch, c.train.grad_accum, c.train.epochs, c.train.seed), (Some(2), Some(8), Some(5.0), Some(42)));
+    assert_eq!((c.train.micro_batch, c.train.grad_accum, c.train.epochs, c.train.seed), (2, 8, Some(5.0), 42));
     assert_eq!(c.output.save_steps, Some(0.2), "save_strategy epoch over 5 epochs");
     assert_eq!((c.schedule.min_lr_rate, c.schedule.warmup_ratio), (Some(0.1), 0.03));
     let ignored: Vec<&str> = imported.report.ignored.iter().map(|(k, _)| k.as_str()).collect();

@@ -56,9 +56,9 @@ fn samples(prompts: bool) -> Vec<Sample> {
 
 fn loop_config(out: &Path, steps: u64, budget: Option<Duration>) -> LoopConfig {
     LoopConfig {
-        schedule: Schedule { base_lr: 3e-3, warmup_steps: 2, total_steps: steps, decay: Decay::Cosine },
+        schedule: Schedule { warmup_steps: 2, total_steps: steps, decay: Decay::Cosine },
         // A low clipping threshold: every step clips.
-        optimizer: AdamWConfig { weight_decay: 0.1, max_grad_norm: Some(0.5), ..Default::default() },
+        optimizer: AdamWConfig { weight_decay: 0.1, max_grad_norm: Some(0.5), ..AdamWConfig::with_lr(3e-3) },
         save: SavePolicy { every: Some(0.5), ..Default::default() },
         time_budget: budget,
         companions: Some(fixture("interplay/qwen2_100M")),

@@ -49,7 +49,7 @@ fn samples() -> Vec<Sample> {
 fn loop_config(out: &Path, precision: Precision, steps: u64) -> LoopConfig {
     let lr = reference()["lr"][precision.name()].as_f64().unwrap();
     LoopConfig {
-        optimizer: AdamWConfig { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, max_grad_norm: Some(1.0) },
+        optimizer: AdamWConfig { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, max_grad_norm: Some(1.0) },
         save: SavePolicy { every: Some(1.0), ..Default::default() },
         precision,
         ..LoopConfig::new(out, steps, lr)

@@ -13,7 +13,7 @@ use kiln::rl::PgConfig;
 use kiln::rl::loss::KlEstimator;
 use kiln::tasks::RewardConfig;
 use kiln::train::RunConfig;
-use kiln::train::config::{DataSection, Defaults, ScheduleKind, TokenCount, Typo};
+use kiln::train::config::{DataSection, ScheduleKind, TokenCount, Typo};
 use serde_json::Value;
 
 fn repo(rel: &str) -> PathBuf {
@@ -51,8 +51,8 @@ fn pg(run: &PlannedRun) -> &PgConfig {
 }
 
 /// The steps a run saves at.
-fn save_steps(output: &kiln::train::config::OutputSection, defaults: &Defaults, total: u64) -> Vec<u64> {
-    let policy = output.save_policy(defaults);
+fn save_steps(output: &kiln::train::config::OutputSection, total: u64) -> Vec<u64> {
+    let policy = output.save_policy();
     (1..=total).filter(|&s| policy.saves(s, total)).collect()
 }
 
@@ -74,7 +74,7 @@ fn pretraining_configs_carry_the_release_numbers() {
         let c = pretrain(run);
         assert_eq!(run.steps, steps);
         assert_eq!(c.train.steps, Some(steps));
-        assert_eq!(save_steps(&c.output, &Defaults::NEXT_TOKEN, steps), saves, "{batch}: the release's checkpoints");
+        assert_eq!(save_steps(&c.output, steps), saves, "{batch}: the release's checkpoints");
         assert_eq!(run.published, root.join(format!("{batch}/pretrain/checkpoint-{steps}")));
         let DataSection::Mixture(m) = &c.data else { panic!("{batch}: a mixture") };
         assert_eq!(m.setting.as_deref(), Some(setting));
@@ -87,15 +87,15 @@ fn pretraining_configs_carry_the_release_numbers() {
         let preset = Preset::load(m.preset.as_ref().unwrap(), &m.task, setting, TypoPolicy::Reproduce).unwrap();
         assert_eq!(preset.ops, (2..=10).collect::<Vec<u32>>());
         assert_eq!(preset.probs, probs, "{batch}: the PRESET shares (docs/interplay.md §2.6)");
-        let tokens_per_step = c.train.micro_batch.unwrap() * c.train.grad_accum.unwrap() * m.cutoff_len;
+        let tokens_per_step = c.train.micro_batch * c.train.grad_accum * m.cutoff_len;
         assert_eq!(tokens_per_step, 524_288, "256 blocks of 2048 tokens per step");
-        assert_eq!(c.optimizer.lr, Some(1e-4));
-        assert_eq!(c.optimizer.weight_decay, Some(0.1));
-        assert_eq!(c.optimizer.max_grad_norm, 1.0);
-        assert_eq!(c.schedule.kind, Some(ScheduleKind::CosineWithMinLr));
+        assert_eq!(c.optimizer.lr, 1e-4);
+        assert_eq!(c.optimizer.weight_decay, 0.1);
+        assert_eq!(c.optimizer.max_grad_norm, Some(1.0));
+        assert_eq!(c.schedule.kind, ScheduleKind::CosineWithMinLr);
         assert_eq!(c.schedule.min_lr, Some(3e-5));
         assert_eq!(c.schedule.warmup_ratio, 0.05);
-        assert_eq!(c.train.seed, Some(42));
+        assert_eq!(c.train.seed, 42);
         let init = c.model.init.as_ref().unwrap();
         assert_eq!(std::fs::read(init).unwrap(), std::fs::read(repo("tests/fixtures/interplay/qwen2_100M/config.json")).unwrap());
         assert_eq!(run.model, "qwen2_100M");
@@ -119,7 +119,7 @@ fn rl_and_opd_configs_carry_the_release_numbers() {
             let c = pg(run);
             assert_eq!(run.kind, RunKind::Grpo);
             assert_eq!(run.steps, 200);
-            assert_eq!(save_steps(&c.output, &Defaults::POLICY_GRADIENT, 200), every_20, "{batch} {name}: step20 ... step200");
+            assert_eq!(save_steps(&c.output, 200), every_20, "{batch} {name}: step20 ... step200");
             assert_eq!(run.published, root.join(format!("{batch}/rl/{name}_step200")));
             assert_eq!(c.model.from.as_ref(), Some(&base));
             let DataSection::Prompts(p) = &c.data else { panic!() };
@@ -127,15 +127,15 @@ fn rl_and_opd_configs_carry_the_release_numbers() {
             assert_eq!(p.dir.as_ref(), Some(&root.join("data/heldout")));
             assert_eq!((p.max_prompt_length, p.seed), (1024, 1));
             assert_eq!((c.rollout.n, c.rollout.temperature, c.rollout.top_p, c.rollout.top_k, c.rollout.max_response_length), (6, 1.0, 1.0, 0, 1024));
-            assert_eq!((c.train.prompts_per_step, c.train.mini_batch, c.train.micro_batch), (Some(1024), Some(256), Some(16)));
-            assert_eq!(c.optimizer.lr, Some(1e-6));
-            assert_eq!(c.optimizer.weight_decay, Some(0.01));
-            assert_eq!(c.schedule.kind, Some(ScheduleKind::Constant));
+            assert_eq!((c.train.prompts_per_step, c.train.mini_batch, c.train.micro_batch), (1024, 256, 16));
+            assert_eq!(c.optimizer.lr, 1e-6);
+            assert_eq!(c.optimizer.weight_decay, 0.01);
+            assert_eq!(c.schedule.kind, ScheduleKind::Constant);
             assert_eq!((c.loss.kl_coef, c.loss.kl_estimator, c.loss.clip_ratio, c.loss.clip_ratio_c), (0.001, KlEstimator::K3, 0.2, 3.0));
             assert_eq!(c.reward, Some(RewardConfig::Outcome));
             assert!(c.teacher.is_none());
             let eval = c.eval.as_ref().unwrap();
-            assert_eq!((eval.rows.as_ref(), eval.every, eval.id_max_op), (Some(&root.join("data/val")), Some(20), Some(10)));
+            assert_eq!((&eval.rows, eval.every, eval.id_max_op), (&root.join("data/val"), 20, Some(10)));
         }
         let teacher = if batch == "020305" { "op11_14" } else { "op13_20" };
         let opd = run(&plan, batch, "opd_refkl");
@@ -146,9 +146,9 @@ fn rl_and_opd_configs_carry_the_release_numbers() {
         assert_eq!((t.coef, t.full_vocab), (1.0, false));
         assert!(c.reward.is_none());
         assert_eq!((c.loss.kl_coef, c.loss.kl_estimator), (0.001, KlEstimator::K3), "ref-KL");
-        assert_eq!((c.rollout.n, c.optimizer.lr, c.train.prompts_per_step), (6, Some(1e-6), Some(1024)));
+        assert_eq!((c.rollout.n, c.optimizer.lr, c.train.prompts_per_step), (6, 1e-6, 1024));
         assert_eq!(c.model.from.as_ref(), Some(&base));
-        assert_eq!(save_steps(&c.output, &Defaults::POLICY_GRADIENT, 200), every_20);
+        assert_eq!(save_steps(&c.output, 200), every_20);
         assert_eq!(c.output.dir, root.join(format!("{batch}/opd_refkl/sweep")));
         assert_eq!(c.output.name.as_deref(), Some(""), "sweep/step20 ... sweep/step180");
         assert_eq!(opd.last, root.join(format!("{batch}/opd_refkl/sweep/step200")));
@@ -193,7 +193,7 @@ fn standalone_paths_match_the_release_layout() {
                 assert_eq!(clean(&own.output.dir), planned.output.dir, "{}", run.label());
                 let (DataSection::Prompts(a), DataSection::Prompts(b)) = (&own.data, &planned.data) else { panic!() };
                 assert_eq!(a.dir.as_deref().map(clean), b.dir.clone(), "{}", run.label());
-                let rows = |c: &PgConfig| c.eval.as_ref().and_then(|e| e.rows.clone());
+                let rows = |c: &PgConfig| c.eval.as_ref().map(|e| e.rows.clone());
                 assert_eq!(rows(&own).as_deref().map(clean), rows(planned), "{}", run.label());
                 let teacher = |c: &PgConfig| c.teacher.as_ref().map(|t| t.path.clone());
                 assert_eq!(teacher(&own).as_deref().map(clean), teacher(planned), "{}", run.label());

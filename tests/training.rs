@@ -40,8 +40,8 @@ fn samples(rows: usize) -> Vec<Sample> {
 
 fn loop_config(out: &Path, steps: u64, budget: Option<Duration>) -> LoopConfig {
     LoopConfig {
-        schedule: Schedule { base_lr: 3e-3, warmup_steps: 1, total_steps: steps, decay: Decay::Cosine },
-        optimizer: AdamWConfig { weight_decay: 0.1, ..Default::default() },
+        schedule: Schedule { warmup_steps: 1, total_steps: steps, decay: Decay::Cosine },
+        optimizer: AdamWConfig { weight_decay: 0.1, ..AdamWConfig::with_lr(3e-3) },
         save: SavePolicy { every: Some(0.5), ..Default::default() },
         time_budget: budget,
         companions: Some(fixture("interplay/qwen2_100M")),

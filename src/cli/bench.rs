@@ -102,7 +102,7 @@ impl TrainJob for TrainBenchJob {
         let steps = (args.repeats + 2) as u64;
         let out = std::env::temp_dir().join(format!("kiln-bench-{}", std::process::id()));
         let loop_config = LoopConfig {
-            optimizer: AdamWConfig { weight_decay: 0.1, ..Default::default() },
+            optimizer: AdamWConfig { weight_decay: 0.1, ..AdamWConfig::with_lr(1e-4) },
             save: SavePolicy::never(),
             precision: args.precision.unwrap_or(Precision::mixed(args.dtype)),
             ..LoopConfig::new(&out, steps, 1e-4)

@@ -94,6 +94,7 @@ impl TrainJob for StepJob {
         let scratch = tempfile_dir()?;
         let config = LoopConfig {
             optimizer: AdamWConfig {
+                lr: args.lr,
                 beta1: 0.9,
                 beta2: 0.999,
                 eps: 1e-8,

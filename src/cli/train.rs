@@ -3,13 +3,13 @@
 use kiln::train::metrics::{self as metric, Metric};
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
 use kiln::backends::{DeviceSpec, ReplicaJob};
 use kiln::dist::NodeSpec;
 use kiln::train::RunConfig;
-use kiln::train::config::DataSection;
+use kiln::train::run::Command;
 use serde_json::Value;
 
 use super::dist::DistArgs;
@@ -43,13 +43,12 @@ pub enum Kind {
 
 pub fn run(kind: Kind, args: TrainArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.config).with_context(|| format!("{}", args.config.display()))?;
-    let mut config = RunConfig::from_toml(&args.config, &text)?;
+    let command = match kind {
+        Kind::Pretrain => Command::Pretrain,
+        Kind::Sft => Command::Sft,
+    };
+    let mut config = RunConfig::load(&args.config, &text, command)?;
     config.output.allow_config_change |= args.allow_config_change;
-    match (kind, &config.data) {
-        (Kind::Pretrain, DataSection::Mixture(_)) | (Kind::Sft, DataSection::Sft(_)) => {}
-        (Kind::Pretrain, _) => bail!("{}: `kiln pretrain` needs [data] kind = \"mixture\" (or the old `interplay = …`)", args.config.display()),
-        (Kind::Sft, _) => bail!("{}: `kiln sft` needs [data] kind = \"sft\" (or the old `sft = …`)", args.config.display()),
-    }
     let devices = args.dist.devices(args.backend, config.train.devices.as_deref())?;
     let nodes = args.dist.nodes()?;
     let run_kind = match kind {

@@ -4,7 +4,7 @@
 //!
 //! `show` reads a config the way its run reads it ([`crate::train::config::read_config`]: legacy
 //! keys moved, serde aliases taken), fills in what the run would take for every key left out
-//! ([`fill_defaults`]), and prints it; [`legacy_notes`] names each legacy key of the input. The
+//! ([`crate::train::config::defaults`]), and prints it; [`legacy_notes`] names each legacy key of the input. The
 //! printed text reads back to the same config, and printing that gives the same text.
 //! `kiln config upgrade` ([`upgrade`]) rewrites a config of an earlier form in the current
 //! schema, keeping only the values it gives.
@@ -18,10 +18,9 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::rl::PgConfig;
-use crate::rl::config::RolloutSection;
 use crate::tasks::RewardConfig;
-use crate::train::config::{Defaults, Family, read_config};
-use crate::train::run::RunConfig;
+use crate::train::config::{Family, read_config};
+use crate::train::run::{Command, RunConfig};
 
 /// The run a config is for (`kiln pretrain`, `sft`, `rl`, `opd`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,70 +111,23 @@ impl Effective {
 }
 
 /// Reads `text` (the config at `path`) as a `kind` run reads it, checks it the same way
-/// (paths resolved against the file's directory for the check only), and fills in every
-/// default; paths stay as written.
+/// (paths resolved against the file's directory for the check only), with every default
+/// filled in ([`crate::train::config::defaults`]); paths stay as written.
 pub fn effective(path: &Path, text: &str, kind: RunKind) -> Result<Effective> {
     match kind.family() {
         Family::NextToken => {
-            let checked = RunConfig::from_toml(path, text)?;
-            let wanted = if kind == RunKind::Pretrain { "mixture" } else { "sft" };
-            if checked.data.kind() != wanted {
-                return Err(Error::config(path, format!("`kiln {}` needs [data] kind = \"{wanted}\" (got \"{}\")", kind.name(), checked.data.kind())));
-            }
-            let mut config: RunConfig = read_config(path, text, Family::NextToken)?;
-            fill_next_token(&mut config);
-            Ok(Effective::NextToken(config))
+            let command = if kind == RunKind::Pretrain { Command::Pretrain } else { Command::Sft };
+            RunConfig::load(path, text, command)?;
+            Ok(Effective::NextToken(read_config(path, text, Family::NextToken)?))
         }
         Family::PolicyGradient => {
             let method = if kind == RunKind::Opd { crate::rl::Method::Opd } else { crate::rl::Method::Grpo };
             PgConfig::load(path, text, method)?;
             let mut config: PgConfig = read_config(path, text, Family::PolicyGradient)?;
-            fill_policy_gradient(&mut config, kind);
+            if kind == RunKind::Rl && config.reward.is_none() {
+                config.reward = Some(RewardConfig::default());
+            }
             Ok(Effective::PolicyGradient(config))
-        }
-    }
-}
-
-/// Fills in every key a run would take a default for.
-pub fn fill_defaults(effective: &mut Effective, kind: RunKind) {
-    match effective {
-        Effective::NextToken(c) => fill_next_token(c),
-        Effective::PolicyGradient(c) => fill_policy_gradient(c, kind),
-    }
-}
-
-fn fill_next_token(c: &mut RunConfig) {
-    let d = Defaults::NEXT_TOKEN;
-    c.optimizer.lr = c.optimizer.lr.or(d.lr);
-    c.optimizer.weight_decay.get_or_insert(d.weight_decay);
-    c.schedule.kind.get_or_insert(d.schedule);
-    c.train.grad_accum.get_or_insert(1);
-    c.train.seed.get_or_insert(42);
-    c.eval.max_new_tokens.get_or_insert(320);
-    c.eval.rows_per_op.get_or_insert(20);
-}
-
-fn fill_policy_gradient(c: &mut PgConfig, kind: RunKind) {
-    let d = Defaults::POLICY_GRADIENT;
-    let settings = c.settings();
-    c.optimizer.lr = c.optimizer.lr.or(d.lr);
-    c.optimizer.weight_decay.get_or_insert(d.weight_decay);
-    c.schedule.kind.get_or_insert(d.schedule);
-    c.train.prompts_per_step = Some(settings.prompts_per_step);
-    c.train.mini_batch = Some(settings.mini_batch);
-    c.train.micro_batch = Some(settings.micro_batch);
-    c.output.save_steps = c.output.save_steps.or(d.save_steps);
-    if kind == RunKind::Rl && c.reward.is_none() {
-        c.reward = Some(RewardConfig::default());
-    }
-    let rollout: &RolloutSection = &c.rollout;
-    let max_new_tokens = rollout.max_response_length;
-    if let Some(eval) = c.eval.as_mut() {
-        eval.every = eval.every.or(d.eval_every);
-        eval.max_new_tokens.get_or_insert(max_new_tokens);
-        // the task's own ID/OOD split (Task::id_max_level; Interplay's without building it)
-        if c.task == crate::tasks::TaskConfig::Interplay {
-            eval.id_max_op.get_or_insert(crate::tasks::interplay::task::ID_MAX_OP);
         }
     }
 }

@@ -344,9 +344,9 @@ fn plan_pretrain(batch: &str, source: &Path, dir: &Path, data: &Path, model_dir:
     if let Some(steps) = s.steps {
         (c.train.steps, c.train.epochs) = (Some(steps), None);
     }
-    set(&mut c.train.micro_batch, s.micro_batch.map(Some));
-    set(&mut c.train.grad_accum, s.grad_accum.map(Some));
-    set(&mut c.optimizer.lr, s.lr.map(Some));
+    set(&mut c.train.micro_batch, s.micro_batch);
+    set(&mut c.train.grad_accum, s.grad_accum);
+    set(&mut c.optimizer.lr, s.lr);
     set(&mut c.schedule.min_lr, s.min_lr.map(Some));
     if let Some(ratio) = s.warmup_ratio {
         c.schedule.warmup_ratio = ratio;
@@ -401,19 +401,19 @@ fn plan_pg(
         (c.train.steps, c.train.epochs) = (Some(steps), None);
     }
     set(&mut c.output.save_steps, s.save_every.map(Some));
-    set(&mut c.train.prompts_per_step, s.prompts_per_step.map(Some));
-    set(&mut c.train.mini_batch, s.mini_batch.map(Some));
-    set(&mut c.train.micro_batch, s.micro_batch.map(Some));
+    set(&mut c.train.prompts_per_step, s.prompts_per_step);
+    set(&mut c.train.mini_batch, s.mini_batch);
+    set(&mut c.train.micro_batch, s.micro_batch);
     set(&mut c.rollout.n, s.n);
     set(&mut c.rollout.max_response_length, s.max_response_length);
     set(&mut c.rollout.batch_size, s.rollout_batch);
-    set(&mut c.optimizer.lr, s.lr.map(Some));
+    set(&mut c.optimizer.lr, s.lr);
     if s.validation_every == Some(0) {
         c.eval = None;
     }
     if let Some(eval) = &mut c.eval {
-        eval.rows = Some(data.join("val"));
-        set(&mut eval.every, s.validation_every.map(Some));
+        eval.rows = data.join("val");
+        set(&mut eval.every, s.validation_every);
         set(&mut eval.rows_per_op, s.validation_rows_per_op.map(Some));
         set(&mut eval.max_new_tokens, s.validation_max_new_tokens.map(Some));
         if let Some(map) = ops {

@@ -1,10 +1,8 @@
-//! The TOML config of `kiln rl` and `kiln opd`: the one run-config schema
-//! ([`crate::train::config`]) plus `[rollout]`, `[loss]`, `[reward]` and `[teacher]`. Defaults are
-//! the seed's verl settings (`docs/interplay.md` §6.1): n = 6 at temperature 1, 1024 prompts per
-//! step in mini-batches of 256 (4 optimizer updates) and micro-batches of 16, AdamW at a constant
-//! 1e-6 with weight decay 0.01 and clipping at 1.0, clip ratio 0.2 with dual clip 3.0, token-mean
-//! aggregation, k3 KL to the initial policy with β = 0.001, a checkpoint and a validation every 20
-//! steps. Paths are relative to the config file's directory.
+//! The TOML config of `kiln rl` and `kiln opd`: the shared sections ([`crate::train::config`]),
+//! their own `[train]` and `[eval]`, and `[rollout]`, `[loss]`, `[reward]` and `[teacher]`. What a
+//! file leaves out is the seed's verl settings
+//! ([`crate::train::config::defaults::POLICY_GRADIENT`]). Paths are relative to the config
+//! file's directory.
 
 use std::path::{Path, PathBuf};
 
@@ -18,10 +16,12 @@ use crate::error::Result;
 use crate::generate::Sampler;
 use crate::tasks::{RewardConfig, TaskConfig};
 use super::run::Method;
+use crate::train::adamw::AdamWConfig;
 use crate::train::config::{
-    DataSection, Defaults, EvalSection, Family, ModelSection, OptimizerSection, OutputSection, PromptData, Refusal, ScheduleSection,
-    TrainSection, base_dir, read_config, refused, resolve, resolve_shared,
+    DataSection, Family, ModelSection, OutputSection, PromptData, Refusal, ScheduleSection, base_dir, read_config, refused, resolve,
+    resolve_shared, total_steps,
 };
+use crate::train::precision::Precision;
 
 /// A GRPO or OPD run: the sections of every run ([`crate::train::config`]) plus the rollout,
 /// the loss and the reward (GRPO) or teacher (OPD).
@@ -35,15 +35,11 @@ pub struct PgConfig {
     pub task: TaskConfig,
     /// `kind = "prompts"` (old configs: `dir = …` or `files = […]`).
     pub data: DataSection,
-    #[serde(default)]
     pub rollout: RolloutSection,
-    #[serde(default)]
-    pub train: TrainSection,
-    #[serde(default)]
-    pub optimizer: OptimizerSection,
-    #[serde(default)]
+    pub train: PgTrain,
+    /// AdamW, read straight into the optimizer's settings.
+    pub optimizer: AdamWConfig,
     pub schedule: ScheduleSection,
-    #[serde(default)]
     pub loss: LossSection,
     /// GRPO's reward (`kiln rl`; outcome if absent).
     pub reward: Option<RewardConfig>,
@@ -51,61 +47,100 @@ pub struct PgConfig {
     pub teacher: Option<TeacherSection>,
     pub output: OutputSection,
     /// Greedy validation on per-op files (`[validation]` in old configs).
-    pub eval: Option<EvalSection>,
+    pub eval: Option<PgEval>,
+}
+
+/// `[train]` of `kiln rl` and `kiln opd`: verl's batch sizes (pretrain's and sft's is
+/// [`crate::train::config::NextTokenTrain`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PgTrain {
+    /// RL steps; or give `epochs` (of the prompts).
+    pub steps: Option<u64>,
+    pub epochs: Option<f64>,
+    /// Prompts per step (verl's `train_batch_size`; global over the replicas).
+    pub prompts_per_step: usize,
+    /// Prompts per optimizer update (`ppo_mini_batch_size`).
+    pub mini_batch: usize,
+    /// Responses per micro-batch (`ppo_micro_batch_size_per_gpu`).
+    pub micro_batch: usize,
+    /// Data-parallel devices (see [`crate::train::config::NextTokenTrain::devices`]); every
+    /// mini-batch of prompts is split over the replicas, whole groups each.
+    pub devices: Option<Vec<String>>,
+    /// The policy's training precision ([`crate::train::precision`]).
+    pub precision: Precision,
+    /// Recompute activations in the backward pass.
+    pub recompute: bool,
+}
+
+impl PgTrain {
+    /// `steps`, or the steps of `epochs` by the run's rule.
+    pub fn total_steps(&self, of_epochs: impl FnOnce(f64) -> u64) -> std::result::Result<u64, String> {
+        total_steps(self.steps, self.epochs, of_epochs)
+    }
+}
+
+/// `[eval]` of `kiln rl` and `kiln opd` (`[validation]` in older configs): greedy accuracy per op
+/// of held-out rows, and as ID and OOD.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PgEval {
+    /// Every n steps, and before the first and after the last.
+    pub every: u64,
+    /// Also after these steps (0: before the first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<u64>,
+    /// A directory of per-op files (`dir` in `[validation]`).
+    #[serde(alias = "dir")]
+    pub rows: PathBuf,
+    /// The files of these ops (every file if empty).
+    #[serde(default)]
+    pub ops: Vec<u32>,
+    /// Rows per op scored (all if absent).
+    pub rows_per_op: Option<usize>,
+    /// Generation length (the rollout's `max_response_length` if absent).
+    pub max_new_tokens: Option<usize>,
+    /// Ops up to this are in-distribution (the task's own split when absent:
+    /// [`crate::tasks::Task::id_max_level`], Interplay's 10).
+    pub id_max_op: Option<u32>,
 }
 
 /// How responses are sampled.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RolloutSection {
-    #[serde(default = "default_n")]
+    /// Samples per prompt (the group).
     pub n: usize,
-    #[serde(default = "unit")]
     pub temperature: f32,
-    #[serde(default = "unit")]
     pub top_p: f32,
     /// 0 disables (verl's −1).
-    #[serde(default)]
     pub top_k: usize,
     /// Keep only tokens at least this fraction as likely as the most likely one (vLLM's and
     /// TRL's `min_p`); 0 disables.
-    #[serde(default)]
     pub min_p: f32,
-    #[serde(default = "default_length")]
     pub max_response_length: usize,
     /// Sequences decoded together.
-    #[serde(default = "default_decode_batch")]
     pub batch_size: usize,
     /// DAPO's dynamic sampling (verl's `algorithm.filter_groups`): `[rollout.filter_groups]`.
     pub filter_groups: Option<FilterGroups>,
-}
-
-impl Default for RolloutSection {
-    fn default() -> Self {
-        Self { n: default_n(), temperature: 1.0, top_p: 1.0, top_k: 0, min_p: 0.0, max_response_length: default_length(), batch_size: default_decode_batch(), filter_groups: None }
-    }
 }
 
 /// The surrogate, its aggregation, the KL term and GRPO's reward scaling.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LossSection {
-    #[serde(default = "default_clip")]
     pub clip_ratio: f64,
     /// Override the lower / upper clip (DAPO's clip-higher: `clip_ratio_high = 0.28`).
     pub clip_ratio_low: Option<f64>,
     pub clip_ratio_high: Option<f64>,
     /// Dual clip for negative advantages (> 1).
-    #[serde(default = "default_clip_c")]
     pub clip_ratio_c: f64,
     /// verl's `loss_agg_mode` (either key).
-    #[serde(default = "default_agg", alias = "loss_agg_mode")]
+    #[serde(alias = "loss_agg_mode")]
     pub agg: LossAgg,
-    /// The advantage estimator by name (verl's `algorithm.adv_estimator`; default `grpo`).
-    #[serde(default)]
+    /// The advantage estimator by name (verl's `algorithm.adv_estimator`).
     pub adv_estimator: AdvEstimator,
-    /// The policy loss by name (verl's `actor.policy_loss.loss_mode`; default `vanilla`).
-    #[serde(default)]
+    /// The policy loss by name (verl's `actor.policy_loss.loss_mode`).
     pub policy_loss: PolicyLossMode,
     /// Truncated importance sampling: the cap C of `min(π_old / π_rollout, C)` (verl's
     /// `tis_imp_ratio_cap`; absent: off).
@@ -121,14 +156,11 @@ pub struct LossSection {
     /// `[loss.overlong_buffer]`.
     pub overlong_buffer: Option<OverlongBuffer>,
     /// β; 0 drops the KL term and never loads the reference model.
-    #[serde(default = "default_kl_coef")]
     pub kl_coef: f64,
-    #[serde(default = "default_kl")]
     pub kl_estimator: KlEstimator,
     /// GRPO: `group`, `batch` or `none`.
-    #[serde(default)]
     pub reward_scaling: RewardScaling,
-    #[serde(default = "default_epsilon")]
+    /// Added to the group's standard deviation before dividing by it.
     pub epsilon: f64,
 }
 
@@ -158,28 +190,6 @@ impl LossSection {
     }
 }
 
-impl Default for LossSection {
-    fn default() -> Self {
-        Self {
-            clip_ratio: default_clip(),
-            clip_ratio_low: None,
-            clip_ratio_high: None,
-            clip_ratio_c: default_clip_c(),
-            agg: default_agg(),
-            adv_estimator: AdvEstimator::default(),
-            policy_loss: PolicyLossMode::default(),
-            tis_imp_ratio_cap: None,
-            rollout_rs: None,
-            rollout_rs_threshold: None,
-            overlong_buffer: None,
-            kl_coef: default_kl_coef(),
-            kl_estimator: default_kl(),
-            reward_scaling: RewardScaling::Group,
-            epsilon: default_epsilon(),
-        }
-    }
-}
-
 /// OPD's teacher.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -187,50 +197,10 @@ pub struct TeacherSection {
     /// An HF model directory with the student's tokenizer.
     pub path: PathBuf,
     /// `c` in the advantage `−c · (log π − log π_teacher)`.
-    #[serde(default = "unit64")]
     pub coef: f64,
     /// Minimise the full-vocabulary reverse KL instead (teacher logits are local).
-    #[serde(default)]
     pub full_vocab: bool,
 }
-
-fn default_length() -> usize {
-    1024
-}
-fn default_n() -> usize {
-    6
-}
-fn unit() -> f32 {
-    1.0
-}
-fn unit64() -> f64 {
-    1.0
-}
-fn default_decode_batch() -> usize {
-    64
-}
-fn default_clip() -> f64 {
-    0.2
-}
-fn default_clip_c() -> f64 {
-    3.0
-}
-fn default_agg() -> LossAgg {
-    LossAgg::TokenMean
-}
-fn default_kl_coef() -> f64 {
-    0.001
-}
-fn default_kl() -> KlEstimator {
-    KlEstimator::K3
-}
-fn default_epsilon() -> f64 {
-    1e-6
-}
-
-/// Prompts per step and per optimizer update.
-const PROMPTS_PER_STEP: usize = 1024;
-const MINI_BATCH: usize = 256;
 
 impl PgConfig {
     /// Reads a config (old forms included, [`crate::train::config::legacy`]); relative paths
@@ -251,14 +221,15 @@ impl PgConfig {
     fn read(path: &Path, text: &str, method: Option<Method>) -> Result<Self> {
         let mut config: PgConfig = read_config(path, text, Family::PolicyGradient)?;
         let base = base_dir(path);
-        let mut no_eval = EvalSection::default();
-        let eval = config.eval.as_mut().unwrap_or(&mut no_eval);
-        resolve_shared(base, &mut config.model, &mut config.data, &mut config.output, eval);
+        resolve_shared(base, &mut config.model, &mut config.data, &mut config.output, config.eval.as_mut().map(|e| &mut e.rows));
         config.teacher.iter_mut().for_each(|t| resolve(base, &mut t.path));
         config.task.resolve_paths(base);
         let refusal = |refusal| refused(path, text, Family::PolicyGradient, refusal);
         config.check().map_err(refusal)?;
         method.map(|m| config.check_method(m)).transpose().map_err(refusal)?;
+        if method == Some(Method::Grpo) && config.reward.is_none() {
+            config.reward = Some(RewardConfig::default()); // outcome
+        }
         Ok(config)
     }
 
@@ -300,9 +271,9 @@ impl PgConfig {
                 batch_size: r.batch_size,
                 dtype: self.model.dtype,
             },
-            prompts_per_step: t.prompts_per_step.unwrap_or(PROMPTS_PER_STEP),
-            mini_batch: t.mini_batch.unwrap_or(MINI_BATCH),
-            micro_batch: t.micro_batch.or(Defaults::POLICY_GRADIENT.micro_batch).unwrap_or_default(),
+            prompts_per_step: t.prompts_per_step,
+            mini_batch: t.mini_batch,
+            micro_batch: t.micro_batch,
             clip: Clip {
                 low: l.clip_ratio_low.unwrap_or(l.clip_ratio),
                 high: l.clip_ratio_high.unwrap_or(l.clip_ratio),
@@ -323,7 +294,7 @@ impl PgConfig {
     /// [`Refusal`]'s key). [`PgConfig::from_toml`] runs it; a config built in code is checked
     /// by calling it before [`super::run::run`].
     pub fn check(&self) -> std::result::Result<(), Refusal> {
-        let (d, t) = (Defaults::POLICY_GRADIENT, &self.train);
+        let t = &self.train;
         self.from_dir().map_err(|m| Refusal::at("model", self.model.init.as_ref().map(|_| "init"), m))?;
         self.loss.rejection().map_err(|m| Refusal::at("loss", Some("rollout_rs"), format!("[loss] {m}")))?;
         let prompts = self.prompts().map_err(|m| Refusal::at("data", Some("kind"), m))?;
@@ -331,12 +302,6 @@ impl PgConfig {
         self.output.time_budget()?;
         if prompts.dir.is_some() != prompts.files.is_empty() {
             return Err("[data] needs exactly one of `dir` (per-op files) or `files`".into());
-        }
-        if t.grad_accum.is_some() {
-            return Err(Refusal::at("train", Some("grad_accum"), "[train] grad_accum is for `kiln pretrain` and `kiln sft` (rl/opd split a step by mini_batch)"));
-        }
-        if t.seed.is_some() {
-            return Err(Refusal::at("train", Some("seed"), "[train] seed is for `kiln pretrain` and `kiln sft`; rl and opd seed their prompt order with [data] seed"));
         }
         if self.loss.kl_coef < 0.0 {
             return Err(Refusal::at("loss", Some("kl_coef"), format!("[loss] kl_coef must not be negative (got {})", self.loss.kl_coef)));
@@ -347,11 +312,8 @@ impl PgConfig {
         if self.teacher.is_some() && (self.loss.adv_estimator != AdvEstimator::default() || self.loss.overlong_buffer.is_some() || self.rollout.filter_groups.is_some()) {
             return Err("[loss] adv_estimator, [loss.overlong_buffer] and [rollout.filter_groups] shape rewards: OPD's teacher signal takes none".into());
         }
-        if self.eval.as_ref().is_some_and(|e| e.rows.is_none()) {
-            return Err("[eval] needs `rows` (a directory of per-op files; `dir` in [validation])".into());
-        }
         self.settings().check()?;
-        self.optimizer.for_adamw(&self.schedule, &d, 1)?;
+        self.schedule.build(self.optimizer.lr, 1)?;
         Ok(())
     }
 }

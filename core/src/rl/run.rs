@@ -20,7 +20,6 @@ use crate::tokenizer::Tokenizer;
 use crate::train::launch::{self, Prepared};
 use crate::train::run::{Sections, loop_config};
 use crate::train::trainer::{Record, RunSummary};
-use crate::train::Defaults;
 
 /// Which method a config is run as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +76,6 @@ fn prepare<'a, B: AutodiffBackend>(
     // Checked where it was read (PgConfig::from_toml / load, naming the file and line), not
     // again; only the method, which a config read without one was not checked against.
     config.check_method(method).map_err(|r| Error::InvalidInput(r.message))?;
-    let d = Defaults::POLICY_GRADIENT;
     let from = config.from_dir().map_err(Error::InvalidInput)?;
     let data = config.prompts().map_err(Error::InvalidInput)?;
     let tokenizer_dir = config.model.tokenizer.clone().unwrap_or_else(|| from.to_path_buf());
@@ -114,9 +112,8 @@ fn prepare<'a, B: AutodiffBackend>(
         Some(_) => Some(frozen::<B>(from, device, frozen_dtype)?),
         None => None,
     };
-    let eval_every = config.eval.as_ref().map(|e| e.every.or(d.eval_every).unwrap_or_default());
+    let eval_every = config.eval.as_ref().map(|e| e.every);
     let mut loop_config = loop_config(
-        &d,
         Sections { optimizer: &config.optimizer, schedule: &config.schedule, output: &config.output },
         total_steps,
         eval_every,
@@ -128,7 +125,7 @@ fn prepare<'a, B: AutodiffBackend>(
     loop_config.precision = config.train.precision;
     let validator = match &config.eval {
         Some(eval) if replica.is_main() => {
-            let dir = eval.rows.as_deref().ok_or_else(|| Error::InvalidInput("[eval] needs `rows`".into()))?;
+            let dir = eval.rows.as_path();
             let validation = ValidationSettings {
                 id_max_level: eval.id_max_op.map(i64::from),
                 rows_per_op: eval.rows_per_op,

@@ -17,20 +17,33 @@ use crate::model::proj::to_dtype;
 #[cfg(doc)]
 use crate::model::Qwen2;
 
-/// AdamW hyper-parameters (HF Trainer defaults).
+/// AdamW's settings: a run config's `[optimizer]` section is read straight into this (its
+/// defaults: [`crate::train::config::defaults`]). `Default` is HF Trainer's.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AdamWConfig {
-    pub beta1: f64,
-    pub beta2: f64,
-    pub eps: f64,
+    /// The peak learning rate; the run's `[schedule]` scales it step by step. (Checkpoints
+    /// written before it was recorded here read as 0.)
+    #[serde(default)]
+    pub lr: f64,
     pub weight_decay: f64,
     /// Clip the global L2 norm of all gradients to this value (`None` or ≤ 0: no clipping).
     pub max_grad_norm: Option<f64>,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
 }
 
 impl Default for AdamWConfig {
     fn default() -> Self {
-        Self { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, max_grad_norm: Some(1.0) }
+        Self { lr: 5e-5, weight_decay: 0.0, max_grad_norm: Some(1.0), beta1: 0.9, beta2: 0.999, eps: 1e-8 }
+    }
+}
+
+impl AdamWConfig {
+    /// HF Trainer's settings at learning rate `lr`.
+    pub fn with_lr(lr: f64) -> Self {
+        Self { lr, ..Self::default() }
     }
 }
 
@@ -314,11 +327,9 @@ mod tests {
         let ids = [model.weight.id, model.bias.id, model.input_layernorm.id, model.norm.id];
         let by_id: HashMap<ParamId, String> = ids.iter().zip(names).map(|(id, n)| (*id, n.to_string())).collect();
         let config = AdamWConfig {
-            beta1: 0.9,
             beta2: 0.95,
-            eps: 1e-8,
             weight_decay: fixture["weight_decay"].as_f64().unwrap(),
-            max_grad_norm: Some(1.0),
+            ..AdamWConfig::default()
         };
         let mut optimizer = AdamW::<B::InnerBackend>::new(config);
         for (k, step) in fixture["steps"].as_array().unwrap().iter().enumerate() {

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::adamw::{AdamW, AdamWConfig, Moments};
+use super::config::{Family, defaults};
 use super::precision::LossScale;
 use crate::error::{Error, Result};
 use crate::model::Qwen2;
@@ -265,13 +266,28 @@ pub fn config_changes(saved: &Value, current: &Value) -> Vec<String> {
     let (mut a, mut b) = (BTreeMap::new(), BTreeMap::new());
     flatten(String::new(), old, &mut a);
     flatten(String::new(), new, &mut b);
+    // (a policy-gradient run's config has a [rollout])
+    let family = if new.get("rollout").is_some() { Family::PolicyGradient } else { Family::NextToken };
     let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
     let shown = |v: Option<&Value>| v.map_or_else(|| "(unset)".to_string(), Value::to_string);
     keys.into_iter()
         .filter(|k| !RESUMABLE.iter().any(|p| k.as_str() == *p || k.starts_with(&format!("{p}."))))
         .filter(|k| !same_setting(a.get(*k), b.get(*k)))
+        .filter(|k| !(a.get(*k).is_none() && b.get(*k).is_some_and(|v| is_the_default(family, k, v))))
         .map(|k| format!("{k} {} → {}", shown(a.get(k)), shown(b.get(k))))
         .collect()
+}
+
+/// Whether `value` is what a config of `family` takes for the setting `name` when the file
+/// leaves it out ([`crate::train::config::defaults`]): a checkpoint written before defaults were
+/// recorded has the setting unset, and resuming it under the same file changes nothing.
+fn is_the_default(family: Family, name: &str, value: &Value) -> bool {
+    let table: toml::Table = defaults::text(family).parse().expect("the defaults are TOML");
+    let mut node = Some(toml::Value::Table(table));
+    for part in name.split('.') {
+        node = node.and_then(|n| n.get(part).cloned());
+    }
+    node.and_then(|d| serde_json::to_value(d).ok()).is_some_and(|d| same_setting(Some(&d), Some(value)))
 }
 
 /// Leaves of `value` by dotted name (`optimizer.lr`); nulls are unset settings and left out.
@@ -355,6 +371,23 @@ mod config_change_tests {
             ]
         );
         assert!(config_changes(&json!(null), &current).is_empty(), "a checkpoint without a recorded config");
+    }
+
+    /// A checkpoint written before the defaults were recorded in its config: the defaults the
+    /// file left out are the same settings; anything else that was unset is a change.
+    #[test]
+    fn settings_unset_in_an_older_checkpoint_are_their_defaults() {
+        let saved = json!({"config": {"optimizer": {"lr": 5e-4, "weight_decay": null}, "schedule": {"kind": null}, "train": {"micro_batch": 2}}});
+        let current = json!({"config": {
+            "optimizer": {"lr": 5e-4, "weight_decay": 0.0, "beta2": 0.999},
+            "schedule": {"kind": "linear", "warmup_ratio": 0.0},
+            "train": {"micro_batch": 2, "grad_accum": 1, "seed": 42},
+        }});
+        assert!(config_changes(&saved, &current).is_empty(), "{:?}", config_changes(&saved, &current));
+        let mut changed = current.clone();
+        changed["config"]["train"]["grad_accum"] = json!(4);
+        changed["config"]["schedule"]["kind"] = json!("cosine");
+        assert_eq!(config_changes(&saved, &changed), ["schedule.kind (unset) → \"cosine\"", "train.grad_accum (unset) → 4"]);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use burn::tensor::backend::Backend;
 use serde_json::json;
 
 use super::metrics;
-use super::config::EvalSection;
+use super::config::NextTokenEval;
 use super::objective::evaluate_loss;
 use super::trainer::Record;
 use crate::data::Sample;
@@ -32,16 +32,16 @@ pub struct HeldOut {
 
 impl HeldOut {
     /// The rows of `eval.rows` (a file or a directory of `*.jsonl`): every row's reference text
-    /// (cut to `cutoff` tokens) for the loss, and the first `eval.rows_per_op` (20) rows of
-    /// each op of `eval.ops` for greedy accuracy.
-    pub fn load(task: Arc<dyn Task>, eval: &EvalSection, cutoff: usize, tokenizer: &Tokenizer, pad_id: u32) -> Result<Self> {
+    /// (cut to `cutoff` tokens) for the loss, and the first `eval.rows_per_op` rows of each op
+    /// of `eval.ops` for greedy accuracy.
+    pub fn load(task: Arc<dyn Task>, eval: &NextTokenEval, cutoff: usize, tokenizer: &Tokenizer, pad_id: u32) -> Result<Self> {
         let mut evaluator = Self {
             task,
             heldout: Vec::new(),
             prompts: Vec::new(),
             tokenizer: tokenizer.clone(),
             pad_id,
-            max_new_tokens: eval.max_new_tokens.unwrap_or(320),
+            max_new_tokens: eval.max_new_tokens,
         };
         let Some(path) = &eval.rows else { return Ok(evaluator) };
         let files: Vec<PathBuf> = if path.is_dir() {
@@ -55,7 +55,7 @@ impl HeldOut {
         } else {
             vec![path.clone()]
         };
-        let per_level = eval.rows_per_op.unwrap_or(20);
+        let per_level = eval.rows_per_op;
         for file in files {
             for item in evaluator.task.items(&file)? {
                 let item = item?;
@@ -138,7 +138,8 @@ mod tests {
         let model = hf::load::<Flex>(&fixtures.join("hf/tied_gqa2"), &Default::default()).unwrap();
         let tokenizer = Tokenizer::train_byte_level_bpe((0..50).map(|i| format!("row {i}")), 280, &["<|endoftext|>"]).unwrap();
         let task = TaskConfig::default().build().unwrap();
-        let mut held_out = HeldOut::load(task, &EvalSection::default(), 64, &tokenizer, 0).unwrap();
+        let eval = NextTokenEval { every: None, steps: Vec::new(), rows: None, ops: Vec::new(), rows_per_op: 20, max_new_tokens: 320 };
+        let mut held_out = HeldOut::load(task, &eval, 64, &tokenizer, 0).unwrap();
         held_out.add_loss_samples(samples);
         let record = held_out.evaluate(&model).unwrap();
         let (ours, theirs) = (record["eval_loss"].as_f64().unwrap(), expected["eval_loss"].as_f64().unwrap());

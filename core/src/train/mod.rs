@@ -21,12 +21,12 @@ pub mod trainer;
 /// The old name of [`run`](mod@run) (the pre-training and SFT runs), kept for existing code.
 #[cfg(feature = "tasks")]
 pub mod recipes {
-    pub use super::config::{DataSection, EvalSection, ModelSection, OutputSection, TrainSection};
+    pub use super::config::{DataSection, ModelSection, NextTokenEval, NextTokenTrain, OutputSection};
     pub use super::run::{RunConfig, run, tokenizer_dir};
 }
 
 pub use adamw::{AdamW, AdamWConfig};
-pub use config::Defaults;
+
 pub use objective::{NextTokenLoss, Objective};
 pub use precision::Precision;
 #[cfg(feature = "tasks")]

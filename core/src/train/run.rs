@@ -9,9 +9,10 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::adamw::AdamWConfig;
 use super::config::{
-    DEFAULT_CUTOFF, DataSection, Defaults, EvalSection, Family, MixtureData, ModelSection, OptimizerSection, OutputSection,
-    Refusal, ScheduleSection, TrainSection, TokenCount, Typo, base_dir, read_config, refused, resolve_shared,
+    DEFAULT_CUTOFF, DataSection, Family, MixtureData, ModelSection, NextTokenEval, NextTokenTrain, OutputSection, Refusal,
+    ScheduleSection, TokenCount, Typo, base_dir, read_config, refused, resolve_shared,
 };
 use super::heldout::HeldOut;
 use super::objective::NextTokenLoss;
@@ -29,7 +30,8 @@ use crate::model::{Qwen2, Qwen2Config, hf};
 use crate::tasks::{Task, TaskConfig};
 use crate::tokenizer::Tokenizer;
 
-/// A pre-training or SFT run (see [`super::config`] for the sections).
+/// A pre-training or SFT run (see [`super::config`] for the sections; what a file leaves out:
+/// [`super::config::defaults::NEXT_TOKEN`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunConfig {
@@ -39,39 +41,72 @@ pub struct RunConfig {
     pub task: TaskConfig,
     /// `kind = "mixture"` (`kiln pretrain`) or `"sft"` (`kiln sft`).
     pub data: DataSection,
-    #[serde(default)]
-    pub train: TrainSection,
-    #[serde(default)]
-    pub optimizer: OptimizerSection,
-    #[serde(default)]
+    pub train: NextTokenTrain,
+    /// AdamW, read straight into the optimizer's settings.
+    pub optimizer: AdamWConfig,
     pub schedule: ScheduleSection,
     pub output: OutputSection,
-    #[serde(default)]
-    pub eval: EvalSection,
+    pub eval: NextTokenEval,
 }
 
-/// Batches and seed when a config leaves them out.
-const GRAD_ACCUM: usize = 1;
-const SEED: u64 = 42;
+/// `kiln pretrain` or `kiln sft`: which `[data] kind` each reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    Pretrain,
+    Sft,
+}
+
+impl Command {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Pretrain => "pretrain",
+            Self::Sft => "sft",
+        }
+    }
+
+    fn data_kind(self) -> &'static str {
+        match self {
+            Self::Pretrain => "mixture",
+            Self::Sft => "sft",
+        }
+    }
+}
 
 impl RunConfig {
     /// Reads a TOML run config (old forms included, [`super::config::legacy`]); relative paths
     /// become relative to its directory. Inconsistent settings, and settings of `kiln rl` and
     /// `kiln opd` (`[rollout]`, `[train] prompts_per_step`, ...), are errors naming the file and
-    /// the line. This is where a config is checked: the run does not check it again.
+    /// the line. [`RunConfig::load`] also checks the data against the command.
     pub fn from_toml(path: &Path, text: &str) -> Result<Self> {
+        Self::read(path, text, None)
+    }
+
+    /// [`RunConfig::from_toml`] for `command`: `kiln pretrain` reads `[data] kind = "mixture"`,
+    /// `kiln sft` `"sft"` (another kind is an error naming its line). This is where a config is
+    /// checked: the run does not check it again.
+    pub fn load(path: &Path, text: &str, command: Command) -> Result<Self> {
+        Self::read(path, text, Some(command))
+    }
+
+    fn read(path: &Path, text: &str, command: Option<Command>) -> Result<Self> {
         let mut config: RunConfig = read_config(path, text, Family::NextToken)?;
-        resolve_shared(base_dir(path), &mut config.model, &mut config.data, &mut config.output, &mut config.eval);
+        resolve_shared(base_dir(path), &mut config.model, &mut config.data, &mut config.output, config.eval.rows.as_mut());
         config.task.resolve_paths(base_dir(path));
-        config.check().map_err(|refusal| refused(path, text, Family::NextToken, refusal))?;
+        let refusal = |refusal| refused(path, text, Family::NextToken, refusal);
+        config.check().map_err(refusal)?;
+        if let Some(command) = command
+            && config.data.kind() != command.data_kind()
+        {
+            let (name, want, got) = (command.name(), command.data_kind(), config.data.kind());
+            return Err(refusal(Refusal::at("data", Some("kind"), format!("`kiln {name}` needs [data] kind = \"{want}\" (got \"{got}\")"))));
+        }
         Ok(config)
     }
 
-    /// Settings that cannot work together, or that are for another run family (named by
-    /// [`Refusal`]'s key). [`RunConfig::from_toml`] runs it; a config built in code is checked
-    /// by calling it before [`run`].
+    /// Settings that cannot work together (named by [`Refusal`]'s key). [`RunConfig::from_toml`]
+    /// runs it; a config built in code is checked by calling it before [`run`].
     pub fn check(&self) -> std::result::Result<(), Refusal> {
-        let (d, t) = (Defaults::NEXT_TOKEN, &self.train);
+        let t = &self.train;
         if let DataSection::Prompts(_) = self.data {
             return Err(Refusal::at("data", Some("kind"), "[data] kind = \"prompts\" is for `kiln rl` and `kiln opd`; pretrain takes \"mixture\", sft \"sft\""));
         }
@@ -81,15 +116,7 @@ impl RunConfig {
         if self.model.init.is_some() == self.model.from.is_some() {
             return Err(Refusal::at("model", None, "[model] needs exactly one of `init` (a config.json) or `from` (a model directory)"));
         }
-        for (key, given) in [("prompts_per_step", t.prompts_per_step.is_some()), ("mini_batch", t.mini_batch.is_some())] {
-            if given {
-                return Err(Refusal::at("train", Some(key), format!("[train] {key} is for `kiln rl` and `kiln opd`")));
-            }
-        }
-        if self.eval.id_max_op.is_some() {
-            return Err(Refusal::at("eval", Some("id_max_op"), "[eval] id_max_op is for `kiln rl` and `kiln opd` (their ID/OOD split)"));
-        }
-        if self.micro_batch()? == 0 || t.grad_accum == Some(0) {
+        if t.micro_batch == 0 || t.grad_accum == 0 {
             return Err("[train] micro_batch and grad_accum must be positive".into());
         }
         if self.cutoff_len() == 0 || matches!(&self.data, DataSection::Sft(s) if s.max_length == Some(0)) {
@@ -97,13 +124,8 @@ impl RunConfig {
         }
         t.total_steps(|_| 0)?;
         self.output.time_budget()?;
-        self.optimizer.for_adamw(&self.schedule, &d, 1)?;
+        self.schedule.build(self.optimizer.lr, 1)?;
         Ok(())
-    }
-
-    /// Sequences per micro-batch.
-    fn micro_batch(&self) -> std::result::Result<usize, String> {
-        self.train.micro_batch.or(Defaults::NEXT_TOKEN.micro_batch).ok_or_else(|| "[train] needs `micro_batch`".into())
     }
 
     /// The data's block length (held-out rows are cut to it).
@@ -152,27 +174,25 @@ pub fn run_replicated<B: AutodiffBackend>(
 /// One replica of a pre-training or SFT run: its data, objective and held-out evaluation.
 fn prepare<'a, B: AutodiffBackend>(config: &'a RunConfig, replica: &Replica, device: &'a B::Device) -> Result<Prepared<'a, B, NextTokenLoss>> {
     // Checked where it was read (RunConfig::from_toml, naming the file and line), not again.
-    let d = Defaults::NEXT_TOKEN;
     let tokenizer_dir = tokenizer_dir(&config.model)?;
     let tokenizer = Tokenizer::from_file(&tokenizer_dir)?;
     let pad_id = tokenizer.pad_id().or_else(|| tokenizer.eos_id()).unwrap_or(0);
     let task = config.task.build()?;
     let t = &config.train;
-    let seed = t.seed.unwrap_or(SEED);
+    let seed = t.seed;
     let model = start_config(&config.model)?;
     let cutoff_len = fit_cutoff(&config.data, &model)?;
     let (samples, heldout_rows, data_report) = training_samples(task.as_ref(), &config.data, &tokenizer, seed, cutoff_len)?;
     check_samples(samples.iter().flatten(), &config.data, &model, pad_id)?;
     check_samples(&heldout_rows, &config.data, &model, pad_id)?;
 
-    let (micro_batch, grad_accum) = (config.micro_batch().map_err(Error::InvalidInput)?, t.grad_accum.unwrap_or(GRAD_ACCUM));
+    let (micro_batch, grad_accum) = (t.micro_batch, t.grad_accum);
     let samples_per_step = micro_batch * grad_accum * replica.world();
     let total_steps = t
         .total_steps(|epochs| ((samples.len() as f64 * epochs) / samples_per_step as f64).ceil() as u64)
         .map_err(Error::InvalidInput)?;
     let data_summary = json!({ "data": data_report, "samples": samples.len(), "total_steps": total_steps });
     let mut loop_config = loop_config(
-        &d,
         Sections { optimizer: &config.optimizer, schedule: &config.schedule, output: &config.output },
         total_steps,
         config.eval.every,
@@ -203,16 +223,15 @@ fn prepare<'a, B: AutodiffBackend>(config: &'a RunConfig, replica: &Replica, dev
 /// The sections every run builds its loop from.
 #[derive(Debug, Clone, Copy)]
 pub struct Sections<'a> {
-    pub optimizer: &'a OptimizerSection,
+    pub optimizer: &'a AdamWConfig,
     pub schedule: &'a ScheduleSection,
     pub output: &'a OutputSection,
 }
 
-/// The loop settings of a run of `total_steps` updates: the schedule and optimizer, saving, the
-/// evaluation cadence and the time budget; `companions` (the tokenizer directory) are copied
-/// into every checkpoint, and `run_config` recorded in it.
+/// The loop settings of a run of `total_steps` updates: the optimizer as `[optimizer]` was read,
+/// the schedule's shape, saving, the evaluation cadence and the time budget; `companions` (the
+/// tokenizer directory) are copied into every checkpoint, and `run_config` recorded in it.
 pub fn loop_config(
-    defaults: &Defaults,
     sections: Sections<'_>,
     total_steps: u64,
     eval_every: Option<u64>,
@@ -220,14 +239,12 @@ pub fn loop_config(
     run_config: Value,
 ) -> std::result::Result<LoopConfig, String> {
     let Sections { optimizer, schedule, output } = sections;
-    // `[optimizer]` to what AdamW takes, in one step (OptimizerSection::for_adamw).
-    let (schedule, optimizer) = optimizer.for_adamw(schedule, defaults, total_steps)?;
     Ok(LoopConfig {
         total_steps,
-        schedule,
-        optimizer,
+        schedule: schedule.build(optimizer.lr, total_steps)?,
+        optimizer: *optimizer,
         out_dir: output.dir.clone(),
-        save: output.save_policy(defaults),
+        save: output.save_policy(),
         eval_every,
         eval_steps: Vec::new(),
         time_budget: output.time_budget()?,
@@ -422,9 +439,9 @@ dir = "out"
         let DataSection::Sft(sft) = &config.data else { panic!("{:?}", config.data) };
         assert!(sft.path.ends_with("codeforces-cots/data/solutions_py_decontaminated/train-*.parquet"));
         assert_eq!((sft.columns.as_ref().and_then(|c| c.completion.as_deref()), sft.heldout), (Some("generation"), Some(128)));
-        assert_eq!((config.train.micro_batch, config.train.grad_accum, config.eval.every), (Some(1), Some(18), Some(20)));
-        let schedule = config.schedule.build(&Defaults::NEXT_TOKEN, 1e-5, 120).unwrap();
-        assert_eq!((schedule.warmup_steps, schedule.lr(119)), (4, 1e-6));
+        assert_eq!((config.train.micro_batch, config.train.grad_accum, config.eval.every), (1, 18, Some(20)));
+        let schedule = config.schedule.build(config.optimizer.lr, 120).unwrap();
+        assert_eq!((schedule.warmup_steps, schedule.lr(config.optimizer.lr, 119)), (4, 1e-6));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Learning-rate schedules, as `transformers.get_scheduler` defines them.
 //!
-//! `lr(k)` is the rate the k-th optimizer update uses (0-based), i.e. what HF Trainer logs for
-//! that step. With `warmup > 0` the first update has rate 0, exactly as in `transformers`.
+//! `lr(base, k)` is the rate the k-th optimizer update uses (0-based) for the peak rate `base`
+//! (the optimizer's own `lr`), i.e. what HF Trainer logs for that step. With `warmup > 0` the
+//! first update has rate 0, exactly as in `transformers`.
 
 use std::f64::consts::PI;
 
@@ -25,19 +26,19 @@ pub enum Decay {
     CosineThenFloor { steps: u64, floor: f64 },
 }
 
-/// A schedule over `total_steps` optimizer updates.
+/// A schedule over `total_steps` optimizer updates: the shape of the rate, whose peak is the
+/// optimizer's `lr`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Schedule {
-    pub base_lr: f64,
     pub warmup_steps: u64,
     pub total_steps: u64,
     pub decay: Decay,
 }
 
 impl Schedule {
-    /// `base_lr` for every one of `total_steps` updates.
-    pub fn constant(base_lr: f64, total_steps: u64) -> Self {
-        Self { base_lr, warmup_steps: 0, total_steps, decay: Decay::Constant }
+    /// The peak rate for every one of `total_steps` updates.
+    pub fn constant(total_steps: u64) -> Self {
+        Self { warmup_steps: 0, total_steps, decay: Decay::Constant }
     }
 
     /// HF's `get_warmup_steps`: `ceil(total · ratio)`.
@@ -45,11 +46,11 @@ impl Schedule {
         (total_steps as f64 * ratio).ceil() as u64
     }
 
-    /// The rate of update `k`.
-    pub fn lr(&self, k: u64) -> f64 {
+    /// The rate of update `k` for the peak rate `base_lr`.
+    pub fn lr(&self, base_lr: f64, k: u64) -> f64 {
         let (w, n) = (self.warmup_steps, self.total_steps);
         if k < w {
-            return self.base_lr * k as f64 / w.max(1) as f64;
+            return base_lr * k as f64 / w.max(1) as f64;
         }
         let progress = |end: u64| (k - w) as f64 / end.saturating_sub(w).max(1) as f64;
         let cosine = |p: f64| 0.5 * (1.0 + (PI * p).cos());
@@ -60,10 +61,10 @@ impl Schedule {
             Decay::CosineWithMinLr { min_lr_rate } => cosine(progress(n)) * (1.0 - min_lr_rate) + min_lr_rate,
             Decay::CosineThenFloor { steps, floor } => {
                 let p = progress(steps).min(1.0);
-                return (self.base_lr * cosine(p)).max(floor);
+                return (base_lr * cosine(p)).max(floor);
             }
         };
-        self.base_lr * factor
+        base_lr * factor
     }
 }
 
@@ -90,13 +91,12 @@ mod tests {
                 other => panic!("unknown schedule {other}"),
             };
             let schedule = Schedule {
-                base_lr,
                 warmup_steps: case["warmup"].as_u64().unwrap(),
                 total_steps: case["steps"].as_u64().unwrap(),
                 decay,
             };
             for (k, expected) in case["lrs"].as_array().unwrap().iter().enumerate() {
-                let (ours, expected) = (schedule.lr(k as u64), expected.as_f64().unwrap());
+                let (ours, expected) = (schedule.lr(base_lr, k as u64), expected.as_f64().unwrap());
                 assert!((ours - expected).abs() <= 1e-6 * expected.abs().max(1e-12), "{case}: step {k}: {ours} vs {expected}");
             }
         }
@@ -104,19 +104,15 @@ mod tests {
 
     #[test]
     fn seed_cosine_multipliers_from_the_spec() {
-        let s = Schedule { base_lr: 1.0, warmup_steps: 0, total_steps: 60, decay: Decay::Cosine };
+        let s = Schedule { warmup_steps: 0, total_steps: 60, decay: Decay::Cosine };
         for (k, expected) in [(0, 1.0), (15, 0.8536), (30, 0.5), (45, 0.1464), (59, 0.000685)] {
-            assert!((s.lr(k) - expected).abs() < 5e-5, "k={k}: {}", s.lr(k));
+            assert!((s.lr(1.0, k) - expected).abs() < 5e-5, "k={k}: {}", s.lr(1.0, k));
         }
-        let floor = Schedule {
-            base_lr: 1e-5,
-            warmup_steps: 0,
-            total_steps: 200,
-            decay: Decay::CosineThenFloor { steps: 120, floor: 1e-6 },
-        };
-        assert_eq!(floor.lr(0), 1e-5);
-        assert!((floor.lr(60) - 5e-6).abs() < 1e-18);
-        assert_eq!(floor.lr(119), 1e-6, "the clamp holds near the end of the cosine");
-        assert_eq!(floor.lr(150), 1e-6);
+        let floor = Schedule { warmup_steps: 0, total_steps: 200, decay: Decay::CosineThenFloor { steps: 120, floor: 1e-6 } };
+        let lr = |k| floor.lr(1e-5, k);
+        assert_eq!(lr(0), 1e-5);
+        assert!((lr(60) - 5e-6).abs() < 1e-18);
+        assert_eq!(lr(119), 1e-6, "the clamp holds near the end of the cosine");
+        assert_eq!(lr(150), 1e-6);
     }
 }

@@ -74,7 +74,9 @@ impl SavePolicy {
 #[derive(Debug, Clone)]
 pub struct LoopConfig {
     pub total_steps: u64,
+    /// The shape of the learning rate over the run ...
     pub schedule: Schedule,
+    /// ... whose peak is `optimizer.lr`: the run config's `[optimizer]`, read straight into it.
     pub optimizer: AdamWConfig,
     /// Checkpoints and metrics go here (named by [`SavePolicy::run_name`]).
     pub out_dir: PathBuf,
@@ -102,12 +104,14 @@ impl LoopConfig {
     /// A plain loop of `total_steps` updates into `out_dir`: `lr` constant, AdamW's defaults,
     /// one checkpoint after the last step, no evaluation, no time budget, nothing copied or
     /// recorded with the checkpoint, f32. Change fields with struct update syntax:
-    /// `LoopConfig { save: SavePolicy::never(), ..LoopConfig::new(dir, 10, 1e-3) }`.
+    /// `LoopConfig { save: SavePolicy::never(), ..LoopConfig::new(dir, 10, 1e-3) }`; other AdamW
+    /// settings keep the rate in `optimizer`: `optimizer: AdamWConfig { weight_decay: 0.1,
+    /// ..AdamWConfig::with_lr(1e-3) }`.
     pub fn new(out_dir: impl Into<PathBuf>, total_steps: u64, lr: f64) -> Self {
         Self {
             total_steps,
-            schedule: Schedule::constant(lr, total_steps),
-            optimizer: AdamWConfig::default(),
+            schedule: Schedule::constant(total_steps),
+            optimizer: AdamWConfig { lr, ..AdamWConfig::default() },
             out_dir: out_dir.into(),
             save: SavePolicy::default(),
             eval_every: None,
@@ -338,7 +342,7 @@ where
         }
         let update_began = Instant::now();
         let names = model.param_names();
-        let lr = config.schedule.lr(step);
+        let lr = config.schedule.lr(config.optimizer.lr, step);
         // Several updates per step (RL mini-batches) log their mean loss and gradient norm.
         let (mut loss_sum, mut norm_sum, mut skipped) = (0.0, 0.0, 0u64);
         let mut changed: Option<(u64, u64)> = None;

@@ -9,7 +9,7 @@ use crate::data::sft_source::SftColumns;
 use crate::model::{Dtype, Qwen2Config};
 use crate::plan::{PlanRequest, plan};
 use crate::train::Precision;
-use crate::train::config::{DataSection, Defaults, ScheduleKind};
+use crate::train::config::{DataSection, ScheduleKind};
 use crate::train::run::{RunConfig, Sections, loop_config};
 
 fn study(name: &str) -> RunConfig {
@@ -26,9 +26,9 @@ fn assert_shared(config: &RunConfig) {
     let columns = SftColumns { prompt: Some("prompt".into()), completion: Some("generation".into()), messages: None };
     assert_eq!(sft.columns.as_ref(), Some(&columns));
     assert_eq!((sft.heldout, sft.split_key.as_deref()), (Some(128), None), "128 held out by sha256(id)");
-    let (micro, accum) = (config.train.micro_batch.unwrap(), config.train.grad_accum.unwrap());
+    let (micro, accum) = (config.train.micro_batch, config.train.grad_accum);
     assert_eq!(micro * accum, 18, "effective batch 18");
-    assert_eq!((config.optimizer.lr, config.optimizer.max_grad_norm), (Some(1e-5), 0.2));
+    assert_eq!((config.optimizer.lr, config.optimizer.max_grad_norm), (1e-5, Some(0.2)));
     // f32 masters and AdamW state (spec §5.5), bf16 compute, recomputation.
     assert_eq!((config.train.precision, config.train.precision.weights(), config.train.recompute), (Precision::Bf16Mixed, Dtype::F32, true));
     // The comment's memory figure: max_length fits one 80 GB GPU (74.5 GiB) with recompute.
@@ -50,13 +50,14 @@ fn the_baseline_is_60_cosine_steps() {
     let config = study("baseline.toml");
     assert_shared(&config);
     assert_eq!(config.train.steps, Some(60));
-    assert_eq!(config.schedule.kind, Some(ScheduleKind::Cosine));
-    let schedule = config.schedule.build(&Defaults::NEXT_TOKEN, 1e-5, 60).unwrap();
+    assert_eq!(config.schedule.kind, ScheduleKind::Cosine);
+    let schedule = config.schedule.build(config.optimizer.lr, 60).unwrap();
+    let lr = |k| schedule.lr(config.optimizer.lr, k);
     // Warm-up ceil(0.03 · 60) = 2: HF's λ(0) = 0, λ(1) = 0.5; then cosine over 58 updates.
-    assert_eq!((schedule.warmup_steps, schedule.lr(0), schedule.lr(1), schedule.lr(2)), (2, 0.0, 5e-6, 1e-5));
-    assert!(close(schedule.lr(31), 5e-6), "{}", schedule.lr(31));
-    assert!(schedule.lr(59) < 1e-8, "cosine to 0 at the end: {}", schedule.lr(59));
-    let policy = config.output.save_policy(&Defaults::NEXT_TOKEN);
+    assert_eq!((schedule.warmup_steps, lr(0), lr(1), lr(2)), (2, 0.0, 5e-6, 1e-5));
+    assert!(close(lr(31), 5e-6), "{}", lr(31));
+    assert!(lr(59) < 1e-8, "cosine to 0 at the end: {}", lr(59));
+    let policy = config.output.save_policy();
     assert!(policy.saves(60, 60) && !policy.saves(59, 60));
     assert_eq!(config.output.time_budget().unwrap(), None);
 }
@@ -67,8 +68,8 @@ fn the_candidate_holds_1e_6_after_step_120_until_the_clock_stops_it() {
     assert_shared(&config);
     assert_eq!(config.train.steps, Some(100_000), "the safety cap");
     let sections = Sections { optimizer: &config.optimizer, schedule: &config.schedule, output: &config.output };
-    let l = loop_config(&Defaults::NEXT_TOKEN, sections, 100_000, config.eval.every, None, serde_json::Value::Null).unwrap();
-    let lr = |k| l.schedule.lr(k);
+    let l = loop_config(sections, 100_000, config.eval.every, None, serde_json::Value::Null).unwrap();
+    let lr = |k| l.schedule.lr(l.optimizer.lr, k);
     assert_eq!((l.schedule.warmup_steps, lr(0), lr(4)), (4, 0.0, 1e-5));
     // Cosine from step 4 to 120: halfway (k = 62) at 5e-6; λ(119) is below the floor.
     assert!(close(lr(62), 5e-6), "{}", lr(62));

@@ -1,29 +1,31 @@
-//! The one run-config schema of `kiln pretrain`, `sft`, `rl` and `opd` (TOML). Every run has
-//! the same sections; policy-gradient runs add theirs ([`crate::rl::PgConfig`]):
+//! The run configs of `kiln pretrain` and `kiln sft` ([`crate::train::run::RunConfig`]) and of
+//! `kiln rl` and `kiln opd` ([`crate::rl::PgConfig`]) (TOML), built from the sections here:
 //!
 //! ```toml
 //! [model]      # init = "config.json" (from scratch, seeded) | from = "hf-dir"; tokenizer; seed;
 //!              # dtype (rl, opd: rollouts, reference, teacher)
 //! [task]       # kind = "interplay" (the default)
-//! [data]       # kind = "mixture" (pre-training) | "sft" | "prompts" (rl, opd)
-//! [train]      # steps | epochs; micro_batch, grad_accum (pretrain, sft); prompts_per_step,
-//!              # mini_batch (rl, opd); seed; devices (data parallel); precision = "f32"
-//!              # | "bf16-mixed" | "f16-mixed" | "bf16-pure"; recompute
-//! [optimizer]  # AdamW: lr, weight_decay, max_grad_norm, beta1, beta2, eps
+//! [data]       # kind = "mixture" (pretrain) | "sft" (sft) | "prompts" (rl, opd)
+//! [train]      # steps | epochs; precision = "f32" | "bf16-mixed" | "f16-mixed" | "bf16-pure";
+//!              # recompute; devices; pretrain, sft: micro_batch, grad_accum, seed, padding_free
+//!              # ([NextTokenTrain]); rl, opd: prompts_per_step, mini_batch, micro_batch
+//! [optimizer]  # AdamW: lr, weight_decay, max_grad_norm, beta1, beta2, eps (read straight into
+//!              # the optimizer's own `AdamWConfig`)
 //! [schedule]   # kind = "constant" | "constant_with_warmup" | "linear" | "cosine"
 //!              #      | "cosine_with_min_lr" (min_lr | min_lr_rate) | "cosine_then_floor"
 //!              #        (floor_lr, decay_steps); warmup_ratio | warmup_steps
 //! [output]     # dir, name, save_steps, milestones, time_budget_s
-//! [eval]       # every, steps, rows (a JSONL file or directory), ops, rows_per_op, max_new_tokens,
-//!              # id_max_op
+//! [eval]       # pretrain, sft ([NextTokenEval]): every, steps, rows, ops, rows_per_op,
+//!              # max_new_tokens; rl, opd: also id_max_op
 //! ```
 //!
-//! Defaults differ between the next-token runs and the policy-gradient ones (the latter take
-//! verl's: constant lr 1e-6, weight decay 0.01, …); see [`Defaults`]. Paths are relative to the
-//! config file's directory. Config files written before this schema keep working: their keys
-//! are moved to their places before the file is read ([`legacy`]). Errors name the file and
-//! the line.
+//! What a file leaves out comes from its family's table in [`defaults`], laid under the file
+//! before it is read, so every struct here is read complete. Settings of the other family are
+//! refused at load, naming the line. Paths are relative to the config file's directory. Config
+//! files written before this schema keep working: their keys are moved to their places before
+//! the file is read ([`legacy`]). Errors name the file and the line.
 
+pub mod defaults;
 pub mod legacy;
 #[cfg(all(test, feature = "tasks"))]
 mod code_sft_tests;
@@ -35,7 +37,6 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::adamw::AdamWConfig;
 use super::precision::Precision;
 use crate::model::Dtype;
 use super::schedule::{Decay, Schedule};
@@ -50,40 +51,6 @@ pub enum Family {
     NextToken,
     /// `kiln rl`, `kiln opd`: policy gradient.
     PolicyGradient,
-}
-
-/// The values a family takes for what a config leaves out.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Defaults {
-    pub lr: Option<f64>,
-    pub weight_decay: f64,
-    pub schedule: ScheduleKind,
-    pub micro_batch: Option<usize>,
-    pub save_steps: Option<f64>,
-    pub eval_every: Option<u64>,
-}
-
-impl Defaults {
-    /// HF Trainer's (`lr` and `micro_batch` must be given).
-    pub const NEXT_TOKEN: Defaults =
-        Defaults { lr: None, weight_decay: 0.0, schedule: ScheduleKind::Linear, micro_batch: None, save_steps: None, eval_every: None };
-    /// The seed's verl settings (`docs/interplay.md` §6.1).
-    pub const POLICY_GRADIENT: Defaults = Defaults {
-        lr: Some(1e-6),
-        weight_decay: 0.01,
-        schedule: ScheduleKind::Constant,
-        micro_batch: Some(16),
-        save_steps: Some(20.0),
-        eval_every: Some(20),
-    };
-
-    /// The defaults of `family`.
-    pub fn of(family: Family) -> Defaults {
-        match family {
-            Family::NextToken => Self::NEXT_TOKEN,
-            Family::PolicyGradient => Self::POLICY_GRADIENT,
-        }
-    }
 }
 
 /// `[model]`: where the model comes from.
@@ -117,109 +84,50 @@ impl ModelSection {
     }
 }
 
-/// `[train]`: steps and batches. (A plain struct: settings such as precision or devices are
-/// added here as fields.)
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// `steps`, or the steps of `epochs` by the run's rule; exactly one is needed.
+pub fn total_steps(steps: Option<u64>, epochs: Option<f64>, of_epochs: impl FnOnce(f64) -> u64) -> std::result::Result<u64, String> {
+    match (steps, epochs) {
+        (Some(steps), None) => Ok(steps),
+        (None, Some(epochs)) => Ok(of_epochs(epochs)),
+        _ => Err("[train] needs exactly one of `steps` or `epochs`".into()),
+    }
+}
+
+/// `[train]` of `kiln pretrain` and `kiln sft`: steps and batches (`kiln rl`'s is
+/// [`crate::rl::config::PgTrain`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TrainSection {
-    /// Optimizer updates (pretrain, sft) or RL steps; or give `epochs`.
+pub struct NextTokenTrain {
+    /// Optimizer updates; or give `epochs`.
     pub steps: Option<u64>,
     pub epochs: Option<f64>,
-    /// Sequences per micro-batch (pretrain, sft: required) or responses per micro-batch (rl,
-    /// opd: verl's `ppo_micro_batch_size_per_gpu`, 16).
-    pub micro_batch: Option<usize>,
-    /// Micro-batches per optimizer update (pretrain, sft; 1).
-    pub grad_accum: Option<usize>,
-    /// Prompts per step (rl, opd: verl's `train_batch_size`, 1024).
-    pub prompts_per_step: Option<usize>,
-    /// Prompts per optimizer update (rl, opd: `ppo_mini_batch_size`, 256).
-    pub mini_batch: Option<usize>,
-    /// Data order (pretrain, sft; 42). RL runs seed their prompt order with `[data] seed`.
-    pub seed: Option<u64>,
+    /// Sequences per micro-batch (with neat packing: bins). Required.
+    pub micro_batch: usize,
+    /// Micro-batches per optimizer update.
+    pub grad_accum: usize,
+    /// Data order.
+    pub seed: u64,
     /// Data-parallel devices of each process, one replica each (`["cuda:0", "cuda:1"]`,
     /// `["cpu", "cpu"]`; default: the CPU). Batches are per replica: a step takes
-    /// `micro_batch × grad_accum` samples (rl, opd: `prompts_per_step / replicas` prompts) on
-    /// every replica. `--devices` or `--backend` on the command line override it.
+    /// `micro_batch × grad_accum` samples on every replica. `--devices` or `--backend` on the
+    /// command line override it.
     pub devices: Option<Vec<String>>,
-    /// `"f32"` (default), `"bf16-mixed"`, `"f16-mixed"` or `"bf16-pure"`
-    /// ([`crate::train::precision`]).
-    #[serde(default)]
+    /// `"f32"`, `"bf16-mixed"`, `"f16-mixed"` or `"bf16-pure"` ([`crate::train::precision`]).
     pub precision: Precision,
     /// Recompute activations in the backward pass instead of keeping them (less memory, more
     /// compute): burn's `BalancedCheckpointing`, chosen when the run's backend is set up
     /// (`kiln_backends::run_training_with`).
-    #[serde(default)]
     pub recompute: bool,
     /// Each micro-batch's sequences concatenated into one row without padding, positions
-    /// restarting and attention within each sequence (pretrain, sft; TRL's `padding_free`):
-    /// the same loss as the padded micro-batch, without the padding's compute and memory.
-    #[serde(default)]
+    /// restarting and attention within each sequence (TRL's `padding_free`): the same loss as
+    /// the padded micro-batch, without the padding's compute and memory.
     pub padding_free: bool,
 }
 
-impl TrainSection {
-    /// `steps`, or the steps of `epochs` by the run's rule; exactly one is needed.
+impl NextTokenTrain {
+    /// `steps`, or the steps of `epochs` by the run's rule.
     pub fn total_steps(&self, of_epochs: impl FnOnce(f64) -> u64) -> std::result::Result<u64, String> {
-        match (self.steps, self.epochs) {
-            (Some(steps), None) => Ok(steps),
-            (None, Some(epochs)) => Ok(of_epochs(epochs)),
-            _ => Err("[train] needs exactly one of `steps` or `epochs`".into()),
-        }
-    }
-}
-
-/// `[optimizer]`: AdamW.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OptimizerSection {
-    /// The peak learning rate.
-    pub lr: Option<f64>,
-    pub weight_decay: Option<f64>,
-    /// Clip the global gradient norm to this (≤ 0: no clipping).
-    #[serde(default = "one")]
-    pub max_grad_norm: f64,
-    #[serde(default = "beta1")]
-    pub beta1: f64,
-    #[serde(default = "beta2")]
-    pub beta2: f64,
-    #[serde(default = "eps")]
-    pub eps: f64,
-}
-
-fn one() -> f64 {
-    1.0
-}
-fn beta1() -> f64 {
-    0.9
-}
-fn beta2() -> f64 {
-    0.999
-}
-fn eps() -> f64 {
-    1e-8
-}
-
-impl Default for OptimizerSection {
-    fn default() -> Self {
-        Self { lr: None, weight_decay: None, max_grad_norm: one(), beta1: beta1(), beta2: beta2(), eps: eps() }
-    }
-}
-
-impl OptimizerSection {
-    /// What AdamW takes, straight from `[optimizer]` (and `[schedule]`): its learning rate over
-    /// `total_steps` updates (peaking at `lr`) and its settings. The one place the family's
-    /// `lr` and `weight_decay` fill in what the config leaves out; an error when neither the
-    /// config nor `defaults` give an `lr`.
-    pub fn for_adamw(&self, schedule: &ScheduleSection, defaults: &Defaults, total_steps: u64) -> std::result::Result<(Schedule, AdamWConfig), String> {
-        let lr = self.lr.or(defaults.lr).ok_or("[optimizer] needs `lr`")?;
-        let adamw = AdamWConfig {
-            beta1: self.beta1,
-            beta2: self.beta2,
-            eps: self.eps,
-            weight_decay: self.weight_decay.unwrap_or(defaults.weight_decay),
-            max_grad_norm: Some(self.max_grad_norm),
-        };
-        Ok((schedule.build(defaults, lr, total_steps)?, adamw))
+        total_steps(self.steps, self.epochs, of_epochs)
     }
 }
 
@@ -237,13 +145,12 @@ pub enum ScheduleKind {
     CosineThenFloor,
 }
 
-/// `[schedule]`: the learning rate over the run.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// `[schedule]`: the learning rate over the run, as a multiple of `[optimizer] lr`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleSection {
-    pub kind: Option<ScheduleKind>,
+    pub kind: ScheduleKind,
     /// Warm-up as a fraction of the steps (`ceil(total · ratio)`), unless `warmup_steps`.
-    #[serde(default)]
     pub warmup_ratio: f64,
     pub warmup_steps: Option<u64>,
     /// `cosine_with_min_lr`: the floor, absolute or as a fraction of lr.
@@ -255,10 +162,11 @@ pub struct ScheduleSection {
 }
 
 impl ScheduleSection {
-    /// The schedule of `total_steps` updates peaking at `base_lr`.
-    pub fn build(&self, defaults: &Defaults, base_lr: f64, total_steps: u64) -> std::result::Result<Schedule, String> {
+    /// The schedule of `total_steps` updates peaking at `base_lr` (the optimizer's `lr`, which
+    /// a floor given as an absolute rate is divided by).
+    pub fn build(&self, base_lr: f64, total_steps: u64) -> std::result::Result<Schedule, String> {
         let warmup_steps = self.warmup_steps.unwrap_or_else(|| Schedule::warmup_from_ratio(total_steps, self.warmup_ratio));
-        let decay = match self.kind.unwrap_or(defaults.schedule) {
+        let decay = match self.kind {
             ScheduleKind::Constant | ScheduleKind::ConstantWithWarmup => Decay::Constant,
             ScheduleKind::Linear => Decay::Linear,
             ScheduleKind::Cosine => Decay::Cosine,
@@ -274,7 +182,7 @@ impl ScheduleSection {
                 floor: self.floor_lr.ok_or("[schedule] cosine_then_floor needs `floor_lr`")?,
             },
         };
-        Ok(Schedule { base_lr, warmup_steps, total_steps, decay })
+        Ok(Schedule { warmup_steps, total_steps, decay })
     }
 }
 
@@ -287,8 +195,8 @@ pub struct OutputSection {
     /// Checkpoints `<name>_step<N>` and `<name>_metrics.jsonl` (e.g. `op11_14`); an empty name
     /// gives `step<N>`; without one, `checkpoint-<N>` and `metrics.jsonl`.
     pub name: Option<String>,
-    /// Save every n steps, or a fraction of the run (`0.2` → 5 checkpoints); rl and opd: 20.
-    /// (`save_freq` in rl/opd configs.)
+    /// Save every n steps, or a fraction of the run (`0.2` → 5 checkpoints); absent: after the
+    /// last step only. (`save_freq` in rl/opd configs.)
     #[serde(alias = "save_freq")]
     pub save_steps: Option<f64>,
     /// Extra steps to save at.
@@ -313,9 +221,9 @@ impl OutputSection {
     }
 
     /// When to save.
-    pub fn save_policy(&self, defaults: &Defaults) -> SavePolicy {
+    pub fn save_policy(&self) -> SavePolicy {
         SavePolicy {
-            every: self.save_steps.or(defaults.save_steps),
+            every: self.save_steps,
             milestones: self.milestones.clone(),
             run_name: self.name.clone(),
             ..SavePolicy::default()
@@ -323,35 +231,30 @@ impl OutputSection {
     }
 }
 
-/// `[eval]` (rl and opd configs called it `[validation]`): evaluation during training on held-out
-/// rows of the run's task — the loss on their reference text and greedy accuracy (pretrain,
-/// sft), or greedy accuracy per op and ID/OOD (rl, opd).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// `[eval]` of `kiln pretrain` and `kiln sft`: evaluation during training on held-out rows of
+/// the run's task — the loss on their reference text and greedy accuracy (`kiln rl`'s is
+/// [`crate::rl::config::PgEval`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct EvalSection {
-    /// Every n steps, and before the first and after the last (rl, opd: 20).
+pub struct NextTokenEval {
+    /// Every n steps, and before the first and after the last.
     pub every: Option<u64>,
     /// Also after these steps (0: before the first), e.g. a study's checkpoint steps
     /// `[60, 120]`, and then also after the step a time budget stops the run at. With `every`
     /// or `steps` the last step is evaluated too.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<u64>,
-    /// A JSONL file or a directory of them (`heldout` in pretrain/sft configs, `dir` in
-    /// `[validation]`).
+    /// A JSONL file or a directory of them (`heldout` in earlier configs).
     #[serde(alias = "heldout", alias = "dir")]
     pub rows: Option<PathBuf>,
-    /// The ops whose rows are scored for accuracy (pretrain, sft: none unless given; rl, opd:
-    /// the files of these ops, every file if empty). (`accuracy_ops` in pretrain/sft configs.)
+    /// The ops whose rows are scored for greedy accuracy (none unless given; `accuracy_ops`).
     #[serde(default, alias = "accuracy_ops")]
     pub ops: Vec<u32>,
-    /// Rows per op scored (pretrain, sft: 20; rl, opd: all). (`accuracy_rows`.)
+    /// Rows per op scored (`accuracy_rows`).
     #[serde(alias = "accuracy_rows")]
-    pub rows_per_op: Option<usize>,
-    /// Generation length (pretrain, sft: 320; rl, opd: the rollout's).
-    pub max_new_tokens: Option<usize>,
-    /// Ops up to this are in-distribution (rl, opd; the task's own split when unset:
-    /// [`crate::tasks::Task::id_max_level`], Interplay's 10).
-    pub id_max_op: Option<u32>,
+    pub rows_per_op: usize,
+    /// Generation length of the accuracy's greedy answers.
+    pub max_new_tokens: usize,
 }
 
 /// `[data]`: what a run trains on, by `kind`.
@@ -508,10 +411,32 @@ pub enum Typo {
 }
 
 /// Reads a config of `family` from `text` (the contents of `path`): old forms are moved into
-/// the schema first; an error names the file and the line.
+/// the schema first, then the family's [`defaults`] are laid under it; an error names the file
+/// and the line.
 pub fn read_config<T: DeserializeOwned>(path: &Path, text: &str, family: Family) -> Result<T> {
-    let doc = migrated(path, text, family)?;
+    let mut doc = migrated(path, text, family)?;
+    required(path, text, doc.get_ref(), family)?;
+    defaults::lay_under(doc.get_mut(), family);
     T::deserialize(toml::de::Deserializer::from(doc)).map_err(|e| toml_error(path, text, e))
+}
+
+/// The keys a family has no default for: (section, key).
+const REQUIRED: [(Family, &str, &str); 2] = [(Family::NextToken, "optimizer", "lr"), (Family::NextToken, "train", "micro_batch")];
+
+/// An error naming the first key of [`REQUIRED`] the file leaves out (at its section's line).
+fn required(path: &Path, text: &str, doc: &toml::de::DeTable<'_>, family: Family) -> Result<()> {
+    for &(f, section, key) in &REQUIRED {
+        if f != family {
+            continue;
+        }
+        let table = doc.get_key_value(section);
+        let given = table.is_some_and(|(_, v)| matches!(v.get_ref(), toml::de::DeValue::Table(t) if t.contains_key(key)));
+        if !given {
+            let line = table.map(|(k, _)| line_of(text, k.span().start));
+            return Err(Error::data(path, line, format!("[{section}] needs `{key}`")));
+        }
+    }
+    Ok(())
 }
 
 /// The document of `text` (the contents of `path`) with its old forms moved into the schema,
@@ -545,11 +470,33 @@ fn migrated<'i>(path: &Path, text: &'i str, family: Family) -> Result<toml::Span
             }
         }
     }
+    for &(f, section, key, message) in &OTHER_FAMILY_KEYS {
+        if f != family {
+            continue;
+        }
+        if let Some((_, toml::de::DeValue::Table(table))) = doc.get_ref().get_key_value(section).map(|(k, v)| (k, v.get_ref()))
+            && let Some((name, _)) = table.get_key_value(key)
+        {
+            return Err(Error::data(path, Some(line_of(text, name.span().start)), message));
+        }
+    }
     Ok(doc)
 }
 
 /// The sections only `kiln rl` and `kiln opd` read.
 const POLICY_GRADIENT_SECTIONS: [&str; 4] = ["rollout", "loss", "reward", "teacher"];
+
+/// Keys of the other family's sections, refused in a config of the first: (family read, section,
+/// key, why).
+const OTHER_FAMILY_KEYS: [(Family, &str, &str, &str); 7] = [
+    (Family::NextToken, "train", "prompts_per_step", "[train] prompts_per_step is for `kiln rl` and `kiln opd`"),
+    (Family::NextToken, "train", "mini_batch", "[train] mini_batch is for `kiln rl` and `kiln opd`"),
+    (Family::NextToken, "eval", "id_max_op", "[eval] id_max_op is for `kiln rl` and `kiln opd` (their ID/OOD split)"),
+    (Family::NextToken, "model", "dtype", "[model] dtype is for rl and opd (rollouts, reference, teacher); training precision is [train] precision"),
+    (Family::PolicyGradient, "train", "grad_accum", "[train] grad_accum is for `kiln pretrain` and `kiln sft` (rl/opd split a step by mini_batch)"),
+    (Family::PolicyGradient, "train", "seed", "[train] seed is for `kiln pretrain` and `kiln sft`; rl and opd seed their prompt order with [data] seed"),
+    (Family::PolicyGradient, "train", "padding_free", "[train] padding_free is for `kiln pretrain` and `kiln sft`"),
+];
 
 /// A setting a run's `check()` refuses, and the key it is about: `[section] key`, or the
 /// section itself when `key` is `None`. [`refused`] names the key's line in the file.
@@ -618,7 +565,7 @@ pub fn base_dir(path: &Path) -> &Path {
 
 /// Resolves the paths of the shared sections against the config's directory.
 #[cfg(feature = "tasks")]
-pub(crate) fn resolve_shared(base: &Path, model: &mut ModelSection, data: &mut DataSection, output: &mut OutputSection, eval: &mut EvalSection) {
+pub(crate) fn resolve_shared(base: &Path, model: &mut ModelSection, data: &mut DataSection, output: &mut OutputSection, eval_rows: Option<&mut PathBuf>) {
     let fix = |p: &mut PathBuf| resolve(base, p);
     model.init.iter_mut().chain(model.from.iter_mut()).chain(model.tokenizer.iter_mut()).for_each(fix);
     match data {
@@ -630,5 +577,5 @@ pub(crate) fn resolve_shared(base: &Path, model: &mut ModelSection, data: &mut D
         DataSection::Prompts(p) => p.dir.iter_mut().chain(p.files.iter_mut()).for_each(fix),
     }
     fix(&mut output.dir);
-    eval.rows.iter_mut().for_each(fix);
+    eval_rows.into_iter().for_each(fix);
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::rl::{Method, PgConfig};
 use crate::rl::loss::{KlEstimator, LossAgg};
 use crate::train::adamw::AdamWConfig;
-use crate::train::config::{DataSection, Defaults, MixtureData, SftData, TokenCount, Typo};
+use crate::train::config::{DataSection, MixtureData, SftData, TokenCount, Typo};
 use crate::train::run::{RunConfig, Sections, loop_config};
 use crate::train::schedule::{Decay, Schedule};
 use crate::train::trainer::{LoopConfig, SavePolicy};
@@ -45,16 +45,16 @@ fn pg_config(text: &str) -> PgConfig {
 /// The loop settings a next-token config gives a run of `total` steps.
 fn next_token_loop(config: &RunConfig, total: u64) -> LoopConfig {
     let sections = Sections { optimizer: &config.optimizer, schedule: &config.schedule, output: &config.output };
-    loop_config(&Defaults::NEXT_TOKEN, sections, total, config.eval.every, None, serde_json::Value::Null).unwrap()
+    loop_config(sections, total, config.eval.every, None, serde_json::Value::Null).unwrap()
 }
 
 fn pg_loop(config: &PgConfig, total: u64) -> LoopConfig {
     let sections = Sections { optimizer: &config.optimizer, schedule: &config.schedule, output: &config.output };
-    loop_config(&Defaults::POLICY_GRADIENT, sections, total, None, None, serde_json::Value::Null).unwrap()
+    loop_config(sections, total, None, None, serde_json::Value::Null).unwrap()
 }
 
-fn adamw(weight_decay: f64) -> AdamWConfig {
-    AdamWConfig { weight_decay, ..AdamWConfig::default() }
+fn adamw(lr: f64, weight_decay: f64) -> AdamWConfig {
+    AdamWConfig { lr, weight_decay, ..AdamWConfig::default() }
 }
 
 #[test]
@@ -105,14 +105,14 @@ rows_per_op = 20
     let DataSection::Mixture(MixtureData { root, ops, probs, tokens, cutoff_len, typo, .. }) = &old.data else { panic!("{:?}", old.data) };
     assert_eq!((root.as_path(), ops.as_deref(), probs.as_deref()), (Path::new("/work/data"), Some(&[2, 3, 4][..]), Some(&[0.3, 0.3, 0.4][..])));
     assert_eq!((tokens, *cutoff_len, *typo), (&Some(TokenCount::Number(1e6)), 512, Typo::Reproduce));
-    assert_eq!((old.train.steps, old.train.micro_batch, old.train.grad_accum, old.train.seed), (Some(150), Some(8), None, Some(42)));
+    assert_eq!((old.train.steps, old.train.micro_batch, old.train.grad_accum, old.train.seed), (Some(150), 8, 1, 42));
     let l = next_token_loop(&old, 150);
-    assert_eq!(l.schedule, Schedule { base_lr: 3e-3, warmup_steps: 8, total_steps: 150, decay: Decay::CosineWithMinLr { min_lr_rate: 0.5 } });
-    assert_eq!(l.optimizer, adamw(0.1));
+    assert_eq!(l.schedule, Schedule { warmup_steps: 8, total_steps: 150, decay: Decay::CosineWithMinLr { min_lr_rate: 0.5 } });
+    assert_eq!(l.optimizer, adamw(3e-3, 0.1));
     assert_eq!(l.save, SavePolicy { every: Some(0.2), ..SavePolicy::default() });
     assert_eq!((l.eval_every, l.time_budget.map(|t| t.as_secs())), (Some(37), Some(360)));
     assert_eq!(old.eval.rows.as_deref(), Some(Path::new("/work/data/val")));
-    assert_eq!((old.eval.ops.as_slice(), old.eval.rows_per_op, old.eval.max_new_tokens), (&[2, 3][..], Some(20), None));
+    assert_eq!((old.eval.ops.as_slice(), old.eval.rows_per_op, old.eval.max_new_tokens), (&[2, 3][..], 20, 320));
 }
 
 #[test]
@@ -120,15 +120,15 @@ fn the_example_templates_read_as_before() {
     // examples/rl.rs: pre-training (no seed or weight-decay defaults given: 42 and 0 apply).
     let pretrain = run_config(&template("examples/rl.rs", "fn pretrain(", &[("steps", "200")]));
     let l = next_token_loop(&pretrain, 200);
-    assert_eq!(l.schedule, Schedule { base_lr: 3e-3, warmup_steps: 10, total_steps: 200, decay: Decay::CosineWithMinLr { min_lr_rate: 0.1 } });
-    assert_eq!((l.optimizer, l.save.every), (adamw(0.1), Some(0.5)));
+    assert_eq!(l.schedule, Schedule { warmup_steps: 10, total_steps: 200, decay: Decay::CosineWithMinLr { min_lr_rate: 0.1 } });
+    assert_eq!((l.optimizer, l.save.every), (adamw(3e-3, 0.1), Some(0.5)));
     assert!(matches!(&pretrain.data, DataSection::Mixture(m) if m.tokens == Some(TokenCount::Number(2e6)) && m.cutoff_len == 512));
 
     // examples/finetune.rs: SFT with a linear-free cosine floor, weight decay 0 by default.
     let sft = run_config(&template("examples/finetune.rs", "let run_toml", &[("steps", "60")]));
     let l = next_token_loop(&sft, 60);
-    assert_eq!(l.schedule, Schedule { base_lr: 3e-3, warmup_steps: 3, total_steps: 60, decay: Decay::CosineWithMinLr { min_lr_rate: 0.1 } });
-    assert_eq!(l.optimizer, adamw(0.0));
+    assert_eq!(l.schedule, Schedule { warmup_steps: 3, total_steps: 60, decay: Decay::CosineWithMinLr { min_lr_rate: 0.1 } });
+    assert_eq!(l.optimizer, adamw(3e-3, 0.0));
     let DataSection::Sft(SftData { path, max_length, system_prompt, cutoff_len, columns, heldout, split_key, neat_packing }) = &sft.data else { panic!("{:?}", sft.data) };
     assert_eq!((path.as_path(), *max_length, system_prompt, *cutoff_len), (Path::new("/work/sft.jsonl"), Some(192), &None, 2048));
     assert_eq!((columns, heldout, split_key, *neat_packing), (&None, &None, &None, false));
@@ -143,11 +143,11 @@ fn the_example_templates_read_as_before() {
     ));
     for config in [&rl, &opd] {
         let l = pg_loop(config, 30);
-        assert_eq!(l.schedule, Schedule { base_lr: 1e-4, warmup_steps: 0, total_steps: 30, decay: Decay::Constant });
-        assert_eq!(l.optimizer, adamw(0.01));
+        assert_eq!(l.schedule, Schedule { warmup_steps: 0, total_steps: 30, decay: Decay::Constant });
+        assert_eq!(l.optimizer, adamw(1e-4, 0.01));
         assert_eq!(l.save.every, Some(10.0));
         let eval = config.eval.as_ref().unwrap();
-        assert_eq!((eval.rows.as_deref(), eval.every, eval.id_max_op), (Some(Path::new("/work/data/val")), Some(10), Some(4)));
+        assert_eq!((eval.rows.as_path(), eval.every, eval.id_max_op), (Path::new("/work/data/val"), 10, Some(4)));
         let prompts = config.prompts().unwrap();
         assert_eq!((prompts.dir.as_deref(), prompts.ops.as_slice(), prompts.max_prompt_length, prompts.seed), (Some(Path::new("/work/data/heldout")), &[3, 4, 5][..], 512, 1));
         let s = config.settings();
@@ -220,15 +220,16 @@ id_max_op = 10
     let new = PgConfig::from_toml(&path, new_text).unwrap();
     assert_eq!(old, new);
     let l = pg_loop(&old, 195);
-    assert_eq!(l.schedule, Schedule { base_lr: 1e-6, warmup_steps: 0, total_steps: 195, decay: Decay::Constant });
-    assert_eq!((l.optimizer, l.save.every, l.save.run_name.as_deref()), (adamw(0.01), Some(20.0), Some("op11_14")));
+    assert_eq!(l.schedule, Schedule { warmup_steps: 0, total_steps: 195, decay: Decay::Constant });
+    assert_eq!((l.optimizer, l.save.every, l.save.run_name.as_deref()), (adamw(1e-6, 0.01), Some(20.0), Some("op11_14")));
     assert_eq!(old.settings().agg, LossAgg::TokenMean);
 
     // The OPD config leaves the optimizer, schedule and validation to the defaults.
     let path = repo("examples/configs/opd_refkl_op11_14.toml");
     let opd = PgConfig::from_toml(&path, &std::fs::read_to_string(&path).unwrap()).unwrap();
-    assert_eq!(pg_loop(&opd, 200).schedule, Schedule { base_lr: 1e-6, warmup_steps: 0, total_steps: 200, decay: Decay::Constant });
-    assert_eq!(opd.eval.as_ref().map(|e| (e.every, e.id_max_op)), Some((None, None)), "20 and 10 by default");
+    let l = pg_loop(&opd, 200);
+    assert_eq!((l.schedule, l.optimizer.lr), (Schedule { warmup_steps: 0, total_steps: 200, decay: Decay::Constant }, 1e-6));
+    assert_eq!(opd.eval.as_ref().map(|e| (e.every, e.id_max_op)), Some((20, None)), "every 20 by default; the task's own split");
 }
 
 #[test]
@@ -337,20 +338,20 @@ fn settings_of_another_run_family_are_refused_at_load_naming_the_line() {
 }
 
 #[test]
-fn the_optimizer_section_is_what_adamw_takes_in_one_step() {
+fn the_optimizer_section_is_what_adamw_takes() {
     let text = "[model]\nfrom = \"m\"\n[data]\nkind = \"sft\"\npath = \"r.jsonl\"\n[train]\nsteps = 10\nmicro_batch = 1\n[optimizer]\nlr = 3e-4\nweight_decay = 0.1\nmax_grad_norm = 0.5\nbeta1 = 0.8\nbeta2 = 0.95\neps = 1e-6\n[output]\ndir = \"o\"\n";
     let config = run_config(text);
-    let (schedule, optimizer) = config.optimizer.for_adamw(&config.schedule, &Defaults::NEXT_TOKEN, 10).unwrap();
-    let expected = AdamWConfig { beta1: 0.8, beta2: 0.95, eps: 1e-6, weight_decay: 0.1, max_grad_norm: Some(0.5) };
-    assert_eq!((schedule.base_lr, schedule.decay, optimizer), (3e-4, Decay::Linear, expected));
-    // The loop takes exactly these.
+    // `[optimizer]` is read straight into AdamW's settings, the learning rate included ...
+    let expected = AdamWConfig { lr: 3e-4, beta1: 0.8, beta2: 0.95, eps: 1e-6, weight_decay: 0.1, max_grad_norm: Some(0.5) };
+    assert_eq!(config.optimizer, expected);
+    // ... which the loop takes as they are; the schedule is the rate's shape.
     let l = next_token_loop(&config, 10);
-    assert_eq!((l.schedule, l.optimizer), (schedule, optimizer));
-    // The family's defaults are filled there: rl's lr and weight decay; pretrain/sft need an lr.
+    assert_eq!((l.optimizer, l.schedule.decay), (expected, Decay::Linear));
+    assert_eq!((l.schedule.lr(l.optimizer.lr, 0), l.schedule.lr(l.optimizer.lr, 5)), (3e-4, 1.5e-4));
+    // The family's defaults fill what a file leaves out: rl's lr and weight decay; pretrain and
+    // sft need an lr.
     let rl = pg_config("[model]\nfrom = \"m\"\n[data]\nkind = \"prompts\"\ndir = \"p\"\n[train]\nsteps = 1\n[output]\ndir = \"o\"\n");
-    let (schedule, optimizer) = rl.optimizer.for_adamw(&rl.schedule, &Defaults::POLICY_GRADIENT, 5).unwrap();
-    assert_eq!((schedule.base_lr, schedule.decay, optimizer), (1e-6, Decay::Constant, adamw(0.01)));
-    let err = config.optimizer.clone();
-    let err = crate::train::config::OptimizerSection { lr: None, ..err }.for_adamw(&config.schedule, &Defaults::NEXT_TOKEN, 10).unwrap_err();
-    assert_eq!(err, "[optimizer] needs `lr`");
+    assert_eq!((rl.optimizer, pg_loop(&rl, 5).schedule.decay), (adamw(1e-6, 0.01), Decay::Constant));
+    let err = RunConfig::from_toml(Path::new("/work/run.toml"), &text.replace("lr = 3e-4\n", "")).unwrap_err().to_string();
+    assert!(err.starts_with("/work/run.toml line 9: [optimizer] needs `lr`"), "{err}");
 }
