@@ -470,6 +470,22 @@ fn resuming_under_a_changed_config_is_refused_unless_allowed() {
 }
 
 /// A second run writing the output directory of a running one stops before touching it.
+/// Without a terminal (a log file, a cluster job) a run still reports its progress: plain lines
+/// with the position, the time so far and an ETA (every 30 s; `KILN_PROGRESS_EVERY` here).
+#[test]
+fn progress_without_a_terminal_is_plain_lines_with_an_eta() {
+    let tmp = tempfile::tempdir().unwrap();
+    sft_setup(tmp.path(), None, 64, 32);
+    let run = tmp.path().join("run.toml");
+    std::fs::write(&run, sft_toml("max_length = 32", "steps = 3", "dir = \"out\"")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln")).args(["sft", "--config", s(&run)]).env("KILN_PROGRESS_EVERY", "0").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains(" steps after ") && l.contains(", ETA ")).collect();
+    assert!(lines.iter().any(|l| l.trim_start().starts_with("3/3 steps after")), "{stderr}");
+    assert!(lines.iter().any(|l| l.contains("ETA 0s")), "the last step's ETA is nothing left: {stderr}");
+}
+
 #[test]
 fn a_second_writer_of_an_output_directory_is_refused() {
     let tmp = tempfile::tempdir().unwrap();

@@ -235,7 +235,7 @@ impl ReplicaJob for EvalJob {
     type Output = Result<()>;
 
     fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<()> {
-        let mut bar: Option<indicatif::ProgressBar> = None;
+        let mut bar: Option<progress::Bar> = None;
         let mut started = std::time::Instant::now();
         let nodes = self.nodes.as_ref();
         let outcomes = evaluate_on::<B::InnerBackend>(&self.models, &self.data, &self.out, &self.settings, &devices, nodes, |event| match event {

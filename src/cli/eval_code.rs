@@ -202,7 +202,7 @@ struct CodeEvalJob {
     evaluation: Arc<CodeEvaluation>,
     out: PathBuf,
     settings: EvalSettings,
-    bar: indicatif::ProgressBar,
+    bar: progress::Bar,
     nodes: Option<NodeSpec>,
 }
 

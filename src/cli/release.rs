@@ -4,12 +4,13 @@
 
 use kiln::train::metrics as metric;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
+
+use super::progress;
 
 use anyhow::{Context, Result};
 use burn::tensor::backend::AutodiffBackend;
 use clap::{Args, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
 use kiln::backends::{DeviceSpec, ReplicaJob};
 use kiln::eval::EvalEvent;
 use kiln::release::{Event, FULL, Plan, ReleaseConfig, RunKind, Stage};
@@ -80,7 +81,7 @@ fn run_release(args: RunArgs) -> Result<()> {
     }
     let started = Instant::now();
     kiln::backends::run_replicas(&devices, ReleaseJob { plan, stages: args.stages.0 })??;
-    eprintln!("release done in {}", clock(started.elapsed()));
+    eprintln!("release done in {}", progress::clock(started.elapsed()));
     Ok(())
 }
 
@@ -101,26 +102,12 @@ impl ReplicaJob for ReleaseJob {
     }
 }
 
-/// `1h02m03s`, `4m05s`, `12s`.
-fn clock(d: Duration) -> String {
-    let s = d.as_secs();
-    match (s / 3600, s / 60 % 60, s % 60) {
-        (0, 0, s) => format!("{s}s"),
-        (0, m, s) => format!("{m}m{s:02}s"),
-        (h, m, s) => format!("{h}h{m:02}m{s:02}s"),
-    }
-}
-
 /// The progress of the current long piece of work.
 #[derive(Default)]
 struct View {
-    bar: Option<ProgressBar>,
-    /// When the bar's work started, its position then, and when a plain line was last printed.
-    started: Option<(Instant, u64)>,
-    /// When the first unit of work finished and the position then: the ETA's rate is measured
-    /// from there, so setup before it (reading and packing the data) does not inflate it.
-    first: Option<(Instant, u64)>,
-    last_line: Option<Instant>,
+    bar: Option<progress::Bar>,
+    /// When the bar's work started (its rate of new tokens).
+    started: Option<Instant>,
     run_started: Option<Instant>,
     message: String,
 }
@@ -128,39 +115,16 @@ struct View {
 impl View {
     fn start_bar(&mut self, total: u64, at: u64, unit: &str) {
         self.finish();
-        let bar = ProgressBar::new(total);
-        let template = format!("  {{elapsed_precise}} [{{bar:30}}] {{pos}}/{{len}} {unit}, ETA {{eta}} {{msg}}");
-        bar.set_style(ProgressStyle::with_template(&template).expect("valid template").progress_chars("=> "));
-        bar.set_position(at);
+        let bar = progress::with_eta(total, unit);
+        bar.restart_at(at);
         self.bar = Some(bar);
-        self.started = Some((Instant::now(), at));
-        self.first = None;
-        self.last_line = Some(Instant::now());
+        self.started = Some(Instant::now());
     }
 
     fn advance(&mut self, position: u64) {
         let Some(bar) = &self.bar else { return };
-        bar.set_position(position);
         bar.set_message(self.message.clone());
-        if self.first.is_none() && self.started.is_some_and(|(_, p0)| position > p0) {
-            self.first = Some((Instant::now(), position));
-        }
-        // Without a terminal the bar is hidden: a line every 30 s with the ETA.
-        if bar.is_hidden()
-            && let (Some((t0, _)), Some((t1, p1)), Some(last)) = (self.started, self.first, self.last_line)
-            && last.elapsed() >= Duration::from_secs(30)
-        {
-            let (done, left) = (position.saturating_sub(p1), bar.length().unwrap_or(0).saturating_sub(position));
-            let eta = (done > 0).then(|| t1.elapsed().mul_f64(left as f64 / done as f64));
-            eprintln!(
-                "  {position}/{} after {}, ETA {} {}",
-                bar.length().unwrap_or(0),
-                clock(t0.elapsed()),
-                eta.map_or("?".into(), clock),
-                self.message
-            );
-            self.last_line = Some(Instant::now());
-        }
+        bar.set_position(position);
     }
 
     fn finish(&mut self) {
@@ -172,7 +136,7 @@ impl View {
 
     fn say(&self, line: String) {
         match &self.bar {
-            Some(bar) => bar.suspend(|| eprintln!("{line}")),
+            Some(bar) => bar.println(line),
             None => eprintln!("{line}"),
         }
     }
@@ -227,7 +191,7 @@ impl View {
             }
             Event::RunDone { run, summary } => {
                 self.finish();
-                let took = self.run_started.map_or(String::new(), |t| format!(" in {}", clock(t.elapsed())));
+                let took = self.run_started.map_or(String::new(), |t| format!(" in {}", progress::clock(t.elapsed())));
                 eprintln!("  {}: {} steps{took}; {}", run.label(), summary.steps, run.published.display());
             }
             Event::EvalStart { batch, models, prompts, samples } => {
@@ -253,7 +217,7 @@ impl View {
                 if self.bar.is_none() {
                     self.start_bar(total as u64, done as u64, "samples");
                 }
-                if let Some((t0, _)) = self.started {
+                if let Some(t0) = self.started {
                     self.message = format!("{:.0} tokens/s", new_tokens as f64 / t0.elapsed().as_secs_f64().max(1e-9));
                 }
                 self.advance(done as u64);

@@ -112,8 +112,7 @@ impl ReplicaJob for RlJob {
             self.resume,
             |data| {
                 bar.set_length(data["total_steps"].as_u64().unwrap_or(0));
-                // (suspend, not println: a bar hidden without a terminal drops println's lines)
-                let say = |line: String| bar.suspend(|| eprintln!("{line}"));
+                let say = |line: String| bar.println(line);
                 if let Some(note) = &self.note {
                     say(note.clone());
                 }
