@@ -21,6 +21,7 @@ use kiln::rl::loss::{
 use kiln::rl::prompts::PromptSet;
 use kiln::rl::reward::{Reward, Task};
 use kiln::rl::rollout::RolloutSettings;
+use kiln::rl::objective::OverlongBuffer;
 use kiln::rl::{Method, PgConfig, PgSettings, PolicyGradient, Signal};
 use kiln::tokenizer::Tokenizer;
 use kiln::train::trainer::{Record, read_metrics};
@@ -133,6 +134,36 @@ fn advantages_losses_and_kl_match_verl() {
     };
     let ours = reverse_kl(logits(&rk["student_logits"]), logits(&rk["teacher_logits"]));
     assert_close(&host(ours), &floats(&rk["reverse_kl"]), "full-vocabulary reverse KL");
+}
+
+/// verl 0.9.1's own `kl_penalty` (k1, k2, k3 and its name low_var_kl, with k3's clamps) and
+/// its DAPO reward manager's overlong shaping (`tests/fixtures/make_verl_core_algos.py`,
+/// `rl/verl_kl_dapo.json`): kiln's KL terms and gradients, and its shaped rewards.
+#[test]
+fn kl_penalties_and_dapo_overlong_shaping_match_verl_091() {
+    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(fixture("rl/verl_kl_dapo.json")).unwrap()).unwrap();
+    let kl = &fixture["kl"];
+    let reference = matrix(&kl["ref_log_prob"]);
+    for (name, case) in kl["cases"].as_object().unwrap() {
+        let estimator: KlEstimator = serde_json::from_value(Value::String(name.clone())).unwrap();
+        let log_prob = matrix(&kl["log_prob"]).require_grad();
+        let per_token = kl_penalty(log_prob.clone(), reference.clone(), estimator);
+        let grads = per_token.clone().sum().backward();
+        assert_close(&host(per_token), &floats(&case["kl"]), &format!("verl's kl_penalty {name}"));
+        assert_close(&host(log_prob.grad(&grads).unwrap()), &floats(&case["grad_log_prob"]), &format!("d kl_penalty {name} / d log_prob"));
+    }
+    let o = &fixture["overlong"];
+    let max = o["max_response_length"].as_u64().unwrap() as usize;
+    let scores: Vec<f64> = o["scores"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let lengths: Vec<usize> = o["lengths"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+    for case in o["cases"].as_array().unwrap() {
+        let buffer = OverlongBuffer { enable: true, len: case["len"].as_u64().unwrap() as usize, penalty_factor: case["penalty_factor"].as_f64().unwrap() };
+        let ours: Vec<f64> = scores.iter().zip(&lengths).map(|(&s, &n)| s + buffer.penalty(n, max)).collect();
+        let verl: Vec<f64> = case["rewards"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        for (a, b) in ours.iter().zip(&verl) {
+            assert!((a - b).abs() < 1e-6, "{buffer:?}: {ours:?} vs verl's {verl:?}");
+        }
+    }
 }
 
 /// Agreement to `tol` relative to values above 1 (f32 arithmetic on both sides).

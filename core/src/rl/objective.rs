@@ -84,7 +84,10 @@ impl OverlongBuffer {
 /// the step has `prompts_per_step` informative groups, for at most `max_num_gen_batches`
 /// generations in all; past that bound the step is filled up with the dropped groups (verl
 /// raises an error instead) and trains anyway. Groups of one response are kept, as in verl. The
-/// filter reads the rewards the advantages see (after the overlong shaping).
+/// filter reads the rewards the advantages see (after the overlong shaping). The rule is verl
+/// 0.9.1's (`trainer/ppo/v1/replay_buffer.py`, `_dapo_filtered_keys`: a group of more than one
+/// whose `np.std` is 0 is evicted); verl refills through its asynchronous replay buffer, kiln by
+/// further synchronous generations.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FilterGroups {
