@@ -274,6 +274,20 @@ fn values_kiln_cannot_run_are_refused_naming_file_and_key() {
     assert!(err.starts_with(trl.to_str().unwrap()) && err.contains("num_iterations = 2"), "{err}");
 }
 
+/// TRL's CLI takes its configs as YAML: the same GRPOConfig written so imports to the same config.
+#[test]
+fn a_trl_yaml_recipe_imports_as_its_json() {
+    let overrides = ["model_name_or_path=Qwen/Qwen2.5-0.5B".to_string(), "dataset_name=prompts.jsonl".into()];
+    let import = |name: &str| {
+        let path = fixture(&format!("config/trl/{name}"));
+        config_import::trl::import(&path, &std::fs::read_to_string(&path).unwrap(), &overrides, None).unwrap()
+    };
+    let (yaml, json) = (import("grpo_config.yaml"), import("grpo_config.json"));
+    assert_eq!(pg(&yaml), pg(&json));
+    assert_eq!((yaml.report.carried.len(), yaml.report.unknown.len()), (json.report.carried.len(), 0));
+    assert!(pg(&yaml).rollout.n == 8 && pg(&yaml).optimizer.lr == 5e-7, "values carried, not defaults");
+}
+
 #[test]
 fn trl_grpo_config_is_imported_with_trl_names() {
     let path = fixture("config/trl/grpo_config.json");
