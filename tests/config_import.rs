@@ -181,6 +181,8 @@ fn verl_settings_kiln_cannot_reproduce_are_refused_and_infrastructure_listed() {
         let err = verl_import(&[extra]).err().unwrap_or_else(|| panic!("{extra} was accepted")).to_string();
         assert!(err.contains("ppo_trainer.yaml") && err.contains(expected), "{extra}: {err}");
     }
+    // an estimator kiln registers under verl's name is carried without a mapping of its own
+    assert_eq!(pg(&verl_import(&["algorithm.adv_estimator=opo"]).unwrap()).loss.adv_estimator.name(), "opo");
     let imported = verl_import(&["actor_rollout_ref.rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=4", "data.gen_batch_size=1536"]).unwrap();
     let ignored: Vec<&str> = imported.report.ignored.iter().map(|(k, _)| k.as_str()).collect();
     assert!(ignored.contains(&"actor_rollout_ref.rollout.tensor_model_parallel_size") && ignored.contains(&"trainer.n_gpus_per_node"), "{ignored:?}");

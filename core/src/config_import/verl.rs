@@ -66,7 +66,7 @@ pub const MAPPING: &[(&str, &str)] = &[
     ("actor_rollout_ref.actor.use_kl_loss", "[loss] kl_coef = 0 when false"),
     ("actor_rollout_ref.actor.kl_loss_coef", "[loss] kl_coef"),
     ("actor_rollout_ref.actor.kl_loss_type", "[loss] kl_estimator (low_var_kl -> k3, kl -> k1, mse -> k2)"),
-    ("algorithm.adv_estimator", "[loss] adv_estimator (grpo, rloo, reinforce_plus_plus)"),
+    ("algorithm.adv_estimator", "[loss] adv_estimator (kiln's registered estimators: grpo, rloo, reinforce_plus_plus, opo)"),
     ("algorithm.norm_adv_by_std_in_grpo", "[loss] adv_estimator = \"dr_grpo\" when false with grpo"),
     ("algorithm.filter_groups.enable, .max_num_gen_batches", "[rollout.filter_groups] enable, max_num_gen_batches"),
     ("algorithm.rollout_correction.rollout_is = token, .rollout_is_threshold", "[loss] tis_imp_ratio_cap"),
@@ -542,7 +542,6 @@ pub fn import(path: &Path, text: &str, overrides: &[String]) -> Result<Imported>
             c.report.carried.push(("algorithm.norm_adv_by_std_in_grpo".into(), "[loss] adv_estimator = \"dr_grpo\" (no division by the group std)".into()));
             "dr_grpo"
         }
-        ("rloo", _) => "rloo",
         ("reinforce_plus_plus", _) => {
             let gamma = c.f64("algorithm.gamma")?;
             if gamma != 1.0 {
@@ -550,7 +549,14 @@ pub fn import(path: &Path, text: &str, overrides: &[String]) -> Result<Imported>
             }
             "reinforce_plus_plus"
         }
-        _ => return Err(c.refuse(key, &Value::from(estimator), "kiln's advantage estimators are grpo, dr_grpo (norm_adv_by_std_in_grpo=false), rloo and reinforce_plus_plus")),
+        // any other estimator kiln registers under verl's name
+        (name, _) => match crate::rl::advantage::AdvEstimator::from_name(name) {
+            Ok(registered) if name != "dr_grpo" => registered.name(),
+            _ => {
+                let names: Vec<&str> = crate::rl::advantage::ADV_ESTIMATORS.iter().map(|(n, _)| *n).filter(|n| *n != "dr_grpo").collect();
+                return Err(c.refuse(key, &Value::from(estimator), &format!("kiln's advantage estimators are {} and dr_grpo (norm_adv_by_std_in_grpo=false)", names.join(", "))));
+            }
+        },
     };
     c.carry(key, "loss.adv_estimator", kiln);
     let rc = "algorithm.rollout_correction";

@@ -18,6 +18,8 @@
 //!   of every token is the response's reward; returns are whitened over all response tokens of
 //!   the batch (token-weighted mean, unbiased variance, `(x − μ) / sqrt(σ² + 1e-8)`), so longer
 //!   responses weigh more in μ and σ. The batch is the step's responses on this replica.
+//! - `opo` (`compute_opo_outcome_advantage`, OPO): the reward minus the group's mean reward
+//!   weighted by response length.
 //!
 //! Adding an estimator is one `fn(&Outcomes, &AdvParams) -> Vec<f64>` and one line of
 //! [`ADV_ESTIMATORS`].
@@ -136,6 +138,7 @@ pub static ADV_ESTIMATORS: &[(&str, AdvantageFn)] = &[
     ("dr_grpo", compute_dr_grpo_outcome_advantage),
     ("rloo", compute_rloo_outcome_advantage),
     ("reinforce_plus_plus", compute_reinforce_plus_plus_outcome_advantage),
+    ("opo", compute_opo_outcome_advantage),
 ];
 
 /// `grpo`: see the module docs; `params.scaling` picks the divisor.
@@ -174,6 +177,26 @@ pub fn compute_reinforce_plus_plus_outcome_advantage(outcomes: &Outcomes, _param
     let var = weighted(&|s| (s - mean).powi(2)) / (tokens + 1e-8) * bessel;
     let scale = 1.0 / (var + 1e-8).sqrt();
     outcomes.scores.iter().map(|&s| (s - mean) * scale).collect()
+}
+
+/// `opo` (`compute_opo_outcome_advantage`, OPO: on-policy RL with the optimal reward baseline):
+/// each reward minus its group's length-weighted mean reward `Σ |o|·r / Σ |o|`; a group of one
+/// keeps its reward.
+pub fn compute_opo_outcome_advantage(outcomes: &Outcomes, _params: &AdvParams) -> Vec<f64> {
+    let mut groups: BTreeMap<usize, (f64, f64, usize)> = BTreeMap::new(); // (Σ |o|·r, Σ |o|, n)
+    for ((&score, &group), &length) in outcomes.scores.iter().zip(outcomes.groups).zip(outcomes.lengths) {
+        let g = groups.entry(group).or_default();
+        (g.0, g.1, g.2) = (g.0 + length as f64 * score, g.1 + length as f64, g.2 + 1);
+    }
+    outcomes
+        .scores
+        .iter()
+        .zip(outcomes.groups)
+        .map(|(&score, group)| match groups[group] {
+            (weighted, lengths, n) if n > 1 => score - weighted / lengths,
+            _ => score,
+        })
+        .collect()
 }
 
 /// A registered advantage estimator, by name (TOML `[loss] adv_estimator`, default `grpo`).
