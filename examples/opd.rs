@@ -21,6 +21,7 @@ use kiln::backends::Cpu;
 use kiln::generate::model_eos_ids;
 use kiln::model::{Qwen2Config, hf};
 use kiln::rl::validate::{ValidationSettings, Validator};
+use kiln::train::metrics as metric;
 use kiln::rl::{Method, PgConfig};
 use kiln::tokenizer::Tokenizer;
 use kiln::train::checkpoint::latest_named;
@@ -71,7 +72,7 @@ fn main() -> Result<()> {
     let config = PgConfig::from_toml(&path, &text)?;
     let summary = kiln::rl::run::<Autodiff<Cpu>>(&config, Method::Opd, &Default::default(), true, |_| {}, |record| {
         if let Some(kl) = record.get("teacher_kl").and_then(Value::as_f64) {
-            eprintln!("      step {:>3}: teacher KL {kl:.4}, {:.0} s", record["step"], record["step_s"].as_f64().unwrap_or(0.0));
+            eprintln!("      step {:>3}: teacher KL {kl:.4}, {:.0} s", record["step"], metric::STEP_S.get(record).unwrap_or(0.0));
         }
     })?;
     eprintln!("      {} steps in {:.0} s", summary.steps, summary.elapsed.as_secs_f64());
@@ -151,7 +152,7 @@ fn print_curve(records: &[serde_json::Map<String, Value>], teacher: &serde_json:
             r["step"],
             cell(number(r, "teacher_kl"), 4),
             cell(number(r, "kl_ref"), 5),
-            cell(number(r, "response_length_mean"), 0),
+            cell(metric::RESPONSE_LENGTH_MEAN.get(r), 0),
             cell(number(r, "val_accuracy_id"), 3),
             cell(number(r, "val_accuracy_ood"), 3),
         );
@@ -161,6 +162,6 @@ fn print_curve(records: &[serde_json::Map<String, Value>], teacher: &serde_json:
         cell(number(teacher, "val_accuracy_id"), 3),
         cell(number(teacher, "val_accuracy_ood"), 3)
     );
-    let diff = records.iter().filter_map(|r| number(r, "logprob_diff_max")).fold(0.0, f64::max);
+    let diff = records.iter().filter_map(|r| metric::LOGPROB_DIFF_MAX.get(r)).fold(0.0, f64::max);
     println!("max |sampler log-prob - learner log-prob| over the run: {diff:.2e}");
 }

@@ -26,6 +26,7 @@ use kiln::tasks::interplay::dataset::{Split, write_split};
 use kiln::tasks::interplay::tiny_model::write_tiny_model;
 use kiln::train::checkpoint::latest_named;
 use kiln::train::RunConfig;
+use kiln::train::metrics as metric;
 use kiln::train::trainer::read_metrics;
 use serde_json::Value;
 
@@ -76,7 +77,7 @@ fn main() -> Result<()> {
     let config = PgConfig::from_toml(&path, &text)?;
     let summary = kiln::rl::run::<Autodiff<Cpu>>(&config, Method::Grpo, &Default::default(), true, |_| {}, |record| {
         if let Some(reward) = record.get("reward_mean").and_then(Value::as_f64) {
-            eprintln!("      step {:>3}: reward {reward:.3}, {:.0} s", record["step"], record["step_s"].as_f64().unwrap_or(0.0));
+            eprintln!("      step {:>3}: reward {reward:.3}, {:.0} s", record["step"], metric::STEP_S.get(record).unwrap_or(0.0));
         }
     })?;
     eprintln!("      {} steps in {:.0} s", summary.steps, summary.elapsed.as_secs_f64());
@@ -186,9 +187,9 @@ fn print_curve(records: &[serde_json::Map<String, Value>]) {
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r["step"],
             cell(number(r, "reward_mean"), 3),
-            cell(number(r, "frac_zero_std_groups"), 2),
+            cell(metric::FRAC_ZERO_STD_GROUPS.get(r), 2),
             cell(number(r, "kl_ref"), 5),
-            cell(number(r, "response_length_mean"), 0),
+            cell(metric::RESPONSE_LENGTH_MEAN.get(r), 0),
             cell(number(r, "val_accuracy_id"), 3),
             cell(number(r, "val_accuracy_ood"), 3),
             cell(number(r, "val_accuracy_op3"), 2),
@@ -206,6 +207,6 @@ fn print_curve(records: &[serde_json::Map<String, Value>]) {
             mean(&rewards[rewards.len() - fifth..])
         );
     }
-    let diff = records.iter().filter_map(|r| number(r, "logprob_diff_max")).fold(0.0, f64::max);
+    let diff = records.iter().filter_map(|r| metric::LOGPROB_DIFF_MAX.get(r)).fold(0.0, f64::max);
     println!("max |sampler log-prob - learner log-prob| over the run: {diff:.2e}");
 }

@@ -114,8 +114,8 @@ impl TrainJob for TrainBenchJob {
         let mut rss = Vec::new();
         let mut memory = DeviceMemory::default();
         train(start, &mut objective, &loop_config, |_| Ok(Default::default()), |record| {
-            step_times.push(record["step_s"].as_f64().unwrap_or(f64::NAN));
-            rss.extend(record.get("rss_mib").and_then(serde_json::Value::as_f64));
+            step_times.push(kiln::train::metrics::STEP_S.get(record).unwrap_or(f64::NAN));
+            rss.extend(kiln::train::metrics::RSS_MIB.get(record));
             memory.sample::<B>(&device);
         })?;
         std::fs::remove_dir_all(&out).ok();

@@ -109,7 +109,7 @@ impl TrainJob for QuickstartJob {
             |record| {
                 let step = record.get(metric::STEP.key()).and_then(Value::as_u64).unwrap_or(0);
                 bar.set_position(step);
-                if let Some(estimate) = clock.estimate(step, record.get("step_s").and_then(Value::as_f64), args.steps)
+                if let Some(estimate) = clock.estimate(step, kiln::train::metrics::STEP_S.get(record), args.steps)
                     && estimate > SLOW_WARNING_S
                     && args.minutes.is_none()
                 {

@@ -140,7 +140,7 @@ impl ReplicaJob for RlJob {
                 if let Some(kl) = number(metric::TEACHER_KL) {
                     message += &format!("teacher KL {kl:.4} ");
                 }
-                if let Some(tps) = number(Metric("rollout_tokens_per_s")) {
+                if let Some(tps) = number(metric::ROLLOUT_TOKENS_PER_S) {
                     message += &format!("rollout {tps:.0} tok/s");
                 }
                 bar.set_message(message);

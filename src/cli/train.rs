@@ -108,7 +108,7 @@ impl ReplicaJob for RunJob {
                 if let Some(acc) = number(metric::EVAL_ACCURACY) {
                     message += &format!("acc {acc:.3} ");
                 }
-                if let Some(changed) = number(Metric("weights_changed")) {
+                if let Some(changed) = number(metric::WEIGHTS_CHANGED) {
                     message += &format!("changed {:.1}% ", 100.0 * changed);
                 }
                 if let Some(tps) = number(metric::TOKENS_PER_S) {

@@ -384,7 +384,7 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         metrics.insert("updates".into(), json!(updates.len()));
         metrics.extend(token_metrics(&responses, &stats, matches!(advantages, StepAdvantages::Teacher { .. })));
         metrics.insert("rollout_s".into(), json!(rollout_s));
-        metrics.insert("rollout_tokens_per_s".into(), json!(stats.tokens / rollout_s));
+        metric::ROLLOUT_TOKENS_PER_S.set(&mut metrics, stats.tokens / rollout_s);
         metrics.insert("logprob_s".into(), json!(scoring_s));
         self.step_metrics = metrics;
         Ok(updates)
@@ -619,7 +619,7 @@ fn sequence_advantages(estimator: AdvEstimator, params: &AdvParams, responses: &
     let (mean, std) = mean_and_std(scores);
     metric::REWARD_MEAN.set(metrics, mean);
     metrics.insert("reward_std".into(), json!(std));
-    metrics.insert("frac_zero_std_groups".into(), json!(zero_std_fraction(scores, &groups)));
+    metric::FRAC_ZERO_STD_GROUPS.set(metrics, zero_std_fraction(scores, &groups));
     let outcomes = Outcomes::new(scores, &groups, &lengths)?;
     Ok(estimator.compute(&outcomes, params))
 }
@@ -681,7 +681,7 @@ fn token_metrics(responses: &[Response], stats: &TokenStats, teacher: bool) -> M
     let tokens = stats.tokens.max(1.0);
     let mut metrics = Map::new();
     metric::RESPONSES.set(&mut metrics, responses.len());
-    metrics.insert("response_length_mean".into(), json!(mean_and_std(&lengths).0));
+    metric::RESPONSE_LENGTH_MEAN.set(&mut metrics, mean_and_std(&lengths).0);
     metrics.insert("response_length_max".into(), json!(lengths.iter().copied().fold(0.0, f64::max)));
     metrics.insert("response_length_min".into(), json!(lengths.iter().copied().fold(f64::INFINITY, f64::min)));
     metrics.insert("response_clip_frac".into(), json!(truncated as f64 / responses.len().max(1) as f64));
@@ -693,7 +693,7 @@ fn token_metrics(responses: &[Response], stats: &TokenStats, teacher: bool) -> M
     if teacher {
         metric::TEACHER_KL.set(&mut metrics, stats.teacher_kl / tokens);
     }
-    metrics.insert("logprob_diff_max".into(), json!(stats.logprob_diff_max));
+    metric::LOGPROB_DIFF_MAX.set(&mut metrics, stats.logprob_diff_max);
     metrics.insert("logprob_diff_mean".into(), json!(stats.logprob_diff / tokens));
     metrics
 }

@@ -57,6 +57,18 @@ pub const TEACHER_KL: Metric = Metric("teacher_kl");
 /// Validation accuracy in distribution and out of it (RL and OPD).
 pub const VAL_ACCURACY_ID: Metric = Metric("val_accuracy_id");
 pub const VAL_ACCURACY_OOD: Metric = Metric("val_accuracy_ood");
+/// Seconds of the step, and the process's resident memory after it.
+pub const STEP_S: Metric = Metric("step_s");
+pub const RSS_MIB: Metric = Metric("rss_mib");
+/// bf16-pure training: the share of weights the update changed; f16-mixed: the loss scale.
+pub const WEIGHTS_CHANGED: Metric = Metric("weights_changed");
+pub const LOSS_SCALE: Metric = Metric("loss_scale");
+/// RL: the rollout's tokens per second, the share of groups whose rewards all agree, the mean
+/// response length, and the largest |learner − rollout| log-prob difference of a token.
+pub const ROLLOUT_TOKENS_PER_S: Metric = Metric("rollout_tokens_per_s");
+pub const FRAC_ZERO_STD_GROUPS: Metric = Metric("frac_zero_std_groups");
+pub const RESPONSE_LENGTH_MEAN: Metric = Metric("response_length_mean");
+pub const LOGPROB_DIFF_MAX: Metric = Metric("logprob_diff_max");
 
 /// Counts that replicas add up (every other number is averaged, or taken at its extreme:
 /// [`crate::dist::reduce_records`]).

@@ -407,20 +407,20 @@ where
             record.insert("skipped_updates".into(), json!(skipped));
         }
         if let Some((n, total)) = changed {
-            record.insert("weights_changed".into(), json!(n as f64 / total.max(1) as f64));
+            metrics::WEIGHTS_CHANGED.set(&mut record, n as f64 / total.max(1) as f64);
         }
         if let Some(s) = &loss_scale {
-            record.insert("loss_scale".into(), json!(s.scale));
+            metrics::LOSS_SCALE.set(&mut record, s.scale);
         }
         if let Some(tokens) = metrics::TOKENS.get(&extras) {
             metrics::TOKENS_PER_S.set(&mut record, tokens / seconds);
             record.insert("update_tokens_per_s".into(), json!(tokens / update_seconds));
         }
-        record.insert("step_s".into(), json!(seconds));
+        metrics::STEP_S.set(&mut record, seconds);
         record.insert("update_s".into(), json!(update_seconds));
         record.insert("elapsed_s".into(), json!(began.elapsed().as_secs_f64()));
         if let Some(rss) = rss_mib() {
-            record.insert("rss_mib".into(), json!(rss));
+            metrics::RSS_MIB.set(&mut record, rss);
         }
         record.extend(extras);
         let out_of_time = config.time_budget.is_some_and(|budget| began.elapsed() >= budget) && step < config.total_steps;
