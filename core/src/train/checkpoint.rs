@@ -390,6 +390,18 @@ mod config_change_tests {
         assert_eq!(config_changes(&saved, &changed), ["schedule.kind (unset) → \"cosine\"", "train.grad_accum (unset) → 4"]);
     }
 
+    /// A setting read back from `trainer_state.json` is the number that was written: a mixture
+    /// share summed to 0.9999999999999999 is not 1.0 (serde_json's `float_roundtrip`; without it
+    /// a resumed `--scale cpu` pre-training was refused for a share that had not changed).
+    #[test]
+    fn numbers_read_back_from_a_checkpoint_are_the_ones_written() {
+        let share: f64 = 0.9999999999999999;
+        assert_ne!(share, 1.0);
+        let current = json!({"config": {"data": {"probs": [share, 0.5]}}});
+        let saved: serde_json::Value = serde_json::from_str(&current.to_string()).unwrap();
+        assert!(config_changes(&saved, &current).is_empty(), "{:?}", config_changes(&saved, &current));
+    }
+
     #[test]
     fn two_spellings_of_one_path_are_the_same_setting() {
         let dir = tempfile::tempdir().unwrap();
