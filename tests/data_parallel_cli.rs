@@ -174,7 +174,8 @@ fn two_and_three_nodes_match_one_process_with_the_whole_batch() {
 }
 
 /// Two processes of two replicas each (the engine inside a process, the ring between them), and
-/// one process of two replicas named in the config, against one device with the whole batch.
+/// one process of two replicas named in the config, against one device with the whole batch;
+/// the optimizer state sharded over the four replicas changes nothing but its size.
 #[test]
 fn replicas_in_processes_and_from_the_config_match_one_device() {
     let tmp = tempfile::tempdir().unwrap();
@@ -196,6 +197,19 @@ fn replicas_in_processes_and_from_the_config_match_one_device() {
         assert!(difference <= 1e-6, "{run}: weights differ by {difference:e} relative");
         assert_eq!(losses(&dir.join(run)).len(), steps as usize);
     }
+    // ZeRO-1 over the same four replicas (the ring between the processes): the same weights and
+    // optimizer state, a quarter of the state per replica.
+    let sharded = write_config(dir, "sharded", 1, steps, "");
+    let text = std::fs::read_to_string(&sharded).unwrap().replace("seed = 5", "seed = 5\nshard_optimizer = true");
+    std::fs::write(&sharded, text).unwrap();
+    succeed(&run_nodes(&[&sharded, &sharded], &["--devices", "cpu,cpu"]));
+    let checkpoint = |run: &str| dir.join(run).join(format!("checkpoint-{steps}"));
+    assert!(weights(&checkpoint("multi")) == weights(&checkpoint("sharded")), "sharded weights differ");
+    let moments = |run: &str| std::fs::read(checkpoint(run).join("optimizer.safetensors")).unwrap();
+    assert!(moments("multi") == moments("sharded"), "the sharded run saved other optimizer state");
+    let held = |run: &str| kiln::train::trainer::read_metrics(&dir.join(run).join("metrics.jsonl")).unwrap()[0]["optimizer_state_values"].as_f64().unwrap();
+    assert!((held("sharded") - held("multi") / 4.0).abs() <= 2.0, "a replica held {} optimizer values, of {}", held("sharded"), held("multi"));
+
     // Devices of two backends do not make one run.
     let out = kiln().args(["pretrain", "--config", &listed, "--devices", "cpu,cuda:0"]).output().unwrap();
     assert!(last_line(&out).contains("must all be of one backend (got cpu and cuda:0)"), "{}", stderr(&out));

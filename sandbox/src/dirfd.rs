@@ -182,7 +182,7 @@ mod tests {
         std::fs::create_dir(&outside).unwrap();
         std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o750)).unwrap();
         std::os::unix::fs::symlink(&outside, root.join("d/link")).unwrap();
-        std::fs::set_permissions(root.join("d/sub"), std::fs::Permissions::from_mode(0)).unwrap();
+        std::fs::set_permissions(root.join("d/sub"), std::fs::Permissions::from_mode(0o0)).unwrap();
         let d = Dir::open(&root.join("d")).unwrap();
         let mut names: Vec<_> = d.entries().unwrap().into_iter().map(|e| e.name.into_string().unwrap()).collect();
         names.sort();

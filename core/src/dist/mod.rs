@@ -69,7 +69,7 @@ use serde_json::Value;
 
 pub use group::NodeSpec;
 pub use launcher::{DEFAULT_PORT, Launched, Launcher, expand_nodelist};
-pub use params::{reduce_gradients, reduce_records, sync_start};
+pub use params::{OptimizerShard, gather_owned_moments, gather_owned_weights, reduce_gradients, reduce_records, sync_start};
 
 use self::group::Group;
 use self::local::{Abort, Rounds, lock};

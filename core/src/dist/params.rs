@@ -5,6 +5,7 @@
 //! `ParamId`s (random per process), so replicas need not share ids.
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
@@ -15,7 +16,7 @@ use serde_json::{Map, Value, json};
 use super::{Reduce, Replica};
 use crate::train::metrics;
 use crate::error::{Error, Result};
-use crate::train::adamw::Moments;
+use crate::train::adamw::{AdamW, Moments};
 use crate::train::{Objective, Start};
 
 type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
@@ -96,6 +97,149 @@ pub fn sync_start<AB: AutodiffBackend, O: Objective<AB>>(replica: &Replica, star
     Ok(Start { model, optimizer, step, loss_scale })
 }
 
+/// ZeRO-1 (`[train] shard_optimizer`): the values each replica updates and keeps AdamW moments
+/// for. The parameters, in name order, are laid end to end as one vector of `N` values, and
+/// rank `r` owns `[r·N/world, (r+1)·N/world)` of it (DeepSpeed's partition of the flattened
+/// parameters), so every replica holds `1 / world` of the optimizer state however the sizes
+/// fall. AdamW acts on each value alone but for the global clipping norm, which every replica
+/// computes from the full reduced gradients, so the updates are an unsharded run's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OptimizerShard {
+    /// Per parameter: this replica's range of its flattened values (maybe empty), and its size.
+    owned: HashMap<String, (Range<usize>, usize)>,
+}
+
+impl OptimizerShard {
+    /// The partition of `params` (`(name, values)`) over `world` replicas, seen from `rank`.
+    pub fn new(params: &[(String, usize)], rank: usize, world: usize) -> Self {
+        let mut order: Vec<&(String, usize)> = params.iter().collect();
+        order.sort_by(|a, b| a.0.cmp(&b.0));
+        let total: usize = order.iter().map(|p| p.1).sum();
+        let world = world.max(1);
+        let bound = |r: usize| ((r as u128 * total as u128) / world as u128) as usize;
+        let (mine_start, mine_end) = (bound(rank), bound(rank + 1));
+        let mut offset = 0;
+        let mut owned = HashMap::with_capacity(params.len());
+        for (name, numel) in order {
+            let (start, end) = (mine_start.max(offset), mine_end.min(offset + numel));
+            let range = if start < end { start - offset..end - offset } else { 0..0 };
+            owned.insert(name.clone(), (range, *numel));
+            offset += numel;
+        }
+        Self { owned }
+    }
+
+    /// The shard of `model`'s parameters for `replica`.
+    pub fn of_model<AB: AutodiffBackend, M: AutodiffModule<AB>>(model: &M, names: &HashMap<ParamId, String>, replica: &Replica) -> Self {
+        let mut sizes = Sizes { names, out: Vec::new() };
+        model.visit(&mut sizes);
+        Self::new(&sizes.out, replica.rank(), replica.world())
+    }
+
+    /// The values of parameter `name` (of `numel` values) this replica updates: a sub-range of
+    /// `0..numel`, maybe empty (a parameter the partition does not know: all of them).
+    pub fn range(&self, name: &str, numel: usize) -> Range<usize> {
+        self.owned.get(name).map_or(0..numel, |(range, _)| range.clone())
+    }
+
+    /// Values of optimizer state (two moments) this replica keeps.
+    pub fn held_values(&self) -> usize {
+        self.owned.values().map(|(range, _)| 2 * range.len()).sum()
+    }
+
+    /// Cuts whole moments (as loaded or gathered) down to this replica's ranges.
+    pub fn drop_others<B: Backend>(&self, optimizer: &mut AdamW<B>) {
+        let moments = std::mem::take(&mut optimizer.moments);
+        for (name, m) in moments {
+            let Some((range, numel)) = self.owned.get(&name) else {
+                optimizer.moments.insert(name, m);
+                continue;
+            };
+            if m.exp_avg.dims()[0] != *numel || range.len() == *numel {
+                optimizer.moments.insert(name, m);
+            } else if !range.is_empty() {
+                let cut = Moments { exp_avg: m.exp_avg.slice(range.clone()), exp_avg_sq: m.exp_avg_sq.slice(range.clone()) };
+                optimizer.moments.insert(name, cut);
+            }
+        }
+    }
+
+    /// `part` (this replica's range of a parameter of `like`'s size and dtype) in place, zeros
+    /// elsewhere.
+    fn spread<B: Backend>(&self, name: &str, like: &Tensor<B, 1>, part: Option<Tensor<B, 1>>) -> Tensor<B, 1> {
+        let numel = like.dims()[0];
+        let range = self.range(name, numel);
+        match part {
+            Some(part) if range.len() == numel => part,
+            Some(part) if !range.is_empty() => like.zeros_like().slice_assign(range, part),
+            _ => like.zeros_like(),
+        }
+    }
+}
+
+/// After an update where each replica stepped only its own values: every replica gets every
+/// owner's new values (an all-reduce in which the others contribute zeros, so each sum is
+/// exactly the owner's value).
+pub fn gather_owned_weights<AB: AutodiffBackend, M: AutodiffModule<AB>>(
+    replica: &Replica,
+    model: M,
+    names: &HashMap<ParamId, String>,
+    shard: &OptimizerShard,
+) -> Result<M> {
+    let mut owned = Flatten::<Inner<AB>> { names, source: Source::Owned(shard), out: Vec::new() };
+    model.visit(&mut owned);
+    let mut flat = owned.out;
+    flat.sort_by(|a, b| a.0.cmp(&b.0));
+    let ids: Vec<ParamId> = flat.iter().map(|f| f.1).collect();
+    let reduced = replica.all_reduce_many(flat.into_iter().map(|f| f.2).collect(), Reduce::Sum)?;
+    Ok(model.map(&mut PutWeights { by_id: ids.into_iter().zip(reduced).collect() }))
+}
+
+/// Before a checkpoint of a sharded run: every replica gets every parameter's whole moments
+/// (each owner contributes its range, the others zeros), so the checkpoint holds an unsharded
+/// run's optimizer state. Nothing to do before the first update.
+pub fn gather_owned_moments<AB: AutodiffBackend, M: AutodiffModule<AB>>(
+    replica: &Replica,
+    model: &M,
+    names: &HashMap<ParamId, String>,
+    shard: &OptimizerShard,
+    optimizer: &mut AdamW<Inner<AB>>,
+) -> Result<()> {
+    if optimizer.step == 0 {
+        return Ok(());
+    }
+    let mut values = Flatten::<Inner<AB>> { names, source: Source::Values { zeros: false }, out: Vec::new() };
+    model.visit(&mut values);
+    let mut flat = values.out;
+    flat.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut tensors = Vec::with_capacity(2 * flat.len());
+    for (name, _, value) in &flat {
+        let moments = optimizer.moments.remove(name);
+        let (avg, sq) = moments.map_or((None, None), |m| (Some(m.exp_avg), Some(m.exp_avg_sq)));
+        tensors.extend([shard.spread(name, value, avg), shard.spread(name, value, sq)]);
+    }
+    let mut reduced = replica.all_reduce_many(tensors, Reduce::Sum)?.into_iter();
+    for (name, _, _) in &flat {
+        let (exp_avg, exp_avg_sq) = (reduced.next().expect("two per parameter"), reduced.next().expect("two per parameter"));
+        optimizer.moments.insert(name.clone(), Moments { exp_avg, exp_avg_sq });
+    }
+    Ok(())
+}
+
+/// Every parameter's `(name, values)`.
+struct Sizes<'a> {
+    names: &'a HashMap<ParamId, String>,
+    out: Vec<(String, usize)>,
+}
+
+impl<AB: AutodiffBackend> ModuleVisitor<AB> for Sizes<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
+        let numel = param.shape().num_elements();
+        let name = self.names.get(&param.id).cloned().unwrap_or_else(|| format!("param-{}", param.id));
+        self.out.push((name, numel));
+    }
+}
+
 /// One metrics record from every replica's: `loss` by the objective's reduction, counts
 /// (`tokens`, `targets`, `prompts`, `responses`, `rollout_tokens`) and throughputs (`*_per_s`)
 /// summed, `*_max`/`*_min` by max/min, durations (`*_s`) by the slowest, everything else
@@ -132,6 +276,9 @@ enum Source<'a> {
     Grads(&'a mut GradientsParams),
     /// The parameters' values, or zeros of their size.
     Values { zeros: bool },
+    /// The values of the parameters this replica owns, zeros (in the parameter's dtype) for the
+    /// others.
+    Owned(&'a OptimizerShard),
 }
 
 /// Every parameter as `(name, id, flat tensor)`.
@@ -152,8 +299,17 @@ impl<AB: AutodiffBackend> ModuleVisitor<AB> for Flatten<'_, AB::InnerBackend> {
             },
             Source::Values { zeros: true } => Tensor::zeros([numel], &value.device()),
             Source::Values { zeros: false } => value.reshape([numel]),
+            Source::Owned(_) => value.reshape([numel]),
         };
         let name = self.names.get(&param.id).cloned().unwrap_or_else(|| format!("param-{}", param.id));
+        let flat = match &self.source {
+            Source::Owned(shard) => {
+                let range = shard.range(&name, numel);
+                let part = (!range.is_empty()).then(|| flat.clone().slice(range));
+                shard.spread(&name, &flat, part)
+            }
+            _ => flat,
+        };
         self.out.push((name, param.id, flat));
     }
 }

@@ -30,6 +30,37 @@ fn shards_split_items_contiguously() {
     assert_eq!(Replica::single().shard(5), 0..5);
 }
 
+/// ZeRO-1's partition: every value of every parameter belongs to exactly one replica, each
+/// replica holds its `1 / world` of the values even when one tensor is most of the model (a
+/// tied embedding), and the input's order does not matter.
+#[test]
+fn optimizer_shards_cover_every_value_once_in_equal_parts() {
+    let params: Vec<(String, usize)> = [("model.embed_tokens.weight", 70_400), ("model.norm.weight", 32), ("model.layers.0.mlp.up_proj.weight", 2048), ("model.layers.0.self_attn.k_proj.bias", 3), ("empty", 0)]
+        .iter()
+        .map(|(n, v)| (n.to_string(), *v))
+        .collect();
+    let total: usize = params.iter().map(|p| p.1).sum();
+    for world in 1..=5 {
+        let shards: Vec<OptimizerShard> = (0..world).map(|r| OptimizerShard::new(&params, r, world)).collect();
+        for (name, numel) in &params {
+            let mut owners = vec![0u8; *numel];
+            for shard in &shards {
+                for i in shard.range(name, *numel) {
+                    owners[i] += 1;
+                }
+            }
+            assert!(owners.iter().all(|&n| n == 1), "world {world}: {name} is not covered exactly once");
+        }
+        for shard in &shards {
+            assert!((shard.held_values() / 2).abs_diff(total / world) <= 1, "world {world}: {} of {total}", shard.held_values() / 2);
+        }
+    }
+    let mut reversed = params.clone();
+    reversed.reverse();
+    assert_eq!(OptimizerShard::new(&params, 1, 3), OptimizerShard::new(&reversed, 1, 3));
+    assert_eq!(OptimizerShard::new(&params, 0, 2).range("not a parameter", 7), 0..7);
+}
+
 #[test]
 fn records_reduce_by_kind_of_metric() {
     let records = vec![

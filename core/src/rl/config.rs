@@ -71,6 +71,8 @@ pub struct PgTrain {
     pub precision: Precision,
     /// Recompute activations in the backward pass.
     pub recompute: bool,
+    /// ZeRO-1 (see [`crate::train::config::NextTokenTrain::shard_optimizer`]).
+    pub shard_optimizer: bool,
 }
 
 impl PgTrain {

@@ -123,6 +123,7 @@ fn prepare<'a, B: AutodiffBackend>(
     .map_err(Error::InvalidInput)?;
     loop_config.eval_steps = config.eval.as_ref().map(|e| e.steps.clone()).unwrap_or_default();
     loop_config.precision = config.train.precision;
+    loop_config.shard_optimizer = config.train.shard_optimizer;
     let validator = match &config.eval {
         Some(eval) if replica.is_main() => {
             let dir = eval.rows.as_path();

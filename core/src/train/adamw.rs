@@ -12,6 +12,7 @@ use burn::tensor::{DType, Int, Tensor, backend::AutodiffBackend, backend::Backen
 use burn::tensor::ElementConversion;
 use serde::{Deserialize, Serialize};
 
+use crate::dist::OptimizerShard;
 use crate::model::proj::to_dtype;
 
 #[cfg(doc)]
@@ -71,11 +72,14 @@ pub struct AdamW<B: Backend> {
     /// Of the last update, over the half-precision parameters (bf16-pure training): how many
     /// weights it changed, of how many (a weight stays when its step rounds away).
     pub changed: Option<(u64, u64)>,
+    /// ZeRO-1: the values this replica updates and keeps moments for; the others are left as
+    /// they are (their owners' new values are gathered after the update). `None`: all.
+    pub shard: Option<OptimizerShard>,
 }
 
 impl<B: Backend> AdamW<B> {
     pub fn new(config: AdamWConfig) -> Self {
-        Self { config, step: 0, moments: HashMap::new(), changed: None }
+        Self { config, step: 0, moments: HashMap::new(), changed: None, shard: None }
     }
 
     /// Clips `grads` by global norm, applies one update at learning rate `lr` to every
@@ -203,15 +207,26 @@ impl<AB: AutodiffBackend> ModuleMapper<AB> for Updater<'_, AB::InnerBackend> {
         let name = self.names.get(&id).cloned().unwrap_or_else(|| format!("param-{id}"));
         let dims = tensor.dims();
         let numel = dims.iter().product::<usize>();
+        // ZeRO-1: only this replica's values of the parameter (see `dist::OptimizerShard`).
+        let range = self.optimizer.shard.as_ref().map_or(0..numel, |shard| shard.range(&name, numel));
+        if range.is_empty() {
+            return Param::from_mapped_value(id, tensor, mapper);
+        }
+        let whole = range.len() == numel;
         let old = tensor.inner().reshape([numel]);
-        let updated = self.optimizer.update_one(&name, old.clone(), grad.reshape([numel]), self.lr, self.clip);
-        if updated.dtype() != DType::F32 {
-            let n = updated.clone().not_equal(old).int().sum();
+        let (old_part, grad) = match whole {
+            true => (old.clone(), grad.reshape([numel])),
+            false => (old.clone().slice(range.clone()), grad.reshape([numel]).slice(range.clone())),
+        };
+        let part = self.optimizer.update_one(&name, old_part.clone(), grad, self.lr, self.clip);
+        if part.dtype() != DType::F32 {
+            let n = part.clone().not_equal(old_part).int().sum();
             self.changed = Some(match self.changed.take() {
-                Some((total, count)) => (total + n, count + numel as u64),
-                None => (n, numel as u64),
+                Some((total, count)) => (total + n, count + range.len() as u64),
+                None => (n, range.len() as u64),
             });
         }
+        let updated = if whole { part } else { old.slice_assign(range, part) };
         let tensor = Tensor::from_inner(updated.reshape(dims)).require_grad();
         Param::from_mapped_value(id, tensor, mapper)
     }

@@ -245,7 +245,7 @@ impl<B: Backend> ModuleVisitor<B> for Sizes {
 
 /// Settings a resumed run may change without `--allow-config-change`: where and how often it
 /// saves and evaluates, how long it runs (`steps`/`epochs`: the new total is warned about),
-/// recomputation (memory only) and the sandbox layers code rewards run under (how the machine
+/// recomputation and optimizer sharding (memory only) and the sandbox layers code rewards run under (how the machine
 /// contains programs, not what they score; recorded in `environment.json`).
 const RESUMABLE: &[&str] = &[
     "output",
@@ -253,6 +253,7 @@ const RESUMABLE: &[&str] = &[
     "train.steps",
     "train.epochs",
     "train.recompute",
+    "train.shard_optimizer",
     "task.sandbox_without",
     "task.sandbox_landlock_abi",
 ];

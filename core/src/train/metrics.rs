@@ -30,6 +30,9 @@ impl Metric {
     }
 }
 
+/// Values of AdamW state (both moments) a data-parallel replica holds, the mean over the
+/// replicas: the whole model's twice over, or `1 / world` of that with `[train] shard_optimizer`.
+pub const OPTIMIZER_STATE_VALUES: Metric = Metric("optimizer_state_values");
 /// The optimizer step a record belongs to (0: the evaluation before training).
 pub const STEP: Metric = Metric("step");
 /// The training loss of the step (mean over its updates).

@@ -202,6 +202,7 @@ fn prepare<'a, B: AutodiffBackend>(config: &'a RunConfig, replica: &Replica, dev
     .map_err(Error::InvalidInput)?;
     loop_config.eval_steps = config.eval.steps.clone();
     loop_config.precision = t.precision;
+    loop_config.shard_optimizer = t.shard_optimizer;
     let objective = NextTokenLoss::packed(samples, micro_batch, grad_accum, pad_id, seed)?.padding_free(t.padding_free).shard(replica.rank(), replica.world());
     let mut held_out = match replica.is_main() {
         true => {
@@ -252,6 +253,7 @@ pub fn loop_config(
         run_config,
         allow_config_change: output.allow_config_change,
         precision: Default::default(),
+        shard_optimizer: false,
     })
 }
 

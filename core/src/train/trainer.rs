@@ -98,6 +98,11 @@ pub struct LoopConfig {
     pub allow_config_change: bool,
     /// Weights, optimizer state and compute dtypes ([`Precision`]).
     pub precision: Precision,
+    /// ZeRO-1 over data-parallel replicas (`[train] shard_optimizer`): each replica keeps the
+    /// AdamW moments of about `1 / world` of the parameters and updates only those; the new
+    /// weights are gathered after every update and the moments before every checkpoint, so
+    /// results and checkpoints are an unsharded run's. One replica: no effect.
+    pub shard_optimizer: bool,
 }
 
 impl LoopConfig {
@@ -121,6 +126,7 @@ impl LoopConfig {
             run_config: Value::Null,
             allow_config_change: false,
             precision: Precision::default(),
+            shard_optimizer: false,
         }
     }
 }
@@ -304,6 +310,11 @@ where
     // Attention with its own chunked backward pass (memory linear in the sequence length).
     crate::model::custom_op::install::<B>();
     let Start { mut model, mut optimizer, mut step, mut loss_scale } = dist::sync_start(replica, start, objective)?;
+    let shard = (config.shard_optimizer && replica.world() > 1).then(|| dist::OptimizerShard::of_model(&model, &model.param_names(), replica));
+    if let Some(shard) = &shard {
+        shard.drop_others(&mut optimizer);
+    }
+    optimizer.shard = shard.clone();
     let main = replica.is_main();
     let began = Instant::now();
     let resumed = step > 0;
@@ -372,6 +383,9 @@ where
                 None => optimizer.update(model, &names, grads, lr),
             };
             model = next;
+            if let Some(shard) = &shard {
+                model = dist::gather_owned_weights(replica, model, &names, shard)?;
+            }
             norm_sum += grad_norm;
             if let Some((n, total)) = optimizer.changed {
                 let (n0, total0) = changed.unwrap_or_default();
@@ -384,6 +398,16 @@ where
                 skipped += 1;
                 skipped_total += 1;
             }
+        }
+        if replica.world() > 1 {
+            let held: usize = optimizer.moments.values().map(|m| 2 * m.exp_avg.dims()[0]).sum();
+            metrics::OPTIMIZER_STATE_VALUES.set(&mut extras, held as u64);
+        }
+        if shard.is_some() {
+            // Each replica counted the weights it updated.
+            let all = replica.gather(json!(changed))?;
+            let counts: Vec<(u64, u64)> = all.into_iter().filter_map(|c| serde_json::from_value(c).ok()).collect();
+            changed = (!counts.is_empty()).then(|| counts.iter().fold((0, 0), |(n, t), (a, b)| (n + a, t + b)));
         }
         let (loss_sum, grad_norm) = (loss_sum / updates.len() as f64, norm_sum / updates.len() as f64);
         let update_seconds = update_began.elapsed().as_secs_f64();
@@ -434,7 +458,11 @@ where
         }
         emit(&mut log, record)?;
 
-        if (config.save.saves(step, config.total_steps) || out_of_time) && main {
+        let saving = config.save.saves(step, config.total_steps) || out_of_time;
+        if let (true, Some(shard)) = (saving, &shard) {
+            dist::gather_owned_moments(replica, &model, &names, shard, &mut optimizer)?;
+        }
+        if saving && main {
             let state = TrainerState {
                 step,
                 total_steps: config.total_steps,
@@ -452,6 +480,9 @@ where
             let path = config.out_dir.join(checkpoint::checkpoint_name(config.save.run_name.as_deref(), step));
             checkpoint::save(&path, &model, &optimizer, &state, config.companions.as_deref())?;
             summary.checkpoints.push(path);
+        }
+        if let (true, Some(shard)) = (saving, &shard) {
+            shard.drop_others(&mut optimizer);
         }
         if out_of_time {
             summary.stopped_early = true;

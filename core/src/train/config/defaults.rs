@@ -18,6 +18,7 @@ seed = 42
 precision = "f32"
 recompute = false
 padding_free = false
+shard_optimizer = false
 
 [optimizer]
 weight_decay = 0.0
@@ -47,6 +48,7 @@ mini_batch = 256
 micro_batch = 16
 precision = "f32"
 recompute = false
+shard_optimizer = false
 
 [rollout]
 n = 6

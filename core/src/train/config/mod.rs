@@ -7,7 +7,8 @@
 //! [task]       # kind = "interplay" (the default)
 //! [data]       # kind = "mixture" (pretrain) | "sft" (sft) | "prompts" (rl, opd)
 //! [train]      # steps | epochs; precision = "f32" | "bf16-mixed" | "f16-mixed" | "bf16-pure";
-//!              # recompute; devices; pretrain, sft: micro_batch, grad_accum, seed, padding_free
+//!              # recompute; devices; shard_optimizer; pretrain, sft: micro_batch, grad_accum,
+//!              # seed, padding_free
 //!              # ([NextTokenTrain]); rl, opd: prompts_per_step, mini_batch, micro_batch
 //! [optimizer]  # AdamW: lr, weight_decay, max_grad_norm, beta1, beta2, eps (read straight into
 //!              # the optimizer's own `AdamWConfig`)
@@ -122,6 +123,9 @@ pub struct NextTokenTrain {
     /// restarting and attention within each sequence (TRL's `padding_free`): the same loss as
     /// the padded micro-batch, without the padding's compute and memory.
     pub padding_free: bool,
+    /// ZeRO-1: shard AdamW's moments over the data-parallel replicas (see
+    /// [`crate::train::LoopConfig::shard_optimizer`]); the same results as unsharded.
+    pub shard_optimizer: bool,
 }
 
 impl NextTokenTrain {
