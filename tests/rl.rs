@@ -612,7 +612,8 @@ fn a_custom_reward_plugs_in_and_flat_groups_carry_no_signal() {
 /// OPD as two data-parallel replicas (threads), each rolling out its half of every mini-batch:
 /// with greedy rollouts the replicas' mean gradient is the one device's, so the weights agree
 /// (≤ 1e-6 relative per tensor but the key biases, whose exact gradient is zero); counts in the
-/// metrics cover both halves; a step that does not split over the replicas is refused.
+/// metrics cover both halves; sharding the optimizer state changes nothing; a step that does
+/// not split over the replicas is refused.
 #[test]
 fn opd_on_two_replicas_matches_one_device() {
     let tmp = tempfile::tempdir().unwrap();
@@ -643,6 +644,18 @@ fn opd_on_two_replicas_matches_one_device() {
     }
     let loss = |r: &Record| r["loss"].as_f64().unwrap();
     assert!((loss(&one[1]) - loss(&two[1])).abs() <= 1e-5 * loss(&one[1]).abs().max(1e-3), "{} vs {}", loss(&one[1]), loss(&two[1]));
+
+    // The same with the optimizer state sharded over the two replicas (ZeRO-1, through the
+    // config): the same weights exactly, from half the state per replica.
+    let sharded_text = text("sharded").replace("steps = 2", "steps = 2\nshard_optimizer = true");
+    let sharded_path = work.join("sharded.toml");
+    std::fs::write(&sharded_path, &sharded_text).unwrap();
+    let sharded = PgConfig::from_toml(&sharded_path, &sharded_text).unwrap();
+    assert!(sharded.train.shard_optimizer);
+    kiln::rl::run::run_replicated::<B>(&sharded, Method::Opd, &devices, None, false, |_| {}, |_| {}).unwrap();
+    assert!(tensors("two") == tensors("sharded"), "sharding the optimizer state changed the weights");
+    let held = |dir: &str| read_metrics(&work.join(dir).join("op2_3_metrics.jsonl")).unwrap()[1]["optimizer_state_values"].as_f64().unwrap();
+    assert!((held("sharded") - held("two") / 2.0).abs() <= 2.0, "{} of {}", held("sharded"), held("two"));
 
     // 4 prompts per step do not split over 3 replicas.
     let three = vec![burn::tensor::Device::<B>::default(); 3];
