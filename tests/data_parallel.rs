@@ -18,7 +18,7 @@ use kiln::data::packing::pack_ffd;
 use kiln::dist::{self, Replica};
 use kiln::model::{Qwen2, Qwen2Config};
 use kiln::train::trainer::{read_metrics, train_replica};
-use kiln::train::{AdamWConfig, Decay, LoopConfig, NextTokenLoss, SavePolicy, Schedule, Start};
+use kiln::train::{AdamWConfig, Decay, LoopConfig, NextTokenLoss, Precision, SavePolicy, Schedule, Start};
 use serde_json::Value;
 
 type B = Autodiff<Cpu>;
@@ -55,7 +55,14 @@ fn samples(prompts: bool) -> Vec<Sample> {
         .collect()
 }
 
-fn loop_config(out: &Path, steps: u64, budget: Option<Duration>, shard: bool) -> LoopConfig {
+/// What a sharding test changes: ZeRO-1 on or off, and the training precision.
+#[derive(Debug, Clone, Copy, Default)]
+struct Options {
+    shard: bool,
+    precision: Precision,
+}
+
+fn loop_config(out: &Path, steps: u64, budget: Option<Duration>, options: Options) -> LoopConfig {
     LoopConfig {
         schedule: Schedule { warmup_steps: 2, total_steps: steps, decay: Decay::Cosine },
         // A low clipping threshold: every step clips.
@@ -64,7 +71,8 @@ fn loop_config(out: &Path, steps: u64, budget: Option<Duration>, shard: bool) ->
         time_budget: budget,
         companions: Some(fixture("interplay/qwen2_100M")),
         run_config: serde_json::json!({"test": true}),
-        shard_optimizer: shard,
+        shard_optimizer: options.shard,
+        precision: options.precision,
         ..LoopConfig::new(out, steps, 3e-3)
     }
 }
@@ -72,8 +80,8 @@ fn loop_config(out: &Path, steps: u64, budget: Option<Duration>, shard: bool) ->
 /// One replica's run: `micro_batch × 2` samples per step on each of the `replica.world()`
 /// replicas. Replicas other than rank 0 start from another seed (rank 0's start must win).
 #[allow(clippy::too_many_arguments)]
-fn replica_run(replica: Replica, out: &Path, prompts: bool, micro_batch: usize, steps: u64, budget: Option<Duration>, resume: bool, shard: bool) -> Qwen2<B> {
-    let config = loop_config(out, steps, budget, shard);
+fn replica_run(replica: Replica, out: &Path, prompts: bool, micro_batch: usize, steps: u64, budget: Option<Duration>, resume: bool, options: Options) -> Qwen2<B> {
+    let config = loop_config(out, steps, budget, options);
     let mut objective = NextTokenLoss::new(samples(prompts), micro_batch, 2, 1, 7).unwrap().shard(replica.rank(), replica.world());
     let device = Default::default();
     let start = match replica.is_main() {
@@ -86,21 +94,22 @@ fn replica_run(replica: Replica, out: &Path, prompts: bool, micro_batch: usize, 
 /// `replicas` replicas (threads) with micro-batch `micro_batch`; rank 0's final model and every
 /// other replica's.
 fn replicated(out: &Path, replicas: usize, prompts: bool, micro_batch: usize, steps: u64, budget: Option<Duration>, resume: bool) -> (Qwen2<B>, Vec<Qwen2<B>>) {
-    replicated_sharded(out, replicas, prompts, micro_batch, steps, budget, resume, false)
+    replicated_sharded(out, replicas, prompts, micro_batch, steps, budget, resume, Options::default())
 }
 
-/// [`replicated`], with the optimizer state sharded over the replicas (ZeRO-1) when `shard`.
+/// [`replicated`] with `options`: the optimizer state sharded over the replicas (ZeRO-1), the
+/// precision.
 #[allow(clippy::too_many_arguments)]
-fn replicated_sharded(out: &Path, replicas: usize, prompts: bool, micro_batch: usize, steps: u64, budget: Option<Duration>, resume: bool, shard: bool) -> (Qwen2<B>, Vec<Qwen2<B>>) {
+fn replicated_sharded(out: &Path, replicas: usize, prompts: bool, micro_batch: usize, steps: u64, budget: Option<Duration>, resume: bool, options: Options) -> (Qwen2<B>, Vec<Qwen2<B>>) {
     let devices = vec![burn::tensor::Device::<B>::default(); replicas];
     let others = Mutex::new(Vec::new());
     let main = dist::launch(
         &devices,
         None,
         "test",
-        |replica, _| Ok(replica_run(replica, out, prompts, micro_batch, steps, budget, resume, shard)),
+        |replica, _| Ok(replica_run(replica, out, prompts, micro_batch, steps, budget, resume, options)),
         |replica, _| {
-            let model = replica_run(replica, out, prompts, micro_batch, steps, budget, resume, shard);
+            let model = replica_run(replica, out, prompts, micro_batch, steps, budget, resume, options);
             others.lock().unwrap().push(model.clone());
             Ok(model)
         },
@@ -181,31 +190,37 @@ fn resumed_replicated_run_equals_an_uninterrupted_one() {
 
 /// ZeRO-1 (`[train] shard_optimizer`): two replicas that each keep half the AdamW state reach
 /// the weights, losses and checkpoints (moments included) of the unsharded run, and a sharded
-/// run stopped after its first step resumes to the same.
+/// run stopped after its first step resumes to the same; in f32 and in bf16-pure (bf16 weights
+/// and moments).
 #[test]
 fn a_sharded_optimizer_gives_the_unsharded_run() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (plain, sharded, interrupted) = (tmp.path().join("plain"), tmp.path().join("sharded"), tmp.path().join("interrupted"));
-    let (model_a, _) = replicated_sharded(&plain, 2, true, 2, 6, None, false, false);
-    let (model_b, others) = replicated_sharded(&sharded, 2, true, 2, 6, None, false, true);
-    assert_eq!(losses(&plain), losses(&sharded), "per-step losses");
-    assert!(model_a.to_hf_tensors() == model_b.to_hf_tensors(), "final weights differ");
-    assert!(model_b.to_hf_tensors() == others[0].to_hf_tensors(), "the replicas' weights must be identical");
-    for checkpoint in ["checkpoint-3", "checkpoint-6"] {
-        let moments = |run: &Path| std::fs::read(run.join(checkpoint).join("optimizer.safetensors")).unwrap();
-        assert!(moments(&plain) == moments(&sharded), "{checkpoint}: the sharded run saved other optimizer state");
+    for precision in [Precision::F32, Precision::Bf16Pure] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (plain, sharded, interrupted) = (tmp.path().join("plain"), tmp.path().join("sharded"), tmp.path().join("interrupted"));
+        let (off, on) = (Options { shard: false, precision }, Options { shard: true, precision });
+        let (model_a, plain_others) = replicated_sharded(&plain, 2, true, 2, 6, None, false, off);
+        // (bf16-pure replicas once drifted apart: the others took rank 0's weights in f32.)
+        assert!(model_a.to_hf_tensors() == plain_others[0].to_hf_tensors(), "{precision:?}: the unsharded replicas' weights must be identical");
+        let (model_b, others) = replicated_sharded(&sharded, 2, true, 2, 6, None, false, on);
+        assert_eq!(losses(&plain), losses(&sharded), "{precision:?}: per-step losses");
+        assert!(model_a.to_hf_tensors() == model_b.to_hf_tensors(), "{precision:?}: final weights differ");
+        assert!(model_b.to_hf_tensors() == others[0].to_hf_tensors(), "{precision:?}: the replicas' weights must be identical");
+        for checkpoint in ["checkpoint-3", "checkpoint-6"] {
+            let moments = |run: &Path| std::fs::read(run.join(checkpoint).join("optimizer.safetensors")).unwrap();
+            assert!(moments(&plain) == moments(&sharded), "{precision:?} {checkpoint}: the sharded run saved other optimizer state");
+        }
+        let held = |run: &Path| -> Vec<f64> { read_metrics(&run.join("metrics.jsonl")).unwrap().iter().filter_map(|r| r["optimizer_state_values"].as_f64()).collect() };
+        let (whole, half) = (held(&plain), held(&sharded));
+        assert_eq!((whole.len(), half.len()), (6, 6));
+        for (w, h) in whole.iter().zip(&half) {
+            assert!((h - w / 2.0).abs() <= 2.0, "{precision:?}: a replica held {h} optimizer values, of {w} unsharded");
+        }
+        let (_, _) = replicated_sharded(&interrupted, 2, true, 2, 6, Some(Duration::ZERO), false, on);
+        assert!(interrupted.join("checkpoint-1").is_dir());
+        let (model_c, _) = replicated_sharded(&interrupted, 2, true, 2, 6, None, true, on);
+        assert_eq!(losses(&plain), losses(&interrupted), "{precision:?}: resumed per-step losses");
+        assert!(model_a.to_hf_tensors() == model_c.to_hf_tensors(), "{precision:?}: resumed final weights differ");
     }
-    let held = |run: &Path| -> Vec<f64> { read_metrics(&run.join("metrics.jsonl")).unwrap().iter().filter_map(|r| r["optimizer_state_values"].as_f64()).collect() };
-    let (whole, half) = (held(&plain), held(&sharded));
-    assert_eq!((whole.len(), half.len()), (6, 6));
-    for (w, h) in whole.iter().zip(&half) {
-        assert!((h - w / 2.0).abs() <= 2.0, "a replica held {h} optimizer values, of {w} unsharded");
-    }
-    let (_, _) = replicated_sharded(&interrupted, 2, true, 2, 6, Some(Duration::ZERO), false, true);
-    assert!(interrupted.join("checkpoint-1").is_dir());
-    let (model_c, _) = replicated_sharded(&interrupted, 2, true, 2, 6, None, true, true);
-    assert_eq!(losses(&plain), losses(&interrupted), "resumed per-step losses");
-    assert!(model_a.to_hf_tensors() == model_c.to_hf_tensors(), "resumed final weights differ");
 }
 
 /// A failing replica stops the others with its error instead of leaving them waiting.

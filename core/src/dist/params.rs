@@ -105,6 +105,7 @@ pub fn sync_start<AB: AutodiffBackend, O: Objective<AB>>(replica: &Replica, star
 /// computes from the full reduced gradients, so the updates are an unsharded run's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OptimizerShard {
+    rank: usize,
     /// Per parameter: this replica's range of its flattened values (maybe empty), and its size.
     owned: HashMap<String, (Range<usize>, usize)>,
 }
@@ -126,7 +127,7 @@ impl OptimizerShard {
             owned.insert(name.clone(), (range, *numel));
             offset += numel;
         }
-        Self { owned }
+        Self { rank, owned }
     }
 
     /// The shard of `model`'s parameters for `replica`.
@@ -137,9 +138,13 @@ impl OptimizerShard {
     }
 
     /// The values of parameter `name` (of `numel` values) this replica updates: a sub-range of
-    /// `0..numel`, maybe empty (a parameter the partition does not know: all of them).
+    /// `0..numel`, maybe empty (a parameter the partition does not know belongs to rank 0).
     pub fn range(&self, name: &str, numel: usize) -> Range<usize> {
-        self.owned.get(name).map_or(0..numel, |(range, _)| range.clone())
+        match self.owned.get(name) {
+            Some((range, _)) => range.clone(),
+            None if self.rank == 0 => 0..numel,
+            None => 0..0,
+        }
     }
 
     /// Values of optimizer state (two moments) this replica keeps.
@@ -164,12 +169,13 @@ impl OptimizerShard {
         }
     }
 
-    /// `part` (this replica's range of a parameter of `like`'s size and dtype) in place, zeros
-    /// elsewhere.
+    /// `part` (this replica's range of a parameter of `like`'s size) in place, zeros elsewhere,
+    /// all in `like`'s dtype (moments read back from a checkpoint are f32 until their next
+    /// update; every replica must send one dtype).
     fn spread<B: Backend>(&self, name: &str, like: &Tensor<B, 1>, part: Option<Tensor<B, 1>>) -> Tensor<B, 1> {
         let numel = like.dims()[0];
         let range = self.range(name, numel);
-        match part {
+        match part.map(|part| crate::model::proj::to_dtype(part, like.dtype())) {
             Some(part) if range.len() == numel => part,
             Some(part) if !range.is_empty() => like.zeros_like().slice_assign(range, part),
             _ => like.zeros_like(),
@@ -195,9 +201,10 @@ pub fn gather_owned_weights<AB: AutodiffBackend, M: AutodiffModule<AB>>(
     Ok(model.map(&mut PutWeights { by_id: ids.into_iter().zip(reduced).collect() }))
 }
 
-/// Before a checkpoint of a sharded run: every replica gets every parameter's whole moments
-/// (each owner contributes its range, the others zeros), so the checkpoint holds an unsharded
-/// run's optimizer state. Nothing to do before the first update.
+/// Before a checkpoint of a sharded run: rank 0 gets every parameter's whole moments (each
+/// owner contributes its range, the others zeros), so the checkpoint holds an unsharded run's
+/// optimizer state; the other replicas keep their own ranges and hold at most one bucket (2^24
+/// values) more while it is reduced. Nothing to do before the first update.
 pub fn gather_owned_moments<AB: AutodiffBackend, M: AutodiffModule<AB>>(
     replica: &Replica,
     model: &M,
@@ -212,16 +219,28 @@ pub fn gather_owned_moments<AB: AutodiffBackend, M: AutodiffModule<AB>>(
     model.visit(&mut values);
     let mut flat = values.out;
     flat.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut tensors = Vec::with_capacity(2 * flat.len());
-    for (name, _, value) in &flat {
-        let moments = optimizer.moments.remove(name);
-        let (avg, sq) = moments.map_or((None, None), |m| (Some(m.exp_avg), Some(m.exp_avg_sq)));
-        tensors.extend([shard.spread(name, value, avg), shard.spread(name, value, sq)]);
-    }
-    let mut reduced = replica.all_reduce_many(tensors, Reduce::Sum)?.into_iter();
-    for (name, _, _) in &flat {
-        let (exp_avg, exp_avg_sq) = (reduced.next().expect("two per parameter"), reduced.next().expect("two per parameter"));
-        optimizer.moments.insert(name.clone(), Moments { exp_avg, exp_avg_sq });
+    let mut start = 0;
+    while start < flat.len() {
+        // Whole parameters, both moments, up to one bucket (at least one parameter).
+        let (mut end, mut filled) = (start, 0);
+        while end < flat.len() && (end == start || filled + 2 * flat[end].2.dims()[0] <= super::BUCKET) {
+            filled += 2 * flat[end].2.dims()[0];
+            end += 1;
+        }
+        let mut tensors = Vec::with_capacity(2 * (end - start));
+        for (name, _, value) in &flat[start..end] {
+            let (avg, sq) = optimizer.moments.get(name).map_or((None, None), |m| (Some(m.exp_avg.clone()), Some(m.exp_avg_sq.clone())));
+            tensors.extend([shard.spread(name, value, avg), shard.spread(name, value, sq)]);
+        }
+        let reduced = replica.all_reduce_many(tensors, Reduce::Sum)?;
+        if replica.is_main() {
+            let mut reduced = reduced.into_iter();
+            for (name, _, _) in &flat[start..end] {
+                let (exp_avg, exp_avg_sq) = (reduced.next().expect("two per parameter"), reduced.next().expect("two per parameter"));
+                optimizer.moments.insert(name.clone(), Moments { exp_avg, exp_avg_sq });
+            }
+        }
+        start = end;
     }
     Ok(())
 }
@@ -293,11 +312,13 @@ impl<AB: AutodiffBackend> ModuleVisitor<AB> for Flatten<'_, AB::InnerBackend> {
         let value = param.val().inner();
         let numel = value.dims().iter().product::<usize>();
         let flat = match &mut self.source {
+            // Zeros in the parameter's dtype: every replica must send one dtype (bf16-pure
+            // weights are bf16), and a replica gets back the dtype it sent.
             Source::Grads(grads) => match grads.remove::<AB::InnerBackend, D>(param.id) {
                 Some(grad) => grad.reshape([numel]),
-                None => Tensor::zeros([numel], &value.device()),
+                None => value.reshape([numel]).zeros_like(),
             },
-            Source::Values { zeros: true } => Tensor::zeros([numel], &value.device()),
+            Source::Values { zeros: true } => value.reshape([numel]).zeros_like(),
             Source::Values { zeros: false } => value.reshape([numel]),
             Source::Owned(_) => value.reshape([numel]),
         };

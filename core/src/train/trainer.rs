@@ -482,6 +482,7 @@ where
             summary.checkpoints.push(path);
         }
         if let (true, Some(shard)) = (saving, &shard) {
+            // Rank 0 gathered the whole moments to write them.
             shard.drop_others(&mut optimizer);
         }
         if out_of_time {
