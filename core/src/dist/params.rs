@@ -33,10 +33,7 @@ pub fn reduce_gradients<AB: AutodiffBackend, M: AutodiffModule<AB>>(
     if replica.world() == 1 {
         return Ok(grads);
     }
-    let mut take = Flatten::<Inner<AB>> { names, source: Source::Grads(&mut grads), out: Vec::new() };
-    model.visit(&mut take);
-    let mut flat = take.out;
-    flat.sort_by(|a, b| a.0.cmp(&b.0));
+    let flat = flatten::<AB, M>(model, names, Source::Grads(&mut grads));
     let ids: Vec<ParamId> = flat.iter().map(|f| f.1).collect();
     let reduced = replica.all_reduce_many(flat.into_iter().map(|f| f.2).collect(), op)?;
     let mut put = PutGrads { grads: &mut grads, by_id: ids.into_iter().zip(reduced).collect() };
@@ -66,10 +63,7 @@ pub fn sync_start<AB: AutodiffBackend, O: Objective<AB>>(replica: &Replica, star
     let names = model.param_names();
     let zeros = !replica.is_main();
     // Weights: rank 0 contributes them, the others zeros, so the sum is exactly rank 0's.
-    let mut weights = Flatten::<Inner<AB>> { names: &names, source: Source::Values { zeros }, out: Vec::new() };
-    model.visit(&mut weights);
-    let mut flat = weights.out;
-    flat.sort_by(|a, b| a.0.cmp(&b.0));
+    let flat = flatten::<AB, _>(&model, &names, Source::Values { zeros });
     let shapes: Vec<(String, ParamId, usize)> = flat.iter().map(|f| (f.0.clone(), f.1, f.2.dims()[0])).collect();
     let reduced = replica.all_reduce_many(flat.into_iter().map(|f| f.2).collect(), Reduce::Sum)?;
     let model = model.map(&mut PutWeights { by_id: shapes.iter().map(|s| s.1).zip(reduced).collect() });
@@ -132,9 +126,8 @@ impl OptimizerShard {
 
     /// The shard of `model`'s parameters for `replica`.
     pub fn of_model<AB: AutodiffBackend, M: AutodiffModule<AB>>(model: &M, names: &HashMap<ParamId, String>, replica: &Replica) -> Self {
-        let mut sizes = Sizes { names, out: Vec::new() };
-        model.visit(&mut sizes);
-        Self::new(&sizes.out, replica.rank(), replica.world())
+        let sizes: Vec<(String, usize)> = flatten::<AB, M>(model, names, Source::Values { zeros: false }).into_iter().map(|(name, _, flat)| (name, flat.dims()[0])).collect();
+        Self::new(&sizes, replica.rank(), replica.world())
     }
 
     /// The values of parameter `name` (of `numel` values) this replica updates: a sub-range of
@@ -153,18 +146,17 @@ impl OptimizerShard {
     }
 
     /// Cuts whole moments (as loaded or gathered) down to this replica's ranges.
-    pub fn drop_others<B: Backend>(&self, optimizer: &mut AdamW<B>) {
-        let moments = std::mem::take(&mut optimizer.moments);
-        for (name, m) in moments {
+    pub fn drop_others<B: Backend>(&self, moments: &mut HashMap<String, Moments<B>>) {
+        for (name, m) in std::mem::take(moments) {
             let Some((range, numel)) = self.owned.get(&name) else {
-                optimizer.moments.insert(name, m);
+                moments.insert(name, m);
                 continue;
             };
             if m.exp_avg.dims()[0] != *numel || range.len() == *numel {
-                optimizer.moments.insert(name, m);
+                moments.insert(name, m);
             } else if !range.is_empty() {
                 let cut = Moments { exp_avg: m.exp_avg.slice(range.clone()), exp_avg_sq: m.exp_avg_sq.slice(range.clone()) };
-                optimizer.moments.insert(name, cut);
+                moments.insert(name, cut);
             }
         }
     }
@@ -192,16 +184,13 @@ pub fn gather_owned_weights<AB: AutodiffBackend, M: AutodiffModule<AB>>(
     names: &HashMap<ParamId, String>,
     shard: &OptimizerShard,
 ) -> Result<M> {
-    let mut owned = Flatten::<Inner<AB>> { names, source: Source::Owned(shard), out: Vec::new() };
-    model.visit(&mut owned);
-    let mut flat = owned.out;
-    flat.sort_by(|a, b| a.0.cmp(&b.0));
+    let flat = flatten::<AB, M>(&model, names, Source::Owned(shard));
     let ids: Vec<ParamId> = flat.iter().map(|f| f.1).collect();
     let reduced = replica.all_reduce_many(flat.into_iter().map(|f| f.2).collect(), Reduce::Sum)?;
     Ok(model.map(&mut PutWeights { by_id: ids.into_iter().zip(reduced).collect() }))
 }
 
-/// Before a checkpoint of a sharded run: rank 0 gets every parameter's whole moments (each
+/// Before a checkpoint of a sharded run (`optimizer.shard`; otherwise nothing): rank 0 gets every parameter's whole moments (each
 /// owner contributes its range, the others zeros), so the checkpoint holds an unsharded run's
 /// optimizer state; the other replicas keep their own ranges and hold at most one bucket (2^24
 /// values) more while it is reduced. Nothing to do before the first update.
@@ -209,16 +198,13 @@ pub fn gather_owned_moments<AB: AutodiffBackend, M: AutodiffModule<AB>>(
     replica: &Replica,
     model: &M,
     names: &HashMap<ParamId, String>,
-    shard: &OptimizerShard,
     optimizer: &mut AdamW<Inner<AB>>,
 ) -> Result<()> {
-    if optimizer.step == 0 {
+    let AdamW { shard: Some(shard), moments, step, .. } = optimizer else { return Ok(()) };
+    if *step == 0 {
         return Ok(());
     }
-    let mut values = Flatten::<Inner<AB>> { names, source: Source::Values { zeros: false }, out: Vec::new() };
-    model.visit(&mut values);
-    let mut flat = values.out;
-    flat.sort_by(|a, b| a.0.cmp(&b.0));
+    let flat = flatten::<AB, M>(model, names, Source::Values { zeros: false });
     let mut start = 0;
     while start < flat.len() {
         // Whole parameters, both moments, up to one bucket (at least one parameter).
@@ -229,7 +215,7 @@ pub fn gather_owned_moments<AB: AutodiffBackend, M: AutodiffModule<AB>>(
         }
         let mut tensors = Vec::with_capacity(2 * (end - start));
         for (name, _, value) in &flat[start..end] {
-            let (avg, sq) = optimizer.moments.get(name).map_or((None, None), |m| (Some(m.exp_avg.clone()), Some(m.exp_avg_sq.clone())));
+            let (avg, sq) = moments.get(name).map_or((None, None), |m| (Some(m.exp_avg.clone()), Some(m.exp_avg_sq.clone())));
             tensors.extend([shard.spread(name, value, avg), shard.spread(name, value, sq)]);
         }
         let reduced = replica.all_reduce_many(tensors, Reduce::Sum)?;
@@ -237,26 +223,12 @@ pub fn gather_owned_moments<AB: AutodiffBackend, M: AutodiffModule<AB>>(
             let mut reduced = reduced.into_iter();
             for (name, _, _) in &flat[start..end] {
                 let (exp_avg, exp_avg_sq) = (reduced.next().expect("two per parameter"), reduced.next().expect("two per parameter"));
-                optimizer.moments.insert(name.clone(), Moments { exp_avg, exp_avg_sq });
+                moments.insert(name.clone(), Moments { exp_avg, exp_avg_sq });
             }
         }
         start = end;
     }
     Ok(())
-}
-
-/// Every parameter's `(name, values)`.
-struct Sizes<'a> {
-    names: &'a HashMap<ParamId, String>,
-    out: Vec<(String, usize)>,
-}
-
-impl<AB: AutodiffBackend> ModuleVisitor<AB> for Sizes<'_> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
-        let numel = param.shape().num_elements();
-        let name = self.names.get(&param.id).cloned().unwrap_or_else(|| format!("param-{}", param.id));
-        self.out.push((name, numel));
-    }
 }
 
 /// One metrics record from every replica's: `loss` by the objective's reduction, counts
@@ -300,6 +272,16 @@ enum Source<'a> {
     Owned(&'a OptimizerShard),
 }
 
+/// Every parameter of `model` as `(name, id, flat tensor)` from `source`, in name order (the
+/// order the replicas agree on).
+fn flatten<AB: AutodiffBackend, M: AutodiffModule<AB>>(model: &M, names: &HashMap<ParamId, String>, source: Source<'_>) -> Vec<(String, ParamId, Tensor<Inner<AB>, 1>)> {
+    let mut visitor = Flatten::<Inner<AB>> { names, source, out: Vec::new() };
+    model.visit(&mut visitor);
+    let mut flat = visitor.out;
+    flat.sort_by(|a, b| a.0.cmp(&b.0));
+    flat
+}
+
 /// Every parameter as `(name, id, flat tensor)`.
 struct Flatten<'a, B: Backend> {
     names: &'a HashMap<ParamId, String>,
@@ -311,6 +293,7 @@ impl<AB: AutodiffBackend> ModuleVisitor<AB> for Flatten<'_, AB::InnerBackend> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
         let value = param.val().inner();
         let numel = value.dims().iter().product::<usize>();
+        let name = self.names.get(&param.id).cloned().unwrap_or_else(|| format!("param-{}", param.id));
         let flat = match &mut self.source {
             // Zeros in the parameter's dtype: every replica must send one dtype (bf16-pure
             // weights are bf16), and a replica gets back the dtype it sent.
@@ -320,16 +303,11 @@ impl<AB: AutodiffBackend> ModuleVisitor<AB> for Flatten<'_, AB::InnerBackend> {
             },
             Source::Values { zeros: true } => value.reshape([numel]).zeros_like(),
             Source::Values { zeros: false } => value.reshape([numel]),
-            Source::Owned(_) => value.reshape([numel]),
-        };
-        let name = self.names.get(&param.id).cloned().unwrap_or_else(|| format!("param-{}", param.id));
-        let flat = match &self.source {
             Source::Owned(shard) => {
-                let range = shard.range(&name, numel);
+                let (flat, range) = (value.reshape([numel]), shard.range(&name, numel));
                 let part = (!range.is_empty()).then(|| flat.clone().slice(range));
                 shard.spread(&name, &flat, part)
             }
-            _ => flat,
         };
         self.out.push((name, param.id, flat));
     }

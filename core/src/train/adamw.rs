@@ -82,6 +82,14 @@ impl<B: Backend> AdamW<B> {
         Self { config, step: 0, moments: HashMap::new(), changed: None, shard: None }
     }
 
+    /// With a [`AdamW::shard`], cuts whole moments (as loaded or gathered for a checkpoint) down
+    /// to this replica's values.
+    pub fn keep_own_moments(&mut self) {
+        if let Some(shard) = &self.shard {
+            shard.drop_others(&mut self.moments);
+        }
+    }
+
     /// Clips `grads` by global norm, applies one update at learning rate `lr` to every
     /// parameter that has a gradient, and returns the model and the pre-clipping gradient norm.
     /// `names` gives each parameter's stable name (see [`Qwen2::param_names`]).

@@ -310,11 +310,8 @@ where
     // Attention with its own chunked backward pass (memory linear in the sequence length).
     crate::model::custom_op::install::<B>();
     let Start { mut model, mut optimizer, mut step, mut loss_scale } = dist::sync_start(replica, start, objective)?;
-    let shard = (config.shard_optimizer && replica.world() > 1).then(|| dist::OptimizerShard::of_model(&model, &model.param_names(), replica));
-    if let Some(shard) = &shard {
-        shard.drop_others(&mut optimizer);
-    }
-    optimizer.shard = shard.clone();
+    optimizer.shard = (config.shard_optimizer && replica.world() > 1).then(|| dist::OptimizerShard::of_model(&model, &model.param_names(), replica));
+    optimizer.keep_own_moments();
     let main = replica.is_main();
     let began = Instant::now();
     let resumed = step > 0;
@@ -383,7 +380,7 @@ where
                 None => optimizer.update(model, &names, grads, lr),
             };
             model = next;
-            if let Some(shard) = &shard {
+            if let Some(shard) = &optimizer.shard {
                 model = dist::gather_owned_weights(replica, model, &names, shard)?;
             }
             norm_sum += grad_norm;
@@ -403,7 +400,7 @@ where
             let held: usize = optimizer.moments.values().map(|m| 2 * m.exp_avg.dims()[0]).sum();
             metrics::OPTIMIZER_STATE_VALUES.set(&mut extras, held as u64);
         }
-        if shard.is_some() {
+        if optimizer.shard.is_some() {
             // Each replica counted the weights it updated.
             let all = replica.gather(json!(changed))?;
             let counts: Vec<(u64, u64)> = all.into_iter().filter_map(|c| serde_json::from_value(c).ok()).collect();
@@ -459,8 +456,8 @@ where
         emit(&mut log, record)?;
 
         let saving = config.save.saves(step, config.total_steps) || out_of_time;
-        if let (true, Some(shard)) = (saving, &shard) {
-            dist::gather_owned_moments(replica, &model, &names, shard, &mut optimizer)?;
+        if saving {
+            dist::gather_owned_moments(replica, &model, &names, &mut optimizer)?;
         }
         if saving && main {
             let state = TrainerState {
@@ -481,9 +478,9 @@ where
             checkpoint::save(&path, &model, &optimizer, &state, config.companions.as_deref())?;
             summary.checkpoints.push(path);
         }
-        if let (true, Some(shard)) = (saving, &shard) {
+        if saving {
             // Rank 0 gathered the whole moments to write them.
-            shard.drop_others(&mut optimizer);
+            optimizer.keep_own_moments();
         }
         if out_of_time {
             summary.stopped_early = true;
