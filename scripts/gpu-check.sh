@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU acceptance run in one command, within 360 s of GPU time (one H100/H200):
+# The GPU acceptance run in one command, within 400 s of GPU time (one H100/H200):
 #   parity  kiln against transformers/PyTorch run on the same GPU there and then, at real shapes
 #           (scripts/gpu_parity.py: random Qwen2 models with head_dim 64 and 128, GQA 4:1 and 6:1,
 #           the 1.5B model's vocab of 151,936, sequences up to 4,096 tokens in padded batches):
@@ -11,6 +11,9 @@
 #           (against the peak of the dtype the matmuls run in) of the 100M model at 8 × 2,048
 #           and of one 1.5B bf16-mixed step at 4,096 tokens; the device allocator's peak beside
 #           `kiln plan`'s figure; the kernels burn's autotune chose;
+#   nccl    a one-rank NCCL communicator (`--collective nccl`): a small pre-training step whose
+#           gradients and starting weights go through ncclAllReduce ends with the same checkpoint,
+#           byte for byte, as the step without (`scripts/multi-gpu-check.sh` does 2+ GPUs);
 # and writes one table (results.md) and one JSON file (results.json) under $OUT.
 #
 # The GPU machine needs no Rust toolchain and no network. Build where cargo is, stripped, so the
@@ -58,7 +61,7 @@ while [ $# -gt 0 ]; do
 done
 DRY=0
 [ "$MODE" = dry ] && DRY=1
-BUDGET=360   # seconds of GPU time for the whole check (full shapes)
+BUDGET=400   # seconds of GPU time for the whole check (full shapes)
 PYTHON="${PYTHON:-python3}"
 
 if [ "$MODE" = build ]; then
@@ -117,13 +120,13 @@ if [ "$SMALL" = 1 ]; then
     derive "$M15" "$S15" hidden_size=256 intermediate_size=512 num_hidden_layers=2 num_attention_heads=2 num_key_value_heads=1 vocab_size=8192 max_position_embeddings=512 bos_token_id=null eos_token_id=null
     C100=$S100 C100V=$S100V C15=$S15
     B64=4 B256=8 B32=4 PROMPT=16 NEW=8 TB=2 TSEQ=64 LSEQ=128
-    L_REF=0 L_CMP=1500 L_GEN=240 L_TRAIN=300 L_TORCH=600
+    L_REF=0 L_CMP=1500 L_GEN=240 L_TRAIN=300 L_TORCH=600 L_NCCL=0
 else
     SHAPES=full HALF=bf16
     derive "$M100" "$M100V" vocab_size=151936
     C100=$M100 C100V=$M100V C15=$M15
     B64=64 B256=256 B32=32 PROMPT=128 NEW=128 TB=8 TSEQ=2048 LSEQ=4096
-    L_REF=45 L_CMP=80 L_GEN=15 L_TRAIN=20 L_TORCH=55
+    L_REF=45 L_CMP=80 L_GEN=15 L_TRAIN=20 L_TORCH=55 L_NCCL=20
 fi
 MIXED=$HALF-mixed
 
@@ -134,6 +137,7 @@ plan $L_REF; plan $L_CMP                       # parity: torch's references, the
 plan $((3 * L_GEN)); plan $((2 * L_GEN))       # generation: 100M ×3, 1.5B (twice the time)
 plan $((2 * L_TRAIN)); plan $((3 * L_TRAIN))   # training: 100M ×2, 1.5B at 4,096 tokens (three times)
 [ "$TORCH" = 1 ] || [ "$GPU_RUN" = 1 ] && plan $L_TORCH   # torch's side of the speed rows, one process
+[ "$GPU_RUN" = 1 ] && plan $((2 * L_NCCL))     # NCCL: one small step with and without a one-rank communicator
 if [ "$GPU_RUN" = 1 ] && [ "$PLANNED" -gt "$BUDGET" ]; then die "the plan needs $PLANNED s, over the budget of $BUDGET s"; fi
 
 # Time left of the plan, and a step's limit: its own, or what is left if that is less.
@@ -262,6 +266,76 @@ speed_row train-1.5B-$MIXED train "$C15" "$MIXED" 1 "$LSEQ" - $((3 * L_TRAIN)) -
 sed -i '$ s/,$//' "$TORCH_ROWS"
 echo "]" >>"$TORCH_ROWS"
 
+say "NCCL: a one-rank communicator all-reduces; the step equals the single-device step"
+NCCL_RESULT="not run"
+if [ "$GPU_RUN" = 1 ]; then
+    N="$OUT/nccl"
+    mkdir -p "$N/model"
+    # A small model on generated op-2 problems, one optimizer step of two micro-batches.
+    cat >"$N/model/config.json" <<'JSON'
+{"vocab_size": 2200, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "tie_word_embeddings": true, "max_position_embeddings": 256, "rope_theta": 1000000.0, "eos_token_id": 3}
+JSON
+    for run in single nccl; do
+        cat >"$N/$run.toml" <<TOML
+[model]
+init = "model/config.json"
+tokenizer = "$PWD/tests/fixtures/interplay/qwen2_100M"
+seed = 3
+[data]
+kind = "mixture"
+root = "data"
+ops = [2]
+probs = [1.0]
+tokens = 20000
+cutoff_len = 128
+[train]
+steps = 1
+micro_batch = 4
+grad_accum = 2
+seed = 5
+[optimizer]
+lr = 3e-3
+[output]
+dir = "$run"
+TOML
+    done
+    echo "+ $KILN data interplay --ops 2 --per-op 200 --seed 1 --split train --out $N/data"
+    [ "$DRY" = 1 ] || "$KILN" data interplay --ops 2 --per-op 200 --seed 1 --split train --out "$N/data" >/dev/null 2>"$OUT/nccl-data.err" || { tail -3 "$OUT/nccl-data.err" >&2; FAILED=1; }
+    step nccl-off "$L_NCCL" "$KILN" pretrain --config "$N/single.toml" --backend "$BACKEND"
+    step nccl-one-rank "$L_NCCL" "$KILN" pretrain --config "$N/nccl.toml" --backend "$BACKEND" --collective nccl
+    if [ "$DRY" = 0 ]; then
+        line=$(grep -m1 '^kiln: NCCL' "$OUT/nccl-one-rank.err" || true)
+        if [ -z "$line" ]; then
+            NCCL_RESULT="failed: no NCCL communicator ($(tail -1 "$OUT/nccl-one-rank.err"))"
+        else
+            # Byte-equal where the GPU's kernels are deterministic; else within 1e-5 relative.
+            same=$("$PYTHON" - "$N/single/checkpoint-1" "$N/nccl/checkpoint-1" <<'PY' 2>&1 || true
+import sys
+from safetensors.numpy import load_file
+worst = 0.0
+for name in ("model.safetensors", "optimizer.safetensors"):
+    a, b = load_file(f"{sys.argv[1]}/{name}"), load_file(f"{sys.argv[2]}/{name}")
+    assert a.keys() == b.keys(), f"{name}: tensor names differ"
+    for k in a:
+        x, y = a[k].astype("float64"), b[k].astype("float64")
+        scale = max(float(abs(x).max()), 1e-30)
+        worst = max(worst, float(abs(x - y).max()) / scale)
+print(f"max relative difference {worst:.1e}" if worst <= 1e-5 else f"DIFFERENT: max relative difference {worst:.1e}")
+PY
+)
+            case "$same" in
+                "max relative"*) NCCL_RESULT="passed: ${line#kiln: }; weights and optimizer state after the step equal the step without NCCL ($same)" ;;
+                *) NCCL_RESULT="failed: ${line#kiln: }; $same" ;;
+            esac
+        fi
+        case "$NCCL_RESULT" in passed*) ;; *) FAILED=1 ;; esac
+    fi
+else
+    NCCL_RESULT="skipped: NCCL needs CUDA devices, not $BACKEND"
+fi
+echo "nccl: $NCCL_RESULT"
+
 if [ "$TORCH" = 1 ] || [ "$GPU_RUN" = 1 ]; then
     say "torch/transformers on the same device: the same rows, one process"
     device=cpu; [ "$GPU_RUN" = 1 ] && device=cuda
@@ -271,9 +345,9 @@ else
 fi
 
 say "results"
-"$PYTHON" - "$OUT" "$ROWS" "${PEAK_BF16:-0}" "${PEAK_F32:-0}" "$DRY" "$GPU" <<'PY'
+"$PYTHON" - "$OUT" "$ROWS" "${PEAK_BF16:-0}" "${PEAK_F32:-0}" "$DRY" "$GPU" "$NCCL_RESULT" <<'PY'
 import json, os, sys
-out, rows, peak_bf16, peak_f32, dry, gpu = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1", sys.argv[6]
+out, rows, peak_bf16, peak_f32, dry, gpu, nccl = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1", sys.argv[6], sys.argv[7]
 peaks = {"bf16": peak_bf16 * 1e12, "f16": peak_bf16 * 1e12, "f32": peak_f32 * 1e12}
 
 def figures(path):
@@ -320,10 +394,11 @@ parity = json.load(open(os.path.join(out, "parity.json"))) if not dry and os.pat
 table = "\n".join(lines)
 if parity:
     table += "\n\n" + open(os.path.join(out, "parity.md")).read().strip()
+table += f"\n\nNCCL, one-rank communicator: {nccl}"
 print(table)
 open(os.path.join(out, "results.md"), "w").write(table + "\n")
 json.dump({"gpu": gpu, "peaks_tflops": {"bf16": peak_bf16, "f32": peak_f32}, "dry_run": dry, "rows": results,
-           "parity": parity}, open(os.path.join(out, "results.json"), "w"), indent=1)
+           "parity": parity, "nccl": nccl}, open(os.path.join(out, "results.json"), "w"), indent=1)
 kind = "dry run: nothing was run" if dry else "tok/s: training steps, or decoding; MFU from kiln plan's FLOPs"
 print(f"\n({kind}; written: results.md, results.json)")
 PY

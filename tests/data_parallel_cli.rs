@@ -13,6 +13,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::fixture;
+use serde_json::Value;
 
 fn kiln() -> Command {
     Command::new(env!("CARGO_BIN_EXE_kiln"))
@@ -290,6 +291,67 @@ fn rendezvous_errors_are_one_line() {
     // --nnodes without a master address.
     let out = kiln().args(["pretrain", "--config", a.to_str().unwrap(), "--nnodes", "2"]).output().unwrap();
     assert!(last_line(&out).contains("--nnodes 2 needs --master-addr"), "{}", stderr(&out));
+}
+
+/// `--collective nccl` asks for NCCL even with one device: on the CPU that is one error line
+/// before any step (NCCL's own search and its message are core/src/dist/nccl.rs's tests);
+/// `--collective ring` is the CPU's transport and trains as without it.
+#[test]
+fn collective_nccl_on_the_cpu_is_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let a = write_config(dir, "a", 2, 1, "");
+    let out = kiln().current_dir(dir).args(["pretrain", "--config", a.to_str().unwrap(), "--collective", "nccl"]).output().unwrap();
+    assert!(!out.status.success());
+    assert_eq!(last_line(&out), "error: --collective nccl needs CUDA devices (this build or run has none); leave it out for kiln's TCP ring", "{}", stderr(&out));
+    assert!(!dir.join("a/metrics.jsonl").exists() || std::fs::read_to_string(dir.join("a/metrics.jsonl")).unwrap().is_empty(), "no step ran");
+    let out = kiln().current_dir(dir).args(["pretrain", "--config", a.to_str().unwrap(), "--collective", "ring", "--devices", "cpu,cpu"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(losses(&dir.join("a")).len(), 1);
+}
+
+/// `kiln bench --all-reduce` times the collective per size on the replicas training would use,
+/// checking every sum: two replicas in one process (burn-collective's engine), and two
+/// processes (the TCP ring).
+#[test]
+fn bench_all_reduce_times_checked_sums_per_size() {
+    let rows = |out: &Output| -> Vec<Value> {
+        assert!(out.status.success(), "{}", stderr(out));
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["row"].clone()).collect()
+    };
+    let check = |rows: &[Value]| {
+        assert_eq!(rows.iter().map(|r| r["bytes"].as_u64().unwrap()).collect::<Vec<_>>(), [4096, 1 << 20]);
+        for r in rows {
+            assert_eq!(r["world"], 2);
+            let (alg, bus) = (r["algbw_gb_s"].as_f64().unwrap(), r["busbw_gb_s"].as_f64().unwrap());
+            assert!(alg > 0.0 && (bus - alg).abs() <= 1e-12 * alg, "{r}");
+        }
+    };
+    let out = kiln().args(["bench", "--all-reduce", "--devices", "cpu,cpu", "--sizes", "4096,1048576", "--repeats", "2"]).output().unwrap();
+    check(&rows(&out));
+    for _ in 0..3 {
+        let port = free_port().to_string();
+        let node = |rank: &str| {
+            kiln()
+                .args(["bench", "--all-reduce", "--sizes", "4096,1048576", "--repeats", "2", "--nnodes", "2", "--node-rank", rank])
+                .args(["--master-addr", &format!("127.0.0.1:{port}"), "--dist-timeout", "60"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let (a, b) = (node("0"), node("1"));
+        let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+        if stderr(&a).contains("is in use") {
+            continue;
+        }
+        check(&rows(&a));
+        assert!(b.status.success() && b.stdout.is_empty(), "rank 1 prints nothing: {}", stderr(&b));
+        let bad = kiln().args(["bench", "--all-reduce", "--sizes", "4095"]).output().unwrap();
+        assert_eq!(last_line(&bad), "error: --sizes: 4095 is not a whole number of f32 values (a multiple of 4 bytes)");
+        return;
+    }
+    panic!("no free port on 127.0.0.1");
 }
 
 /// What `launcher` sets for process `rank` of 2 on this machine, rank 0 listening on `port`.

@@ -58,6 +58,16 @@ pub struct BenchArgs {
     /// With --train: recompute activations in the backward pass (`[train] recompute`).
     #[arg(long)]
     recompute: bool,
+    /// Measure the gradients' all-reduce instead, per buffer size (nccl-tests' algbw and busbw),
+    /// over the replicas that --devices, --nnodes or a launcher's environment place, through
+    /// --collective; each result is checked.
+    #[arg(long, conflicts_with_all = ["train", "rollout"])]
+    all_reduce: bool,
+    /// With --all-reduce: buffer sizes in bytes [default: 1 MiB to 256 MiB by 4].
+    #[arg(long, value_delimiter = ',', value_parser = positive)]
+    sizes: Vec<usize>,
+    #[command(flatten)]
+    dist: super::dist::DistArgs,
 }
 
 /// A count of at least 1.
@@ -70,6 +80,13 @@ fn positive(text: &str) -> Result<usize, String> {
 
 pub fn run(args: BenchArgs) -> Result<()> {
     let backend = args.backend;
+    if args.all_reduce {
+        let devices = args.dist.devices(Some(backend), None)?;
+        let nodes = args.dist.nodes()?;
+        let sizes = if args.sizes.is_empty() { super::bench_all_reduce::DEFAULT_SIZES.to_vec() } else { args.sizes };
+        let job = super::bench_all_reduce::AllReduceJob { sizes, repeats: args.repeats, nodes, backend: backend.to_string() };
+        return kiln::backends::run_replicas(&devices, job)?;
+    }
     if args.train {
         return kiln::backends::run_training_with(backend, args.recompute, TrainBenchJob(args))?;
     }

@@ -8,9 +8,9 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use kiln::backends::DeviceSpec;
-use kiln::dist::{Launched, NodeSpec};
+use kiln::dist::{Collective, Launched, NodeSpec};
 
 #[derive(Debug, Args)]
 pub struct DistArgs {
@@ -34,6 +34,18 @@ pub struct DistArgs {
     /// Seconds nodes wait for each other to join, and for a silent node before it counts as lost.
     #[arg(long, default_value_t = 300.0)]
     dist_timeout: f64,
+    /// What sums the replicas' gradients: `auto` is NCCL on CUDA devices (libnccl found at run
+    /// time; KILN_NCCL_LIB names the file) and kiln's TCP ring elsewhere; `nccl` also for a
+    /// single device (a one-rank communicator); `ring` is kiln's TCP ring on every backend.
+    #[arg(long, value_enum, default_value_t = CollectiveArg::Auto)]
+    collective: CollectiveArg,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum CollectiveArg {
+    Auto,
+    Nccl,
+    Ring,
 }
 
 impl DistArgs {
@@ -91,7 +103,14 @@ impl DistArgs {
 
     /// The multi-node run this process belongs to, if any; says on stderr where its place came
     /// from.
+    /// Sets the process's collective (`--collective`) too: every command that reads its place
+    /// calls this first.
     pub fn nodes(&self) -> Result<Option<NodeSpec>> {
+        kiln::dist::set_collective(match self.collective {
+            CollectiveArg::Auto => Collective::Auto,
+            CollectiveArg::Nccl => Collective::Nccl,
+            CollectiveArg::Ring => Collective::Ring,
+        });
         if !(self.dist_timeout > 0.0 && self.dist_timeout.is_finite()) {
             bail!("--dist-timeout must be a positive number of seconds");
         }

@@ -1,6 +1,7 @@
 //! Subcommands of the `kiln` binary, one module each.
 
 mod bench;
+mod bench_all_reduce;
 #[cfg(feature = "code")]
 mod code;
 #[cfg(feature = "code")]

@@ -2,7 +2,10 @@
 //! processes (nodes) per run. Training uses it through [`Replica`] (all-reduce gradients, gather
 //! metrics, agree on the start); [`launch`] starts the replicas of a process.
 //!
-//! Two levels, each behind one file:
+//! On CUDA devices every replica, in this process or another, is one rank of an NCCL
+//! communicator ([`nccl`], `nccl_cuda.rs`): tensors are summed device to device, and kiln's
+//! rendezvous only hands out NCCL's id. Everywhere else (the CPU, wgpu, and CUDA under
+//! `--collective ring`) two levels, each behind one file, carry the sums, the CPU/test transport:
 //! - between the replicas (threads) of a process: burn-collective's local all-reduce
 //!   ([`engine`]), the engine the issue chose;
 //! - between processes: kiln's own rendezvous and control connections ([`group`]) and a TCP
@@ -37,6 +40,10 @@ mod engine;
 mod group;
 mod launcher;
 mod local;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod nccl;
+#[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+mod nccl_cuda;
 mod params;
 mod ring;
 
@@ -61,6 +68,7 @@ mod engine {
 
 use std::cell::RefCell;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use burn::tensor::backend::Backend;
@@ -84,6 +92,34 @@ pub enum Reduce {
     Mean,
 }
 
+/// What carries the replicas' sums (`--collective`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Collective {
+    /// NCCL on CUDA devices, kiln's engine and TCP ring elsewhere.
+    Auto,
+    /// NCCL, even for a run of one replica (a one-rank communicator: the GPU check's row);
+    /// refused on devices other than CUDA.
+    Nccl,
+    /// kiln's engine and TCP ring on every backend (through host memory on GPUs).
+    Ring,
+}
+
+static COLLECTIVE: AtomicU8 = AtomicU8::new(0);
+
+/// Sets this process's [`Collective`] (the CLI's `--collective`); [`Collective::Auto`] until set.
+pub fn set_collective(collective: Collective) {
+    COLLECTIVE.store(collective as u8, Ordering::Relaxed);
+}
+
+/// This process's [`Collective`].
+pub fn collective() -> Collective {
+    match COLLECTIVE.load(Ordering::Relaxed) {
+        1 => Collective::Nccl,
+        2 => Collective::Ring,
+        _ => Collective::Auto,
+    }
+}
+
 /// Elements per all-reduce call: gradients are flattened into buckets of at most this many.
 const BUCKET: usize = 1 << 24;
 
@@ -104,12 +140,32 @@ pub struct Replica {
     shared: Option<Arc<Shared>>,
     /// Unregisters from the engine when the replica ends.
     finish: RefCell<Option<Box<dyn FnOnce() + Send>>>,
+    /// This replica's NCCL communicator, made on its first all-reduce of CUDA tensors.
+    #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+    nccl: RefCell<Option<nccl_cuda::Communicator>>,
 }
 
 impl Replica {
     /// The only replica of a one-device run (every operation is the identity).
     pub fn single() -> Self {
-        Self { rank: 0, world: 1, local: 0, local_size: 1, node: 0, shared: None, finish: RefCell::new(None) }
+        Self {
+            rank: 0,
+            world: 1,
+            local: 0,
+            local_size: 1,
+            node: 0,
+            shared: None,
+            finish: RefCell::new(None),
+            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+            nccl: RefCell::new(None),
+        }
+    }
+
+    /// Whether this replica is a run's only one with no collective at all (its operations are
+    /// the identity). A one-replica run under `--collective nccl` is not: its sums go through a
+    /// one-rank NCCL communicator.
+    pub fn is_single(&self) -> bool {
+        self.shared.is_none()
     }
 
     /// Global rank, `0..world`.
@@ -168,6 +224,16 @@ impl Replica {
         // Reduced in f32 whatever the tensor's dtype (bf16-pure weights), handed back in it.
         let dtype = tensor.dtype();
         let mut tensor = crate::model::proj::to_dtype(tensor, burn::tensor::DType::F32);
+        #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+        if collective() != Collective::Ring
+            && let Some(ordinal) = nccl_cuda::cuda_ordinal::<B>(&device)
+        {
+            let summed = self.nccl_sum(tensor, ordinal)?;
+            return Ok(crate::model::proj::to_dtype(Self::finish_reduce(summed, op, self.world), dtype));
+        }
+        if collective() == Collective::Nccl {
+            return Err(Error::Distributed("--collective nccl needs CUDA devices (this build or run has none); leave it out for kiln's TCP ring".into()));
+        }
         if self.local_size > 1 {
             self.register::<B>(shared, &device)?;
             tensor = engine::all_reduce_sum::<B>(self.local, tensor, &shared.abort)?;
@@ -191,11 +257,16 @@ impl Replica {
             };
             tensor = Tensor::from_data(TensorData::new(summed, [n]), &device);
         }
-        let tensor = match op {
-            Reduce::Sum => tensor,
-            Reduce::Mean => tensor.div_scalar(self.world as f64),
-        };
-        Ok(crate::model::proj::to_dtype(tensor, dtype))
+        Ok(crate::model::proj::to_dtype(Self::finish_reduce(tensor, op, self.world), dtype))
+    }
+
+    /// The sum over `world` replicas as `op` wants it (divided after summing, on every
+    /// transport, so that they agree).
+    fn finish_reduce<B: Backend>(sum: Tensor<B, 1>, op: Reduce, world: usize) -> Tensor<B, 1> {
+        match op {
+            Reduce::Sum => sum,
+            Reduce::Mean => sum.div_scalar(world as f64),
+        }
     }
 
     /// [`Replica::all_reduce`] of several tensors, flattened into buckets of up to 2^24 values.
@@ -223,6 +294,39 @@ impl Replica {
             }
         }
         Ok(out)
+    }
+
+    /// The sum of `tensor` over the replicas through this replica's NCCL communicator on CUDA
+    /// device `ordinal`, made on first use: every replica opens NCCL (a rank without it stops the run
+    /// with its one-line reason), rank 0 makes the id and the rendezvous hands it out.
+    #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+    fn nccl_sum<B: Backend>(&self, tensor: Tensor<B, 1>, ordinal: usize) -> Result<Tensor<B, 1>> {
+        if self.nccl.borrow().is_none() {
+            let loaded = nccl::Nccl::load();
+            let status = match &loaded {
+                Ok(_) => Value::Null,
+                Err(e) => Value::String(e.to_string()),
+            };
+            let all = self.gather(status)?;
+            if let Some((rank, reason)) = all.iter().enumerate().find_map(|(r, v)| v.as_str().map(|s| (r, s))) {
+                return Err(Error::Distributed(format!("rank {rank}: {reason}")));
+            }
+            let library = loaded?;
+            let id = if self.is_main() { nccl::id_to_hex(&library.unique_id()?) } else { String::new() };
+            let id = self.broadcast(Value::String(id))?;
+            let id = nccl::id_from_hex(id.as_str().unwrap_or_default())?;
+            let comm = nccl_cuda::Communicator::join(library, id, self.rank, self.world, ordinal)?;
+            if self.is_main() {
+                eprintln!("kiln: NCCL {} ({}): {} rank(s), all-reduce on the devices", library.version_string(), library.path, self.world);
+            }
+            *self.nccl.borrow_mut() = Some(comm);
+        }
+        let nccl = self.nccl.borrow();
+        let comm = nccl.as_ref().expect("made above");
+        if comm.ordinal() != ordinal {
+            return Err(Error::Distributed(format!("NCCL: replica {} all-reduced on cuda:{ordinal} after joining on cuda:{}", self.rank, comm.ordinal())));
+        }
+        comm.sum(tensor).unwrap_or_else(|| Err(Error::Distributed("NCCL all-reduce: not a CUDA tensor of f32, f16 or bf16".into())))
     }
 
     /// Registers with the engine on first use (a round first resets the engine's server).
@@ -267,7 +371,7 @@ pub fn launch<D: Sync, T: Send>(
     if devices.is_empty() {
         return Err(Error::InvalidInput("a run needs at least one device".into()));
     }
-    if devices.len() == 1 && nodes.is_none() {
+    if devices.len() == 1 && nodes.is_none() && collective() != Collective::Nccl {
         return main(Replica::single(), &devices[0]);
     }
     let _one_run = lock(&LAUNCH);
@@ -284,6 +388,8 @@ pub fn launch<D: Sync, T: Send>(
         node,
         shared: Some(shared.clone()),
         finish: RefCell::new(None),
+        #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+        nccl: RefCell::new(None),
     };
     // The first replica to fail stops the others; its own error is the run's.
     let first_failure: Mutex<Option<usize>> = Mutex::new(None);

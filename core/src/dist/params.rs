@@ -30,7 +30,7 @@ pub fn reduce_gradients<AB: AutodiffBackend, M: AutodiffModule<AB>>(
     mut grads: GradientsParams,
     op: Reduce,
 ) -> Result<GradientsParams> {
-    if replica.world() == 1 {
+    if replica.is_single() {
         return Ok(grads);
     }
     let flat = flatten::<AB, M>(model, names, Source::Grads(&mut grads));
@@ -44,7 +44,7 @@ pub fn reduce_gradients<AB: AutodiffBackend, M: AutodiffModule<AB>>(
 /// Makes every replica start from rank 0's `start`: its weights, optimizer state, step and the
 /// objective's data cursor (a node without rank 0's checkpoints gets them over the network).
 pub fn sync_start<AB: AutodiffBackend, O: Objective<AB>>(replica: &Replica, start: Start<AB>, objective: &mut O) -> Result<Start<AB>> {
-    if replica.world() == 1 {
+    if replica.is_single() {
         return Ok(start);
     }
     let Start { model, mut optimizer, step, loss_scale } = start;

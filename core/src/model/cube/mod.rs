@@ -117,7 +117,7 @@ impl<R: CubeRuntime, BT: BoolElement> Operation<Runtime<R, BT>> for Custom<R, BT
 
 /// Registers `run` as operation `name` on the fusion stream of `inputs` (float tensors of one
 /// device), with outputs of the given shapes and dtypes; the outputs as tensors.
-fn custom<R: CubeRuntime, BT: BoolElement, const D: usize>(
+pub(crate) fn custom<R: CubeRuntime, BT: BoolElement, const D: usize>(
     name: &'static str,
     inputs: Vec<Tensor<Fused<R, BT>, D>>,
     outputs: &[(Shape, DType)],
@@ -133,7 +133,7 @@ fn custom<R: CubeRuntime, BT: BoolElement, const D: usize>(
 }
 
 /// A fusion tensor as a tensor of `Fused<R, BT>`.
-fn wrap<R: CubeRuntime, BT: BoolElement, const D: usize>(t: FusionTensor<Runtime<R, BT>>) -> Tensor<Fused<R, BT>, D> {
+pub(crate) fn wrap<R: CubeRuntime, BT: BoolElement, const D: usize>(t: FusionTensor<Runtime<R, BT>>) -> Tensor<Fused<R, BT>, D> {
     Tensor::from_primitive(TensorPrimitive::Float(t))
 }
 

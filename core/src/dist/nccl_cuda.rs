@@ -1,0 +1,160 @@
+//! NCCL all-reduce of burn's CUDA tensors: each replica (a thread of this process or another
+//! process) is one NCCL rank on its own device, and a tensor never leaves the devices.
+//!
+//! The communicator is made on a replica's first all-reduce ([`super::Replica::all_reduce`]):
+//! rank 0 makes the NCCL id and kiln's rendezvous hands it to every rank, which then joins on
+//! its device's primary context (the one cubecl-cuda runs on). An all-reduce is one operation of
+//! burn's fusion stream: when the stream reaches it, it waits for the device's queued work, runs
+//! `ncclAllReduce` from the input's buffer into a new one on its own stream, and waits for that,
+//! so the kernels after it read the sum. (Launching the buckets while the backward pass still
+//! runs, to overlap the two, needs the gradients as they are produced, which burn's backward
+//! pass does not hand out.)
+
+use std::any::{Any, TypeId};
+use std::sync::{Arc, Mutex};
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Tensor};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::cuda::{CudaDevice, CudaRuntime};
+use cudarc::driver::{result as cu, sys};
+
+use super::nccl::{Comm, Nccl, UniqueId, dtype, op};
+use crate::error::{Error, Result};
+use crate::model::cube::{Fused, custom, retype, wrap};
+
+/// burn's CUDA backend as kiln builds it (fusion on).
+type Cuda = Fused<CudaRuntime, u8>;
+
+/// The CUDA device `B`'s `device` is, when `B` is burn's CUDA backend (the tensors the
+/// replicas reduce are the inner backend's, never autodiff's).
+pub(crate) fn cuda_ordinal<B: Backend>(device: &B::Device) -> Option<usize> {
+    if TypeId::of::<B>() != TypeId::of::<Cuda>() {
+        return None;
+    }
+    (device as &dyn Any).downcast_ref::<CudaDevice>().map(|d| d.index)
+}
+
+/// One replica's NCCL communicator, with the stream its all-reduces run on.
+pub(crate) struct Communicator {
+    nccl: &'static Nccl,
+    comm: Comm,
+    stream: sys::CUstream,
+    ctx: sys::CUcontext,
+    ordinal: usize,
+}
+
+// SAFETY: the communicator and stream are used by one thread at a time (the replica's, and the
+// fusion stream's while the replica waits on it); NCCL and CUDA allow that from any thread once
+// the context is current, which every call makes it.
+unsafe impl Send for Communicator {}
+
+fn driver(call: &str, e: cudarc::driver::DriverError) -> Error {
+    Error::Distributed(format!("CUDA {call} failed for NCCL: {e:?}"))
+}
+
+impl Communicator {
+    /// Joins communicator `id` as `rank` of `world` on CUDA device `ordinal` (blocks until every
+    /// rank has joined).
+    pub(crate) fn join(nccl: &'static Nccl, id: UniqueId, rank: usize, world: usize, ordinal: usize) -> Result<Self> {
+        cu::init().map_err(|e| driver("cuInit", e))?;
+        let device = cu::device::get(ordinal as i32).map_err(|e| driver("cuDeviceGet", e))?;
+        // SAFETY: `device` is a valid device; the primary context stays retained for the process
+        // (cubecl-cuda retains the same one).
+        let ctx = unsafe { cu::primary_ctx::retain(device) }.map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
+        // SAFETY: `ctx` is a valid context.
+        unsafe { cu::ctx::set_current(ctx) }.map_err(|e| driver("cuCtxSetCurrent", e))?;
+        let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(|e| driver("cuStreamCreate", e))?;
+        // SAFETY: the device's primary context is current.
+        let comm = unsafe { nccl.comm_init_rank(id, rank, world) }?;
+        Ok(Self { nccl, comm, stream, ctx, ordinal })
+    }
+
+    /// The device this communicator runs on.
+    pub(crate) fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// `tensor` summed over the communicator's ranks; `None` when `B` is not burn's CUDA
+    /// backend or the dtype is not f32, f16 or bf16.
+    pub(crate) fn sum<B: Backend>(&self, tensor: Tensor<B, 1>) -> Option<Result<Tensor<B, 1>>> {
+        let nccl_dtype = match tensor.dtype() {
+            DType::F32 => dtype::FLOAT32,
+            DType::F16 => dtype::FLOAT16,
+            DType::BF16 => dtype::BFLOAT16,
+            _ => return None,
+        };
+        let tensor = retype::<B, Cuda, 1>(tensor)?;
+        let failure: Arc<Mutex<Option<Error>>> = Arc::default();
+        let call = Call { nccl: self.nccl, comm: self.comm, stream: self.stream, ctx: self.ctx, dtype: nccl_dtype, op: op::SUM };
+        let recorded = failure.clone();
+        let shape = (tensor.shape(), tensor.dtype());
+        let outputs = custom::<CudaRuntime, u8, 1>("nccl_all_reduce", vec![tensor], &[shape], move |inputs| {
+            let input = into_contiguous(inputs.into_iter().next().expect("one input"));
+            let output = empty_device_contiguous_dtype(input.client.clone(), input.device.clone(), input.meta.shape().clone(), input.dtype);
+            if let Err(e) = call.run(&input, &output) {
+                *recorded.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+            }
+            vec![output]
+        });
+        let reduced = wrap::<CudaRuntime, u8, 1>(outputs.into_iter().next().expect("one output"));
+        // Run it now, so that a failure is this call's error (and the communicator's use ends
+        // here).
+        if let Err(e) = Cuda::sync(&reduced.device()) {
+            return Some(Err(Error::Distributed(format!("the device failed during an NCCL all-reduce: {e:?}"))));
+        }
+        if let Some(e) = failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            return Some(Err(e));
+        }
+        Some(retype::<Cuda, B, 1>(reduced).ok_or_else(|| Error::Distributed("NCCL all-reduce: backend mismatch".into())))
+    }
+}
+
+/// What one all-reduce operation needs inside the fusion stream.
+#[derive(Clone, Copy)]
+struct Call {
+    nccl: &'static Nccl,
+    comm: Comm,
+    stream: sys::CUstream,
+    ctx: sys::CUcontext,
+    dtype: i32,
+    op: i32,
+}
+
+// SAFETY: see `Communicator`; the operation runs while its replica waits for it.
+unsafe impl Send for Call {}
+// SAFETY: as above.
+unsafe impl Sync for Call {}
+
+impl Call {
+    fn run(&self, input: &CubeTensor<CudaRuntime>, output: &CubeTensor<CudaRuntime>) -> Result<()> {
+        let client = &input.client;
+        // The input's kernels are queued on cubecl's stream: wait for them.
+        cubecl::future::block_on(client.sync()).map_err(|e| Error::Distributed(format!("the device failed before an NCCL all-reduce: {e:?}")))?;
+        let resource = |t: &CubeTensor<CudaRuntime>| client.get_resource(t.handle.clone()).map_err(|e| Error::Distributed(format!("NCCL all-reduce: no device buffer ({e:?})")));
+        let (src, dst) = (resource(input)?, resource(output)?);
+        let count = input.meta.num_elements();
+        // SAFETY: `ctx` is the device's primary context; `src` and `dst` are live device buffers
+        // of `count` values of the tensor's dtype on it (their managed resources keep them
+        // allocated until the stream is synchronised below).
+        unsafe {
+            cu::ctx::set_current(self.ctx).map_err(|e| driver("cuCtxSetCurrent", e))?;
+            self.nccl.all_reduce(src.resource().ptr, dst.resource().ptr, count, self.dtype, self.op, self.comm, self.stream as *mut _)?;
+            cu::stream::synchronize(self.stream).map_err(|e| driver("cuStreamSynchronize", e))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // SAFETY: the communicator and stream are this struct's and no longer used.
+        unsafe {
+            let _ = cu::ctx::set_current(self.ctx);
+            self.nccl.comm_destroy(self.comm);
+            let _ = cu::stream::destroy(self.stream);
+        }
+    }
+}
