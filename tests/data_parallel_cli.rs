@@ -310,6 +310,28 @@ fn collective_nccl_on_the_cpu_is_one_line() {
     assert_eq!(losses(&dir.join("a")).len(), 1);
 }
 
+/// `[train] grad_reduce_dtype = "bf16"` is NCCL's (its traffic halved): with replicas on the
+/// CPU it is one error line before any step; one device reduces nothing and trains; a bad value
+/// names its line.
+#[test]
+fn bf16_gradient_reduction_needs_nccl() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let a = write_config(dir, "a", 2, 1, "");
+    let text = std::fs::read_to_string(&a).unwrap();
+    std::fs::write(&a, text.replace("seed = 5", "seed = 5\ngrad_reduce_dtype = \"bf16\"")).unwrap();
+    let out = kiln().args(["pretrain", "--config", a.to_str().unwrap(), "--devices", "cpu,cpu"]).output().unwrap();
+    assert!(!out.status.success());
+    assert_eq!(last_line(&out), format!("error: {}", kiln::dist::BF16_NEEDS_NCCL), "{}", stderr(&out));
+    assert!(!dir.join("a/checkpoint-1").exists());
+    let out = kiln().args(["pretrain", "--config", a.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    std::fs::write(&a, text.replace("seed = 5", "seed = 5\ngrad_reduce_dtype = \"fp8\"")).unwrap();
+    let out = kiln().args(["pretrain", "--config", a.to_str().unwrap()]).output().unwrap();
+    let line = last_line(&out);
+    assert!(!out.status.success() && line.contains("a.toml") && line.contains("a.toml line 19: unknown variant `fp8`, expected `f32` or `bf16`"), "{}", stderr(&out));
+}
+
 /// `kiln bench --all-reduce` times the collective per size on the replicas training would use,
 /// checking every sum: two replicas in one process (burn-collective's engine), and two
 /// processes (the TCP ring).

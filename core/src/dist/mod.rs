@@ -92,6 +92,18 @@ pub enum Reduce {
     Mean,
 }
 
+/// The dtype gradients are all-reduced in (`[train] grad_reduce_dtype`): f32 (exact sums of
+/// the f32 gradients, the default), or bf16, which halves NCCL's traffic at bf16's rounding of
+/// each gradient and partial sum (DDP's `bf16_compress_hook`, FSDP's `reduce_dtype`). bf16 needs
+/// NCCL: kiln's ring and burn-collective sum in f32.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReduceDtype {
+    #[default]
+    F32,
+    Bf16,
+}
+
 /// What carries the replicas' sums (`--collective`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Collective {
@@ -119,6 +131,9 @@ pub fn collective() -> Collective {
         _ => Collective::Auto,
     }
 }
+
+/// The error of `grad_reduce_dtype = "bf16"` without NCCL.
+pub const BF16_NEEDS_NCCL: &str = "[train] grad_reduce_dtype = \"bf16\" needs NCCL (CUDA devices): kiln's TCP ring and burn-collective sum in f32; leave it out or set \"f32\"";
 
 /// Elements per all-reduce call: gradients are flattened into buckets of at most this many.
 const BUCKET: usize = 1 << 24;
@@ -219,20 +234,43 @@ impl Replica {
 
     /// `tensor` summed (or averaged) over all replicas; every replica gets the same values.
     pub fn all_reduce<B: Backend>(&self, tensor: Tensor<B, 1>, op: Reduce) -> Result<Tensor<B, 1>> {
+        self.all_reduce_in(tensor, op, ReduceDtype::F32)
+    }
+
+    /// Whether this replica's sums of tensors on `device` go through NCCL, device to device.
+    pub fn sums_with_nccl<B: Backend>(&self, device: &B::Device) -> bool {
+        #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+        if collective() != Collective::Ring && nccl_cuda::cuda_ordinal::<B>(device).is_some() {
+            return true;
+        }
+        let _ = device;
+        false
+    }
+
+    /// [`Replica::all_reduce`], the values summed in `reduce` (bf16 needs NCCL).
+    pub fn all_reduce_in<B: Backend>(&self, tensor: Tensor<B, 1>, op: Reduce, reduce: ReduceDtype) -> Result<Tensor<B, 1>> {
         let Some(shared) = &self.shared else { return Ok(tensor) };
         let device = tensor.device();
-        // Reduced in f32 whatever the tensor's dtype (bf16-pure weights), handed back in it.
+        // Reduced in f32 (or `reduce`) whatever the tensor's dtype (bf16-pure weights), handed
+        // back in it.
         let dtype = tensor.dtype();
         let mut tensor = crate::model::proj::to_dtype(tensor, burn::tensor::DType::F32);
         #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
         if collective() != Collective::Ring
             && let Some(ordinal) = nccl_cuda::cuda_ordinal::<B>(&device)
         {
-            let summed = self.nccl_sum(tensor, ordinal)?;
+            let sent = match reduce {
+                ReduceDtype::F32 => tensor,
+                ReduceDtype::Bf16 => crate::model::proj::to_dtype(tensor, burn::tensor::DType::BF16),
+            };
+            let summed = crate::model::proj::to_dtype(self.nccl_sum(sent, ordinal)?, burn::tensor::DType::F32);
             return Ok(crate::model::proj::to_dtype(Self::finish_reduce(summed, op, self.world), dtype));
         }
         if collective() == Collective::Nccl {
             return Err(Error::Distributed("--collective nccl needs CUDA devices (this build or run has none); leave it out for kiln's TCP ring".into()));
+        }
+        if reduce == ReduceDtype::Bf16 {
+            return Err(Error::Distributed(BF16_NEEDS_NCCL.into()));
         }
         if self.local_size > 1 {
             self.register::<B>(shared, &device)?;
@@ -271,6 +309,11 @@ impl Replica {
 
     /// [`Replica::all_reduce`] of several tensors, flattened into buckets of up to 2^24 values.
     pub fn all_reduce_many<B: Backend>(&self, tensors: Vec<Tensor<B, 1>>, op: Reduce) -> Result<Vec<Tensor<B, 1>>> {
+        self.all_reduce_many_in(tensors, op, ReduceDtype::F32)
+    }
+
+    /// [`Replica::all_reduce_many`], the values summed in `reduce`.
+    pub fn all_reduce_many_in<B: Backend>(&self, tensors: Vec<Tensor<B, 1>>, op: Reduce, reduce: ReduceDtype) -> Result<Vec<Tensor<B, 1>>> {
         if self.shared.is_none() {
             return Ok(tensors);
         }
@@ -284,7 +327,7 @@ impl Replica {
             let full = tensors.peek().is_none_or(|next| filled + next.dims()[0] > BUCKET);
             if full {
                 let lengths: Vec<usize> = bucket.iter().map(|t| t.dims()[0]).collect();
-                let reduced = self.all_reduce(Tensor::cat(std::mem::take(&mut bucket), 0), op)?;
+                let reduced = self.all_reduce_in(Tensor::cat(std::mem::take(&mut bucket), 0), op, reduce)?;
                 let mut start = 0;
                 for length in lengths {
                     out.push(reduced.clone().slice(start..start + length));

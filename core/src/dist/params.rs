@@ -13,7 +13,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use serde_json::{Map, Value, json};
 
-use super::{Reduce, Replica};
+use super::{Reduce, ReduceDtype, Replica};
 use crate::train::metrics;
 use crate::error::{Error, Result};
 use crate::train::adamw::{AdamW, Moments};
@@ -21,21 +21,22 @@ use crate::train::{Objective, Start};
 
 type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
 
-/// The gradients of one optimizer update summed (or averaged, `op`) over all replicas. A
-/// parameter without a gradient counts as zeros.
+/// The gradients of one optimizer update summed (or averaged, `op`) over all replicas, in
+/// `dtype` (`[train] grad_reduce_dtype`). A parameter without a gradient counts as zeros.
 pub fn reduce_gradients<AB: AutodiffBackend, M: AutodiffModule<AB>>(
     replica: &Replica,
     model: &M,
     names: &HashMap<ParamId, String>,
     mut grads: GradientsParams,
     op: Reduce,
+    dtype: ReduceDtype,
 ) -> Result<GradientsParams> {
     if replica.is_single() {
         return Ok(grads);
     }
     let flat = flatten::<AB, M>(model, names, Source::Grads(&mut grads));
     let ids: Vec<ParamId> = flat.iter().map(|f| f.1).collect();
-    let reduced = replica.all_reduce_many(flat.into_iter().map(|f| f.2).collect(), op)?;
+    let reduced = replica.all_reduce_many_in(flat.into_iter().map(|f| f.2).collect(), op, dtype)?;
     let mut put = PutGrads { grads: &mut grads, by_id: ids.into_iter().zip(reduced).collect() };
     model.visit(&mut put);
     Ok(grads)

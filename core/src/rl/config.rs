@@ -73,6 +73,8 @@ pub struct PgTrain {
     pub recompute: bool,
     /// ZeRO-1 (see [`crate::train::config::NextTokenTrain::shard_optimizer`]).
     pub shard_optimizer: bool,
+    /// See [`crate::train::config::NextTokenTrain::grad_reduce_dtype`].
+    pub grad_reduce_dtype: crate::dist::ReduceDtype,
 }
 
 impl PgTrain {

@@ -124,6 +124,7 @@ fn prepare<'a, B: AutodiffBackend>(
     loop_config.eval_steps = config.eval.as_ref().map(|e| e.steps.clone()).unwrap_or_default();
     loop_config.precision = config.train.precision;
     loop_config.shard_optimizer = config.train.shard_optimizer;
+    loop_config.grad_reduce_dtype = config.train.grad_reduce_dtype;
     let validator = match &config.eval {
         Some(eval) if replica.is_main() => {
             let dir = eval.rows.as_path();

@@ -203,6 +203,7 @@ fn prepare<'a, B: AutodiffBackend>(config: &'a RunConfig, replica: &Replica, dev
     loop_config.eval_steps = config.eval.steps.clone();
     loop_config.precision = t.precision;
     loop_config.shard_optimizer = t.shard_optimizer;
+    loop_config.grad_reduce_dtype = t.grad_reduce_dtype;
     let objective = NextTokenLoss::packed(samples, micro_batch, grad_accum, pad_id, seed)?.padding_free(t.padding_free).shard(replica.rank(), replica.world());
     let mut held_out = match replica.is_main() {
         true => {
@@ -254,6 +255,7 @@ pub fn loop_config(
         allow_config_change: output.allow_config_change,
         precision: Default::default(),
         shard_optimizer: false,
+        grad_reduce_dtype: Default::default(),
     })
 }
 

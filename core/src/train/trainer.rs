@@ -103,6 +103,9 @@ pub struct LoopConfig {
     /// weights are gathered after every update and the moments before every checkpoint, so
     /// results and checkpoints are an unsharded run's. One replica: no effect.
     pub shard_optimizer: bool,
+    /// The dtype gradients are all-reduced in over data-parallel replicas (`[train]
+    /// grad_reduce_dtype`, [`dist::ReduceDtype`]); bf16 needs NCCL. One replica: no effect.
+    pub grad_reduce_dtype: dist::ReduceDtype,
 }
 
 impl LoopConfig {
@@ -127,6 +130,7 @@ impl LoopConfig {
             allow_config_change: false,
             precision: Precision::default(),
             shard_optimizer: false,
+            grad_reduce_dtype: dist::ReduceDtype::F32,
         }
     }
 }
@@ -309,6 +313,9 @@ where
 {
     // Attention with its own chunked backward pass (memory linear in the sequence length).
     crate::model::custom_op::install::<B>();
+    if config.grad_reduce_dtype == dist::ReduceDtype::Bf16 && !replica.is_single() && !replica.sums_with_nccl::<B::InnerBackend>(&start.model.device()) {
+        return Err(Error::InvalidInput(dist::BF16_NEEDS_NCCL.into()));
+    }
     let Start { mut model, mut optimizer, mut step, mut loss_scale } = dist::sync_start(replica, start, objective)?;
     optimizer.shard = (config.shard_optimizer && replica.world() > 1).then(|| dist::OptimizerShard::of_model(&model, &model.param_names(), replica));
     optimizer.keep_own_moments();
@@ -368,7 +375,7 @@ where
                 accumulator.accumulate(&model, grads);
                 add_metrics(&mut extras, metrics);
             }
-            let grads = dist::reduce_gradients(replica, &model, &names, accumulator.grads(), objective.gradient_reduction())?;
+            let grads = dist::reduce_gradients(replica, &model, &names, accumulator.grads(), objective.gradient_reduction(), config.grad_reduce_dtype)?;
             let (next, grad_norm) = match &mut loss_scale {
                 // f16 loss scaling: an overflow halves the scale and skips the update (expected,
                 // not warned; the scale is in the metrics).

@@ -19,6 +19,7 @@ precision = "f32"
 recompute = false
 padding_free = false
 shard_optimizer = false
+grad_reduce_dtype = "f32"
 
 [optimizer]
 weight_decay = 0.0
@@ -49,6 +50,7 @@ micro_batch = 16
 precision = "f32"
 recompute = false
 shard_optimizer = false
+grad_reduce_dtype = "f32"
 
 [rollout]
 n = 6

@@ -7,7 +7,8 @@
 //! [task]       # kind = "interplay" (the default)
 //! [data]       # kind = "mixture" (pretrain) | "sft" (sft) | "prompts" (rl, opd)
 //! [train]      # steps | epochs; precision = "f32" | "bf16-mixed" | "f16-mixed" | "bf16-pure";
-//!              # recompute; devices; shard_optimizer; pretrain, sft: micro_batch, grad_accum,
+//!              # recompute; devices; shard_optimizer; grad_reduce_dtype = "f32" | "bf16";
+//!              # pretrain, sft: micro_batch, grad_accum,
 //!              # seed, padding_free
 //!              # ([NextTokenTrain]); rl, opd: prompts_per_step, mini_batch, micro_batch
 //! [optimizer]  # AdamW: lr, weight_decay, max_grad_norm, beta1, beta2, eps (read straight into
@@ -126,6 +127,9 @@ pub struct NextTokenTrain {
     /// ZeRO-1: shard AdamW's moments over the data-parallel replicas (see
     /// [`crate::train::LoopConfig::shard_optimizer`]); the same results as unsharded.
     pub shard_optimizer: bool,
+    /// `"f32"` or `"bf16"`: the dtype data-parallel replicas all-reduce gradients in
+    /// ([`crate::dist::ReduceDtype`]; bf16 needs NCCL).
+    pub grad_reduce_dtype: crate::dist::ReduceDtype,
 }
 
 impl NextTokenTrain {
