@@ -155,9 +155,10 @@ pub struct Replica {
     shared: Option<Arc<Shared>>,
     /// Unregisters from the engine when the replica ends.
     finish: RefCell<Option<Box<dyn FnOnce() + Send>>>,
-    /// This replica's NCCL communicator, made on its first all-reduce of CUDA tensors.
+    /// This replica's NCCL library and communicator, made on its first all-reduce of CUDA
+    /// tensors.
     #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
-    nccl: RefCell<Option<nccl_cuda::Communicator>>,
+    nccl: RefCell<Option<(&'static nccl::Nccl, nccl_cuda::Communicator)>>,
 }
 
 impl Replica {
@@ -263,7 +264,7 @@ impl Replica {
                 ReduceDtype::F32 => tensor,
                 ReduceDtype::Bf16 => crate::model::proj::to_dtype(tensor, burn::tensor::DType::BF16),
             };
-            let summed = crate::model::proj::to_dtype(self.nccl_sum(sent, ordinal)?, burn::tensor::DType::F32);
+            let summed = crate::model::proj::to_dtype(self.nccl_sum(shared, sent, ordinal, reduce)?, burn::tensor::DType::F32);
             return Ok(crate::model::proj::to_dtype(Self::finish_reduce(summed, op, self.world), dtype));
         }
         if collective() == Collective::Nccl {
@@ -340,34 +341,46 @@ impl Replica {
     }
 
     /// The sum of `tensor` over the replicas through this replica's NCCL communicator on CUDA
-    /// device `ordinal`, made on first use: every replica opens NCCL (a rank without it stops the run
-    /// with its one-line reason), rank 0 makes the id and the rendezvous hands it out.
+    /// device `ordinal`, made on first use: every replica opens NCCL and readies its device, and
+    /// all learn every replica's status (a replica that could not, or two replicas of a node on
+    /// one GPU, stop the run with one line); then rank 0 makes the id and the rendezvous hands it
+    /// out.
     #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
-    fn nccl_sum<B: Backend>(&self, tensor: Tensor<B, 1>, ordinal: usize) -> Result<Tensor<B, 1>> {
+    fn nccl_sum<B: Backend>(&self, shared: &Shared, tensor: Tensor<B, 1>, ordinal: usize, reduce: ReduceDtype) -> Result<Tensor<B, 1>> {
         if self.nccl.borrow().is_none() {
-            let loaded = nccl::Nccl::load();
-            let status = match &loaded {
-                Ok(_) => Value::Null,
+            let ready = nccl::Nccl::load().and_then(|library| Ok((library, nccl_cuda::Prepared::new(ordinal)?)));
+            let status = match &ready {
+                Ok(_) => serde_json::json!({"node": self.node, "cuda": ordinal}),
                 Err(e) => Value::String(e.to_string()),
             };
             let all = self.gather(status)?;
             if let Some((rank, reason)) = all.iter().enumerate().find_map(|(r, v)| v.as_str().map(|s| (r, s))) {
                 return Err(Error::Distributed(format!("rank {rank}: {reason}")));
             }
-            let library = loaded?;
+            let mut seen = std::collections::HashSet::new();
+            if let Some(twice) = all.iter().find(|v| !seen.insert((v["node"].as_u64(), v["cuda"].as_u64()))) {
+                return Err(Error::Distributed(format!(
+                    "cuda:{} takes two replicas on node {}: NCCL takes one rank per GPU (name each GPU once, or use --collective ring)",
+                    twice["cuda"], twice["node"]
+                )));
+            }
+            let (library, prepared) = ready?;
             let id = if self.is_main() { nccl::id_to_hex(&library.unique_id()?) } else { String::new() };
             let id = self.broadcast(Value::String(id))?;
             let id = nccl::id_from_hex(id.as_str().unwrap_or_default())?;
-            let comm = nccl_cuda::Communicator::join(library, id, self.rank, self.world, ordinal)?;
+            let comm = nccl_cuda::Communicator::join(library, prepared, id, self.rank, self.world, shared.abort.clone())?;
             if self.is_main() {
                 eprintln!("kiln: NCCL {} ({}): {} rank(s), all-reduce on the devices", library.version_string(), library.path, self.world);
             }
-            *self.nccl.borrow_mut() = Some(comm);
+            *self.nccl.borrow_mut() = Some((library, comm));
         }
         let nccl = self.nccl.borrow();
-        let comm = nccl.as_ref().expect("made above");
+        let (library, comm) = nccl.as_ref().expect("made above");
         if comm.ordinal() != ordinal {
             return Err(Error::Distributed(format!("NCCL: replica {} all-reduced on cuda:{ordinal} after joining on cuda:{}", self.rank, comm.ordinal())));
+        }
+        if reduce == ReduceDtype::Bf16 && library.version < 21000 {
+            return Err(Error::Distributed(format!("[train] grad_reduce_dtype = \"bf16\" needs NCCL 2.10 or later (this is {})", library.version_string())));
         }
         comm.sum(tensor).unwrap_or_else(|| Err(Error::Distributed("NCCL all-reduce: not a CUDA tensor of f32, f16 or bf16".into())))
     }
@@ -420,7 +433,9 @@ pub fn launch<D: Sync, T: Send>(
     let _one_run = lock(&LAUNCH);
     let abort = Arc::new(Abort::default());
     let local_size = devices.len();
-    let group = nodes.map(|spec| Group::join(spec, fingerprint, local_size, abort.clone())).transpose()?;
+    // Nodes must agree on the collective too (NCCL on one node, the ring on another would not meet).
+    let fingerprint = format!("{fingerprint}/{:?}", collective());
+    let group = nodes.map(|spec| Group::join(spec, &fingerprint, local_size, abort.clone())).transpose()?;
     let (node, nnodes) = group.as_ref().map_or((0, 1), |g| (g.node, g.size));
     let shared = Arc::new(Shared { abort: abort.clone(), rounds: Rounds::new(local_size, abort.clone()), group: group.clone() });
     let replica = |local: usize| Replica {

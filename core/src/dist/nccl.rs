@@ -52,6 +52,8 @@ type GetUniqueId = unsafe extern "C" fn(*mut UniqueId) -> NcclResult;
 type CommInitRank = unsafe extern "C" fn(*mut Comm, c_int, UniqueId, c_int) -> NcclResult;
 type AllReduce = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> NcclResult;
 type CommDestroy = unsafe extern "C" fn(Comm) -> NcclResult;
+type CommAbort = unsafe extern "C" fn(Comm) -> NcclResult;
+type CommGetAsyncError = unsafe extern "C" fn(Comm, *mut NcclResult) -> NcclResult;
 type GetErrorString = unsafe extern "C" fn(NcclResult) -> *const c_char;
 
 /// The NCCL library this process opened, and the entry points kiln calls.
@@ -64,6 +66,8 @@ pub struct Nccl {
     comm_init_rank: CommInitRank,
     all_reduce: AllReduce,
     comm_destroy: CommDestroy,
+    comm_abort: CommAbort,
+    comm_get_async_error: CommGetAsyncError,
     get_error_string: GetErrorString,
     _lib: libloading::Library,
 }
@@ -145,9 +149,18 @@ fn python_wheel_dir() -> Option<PathBuf> {
 static LOADED: OnceLock<std::result::Result<Nccl, String>> = OnceLock::new();
 
 impl Nccl {
-    /// The process's NCCL, opened on first use ([`Search::from_env`]).
+    /// The process's NCCL, opened on first use: `KILN_NCCL_LIB` and the loader's path first,
+    /// and only if those fail the wheel's directories ([`Search::from_env`], which may ask
+    /// `python3`).
     pub fn load() -> Result<&'static Nccl> {
-        LOADED.get_or_init(|| Self::open(&Search::from_env())).as_ref().map_err(|e| Error::Distributed(e.clone()))
+        LOADED
+            .get_or_init(|| {
+                let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+                let quick = Search { explicit: var("KILN_NCCL_LIB").map(PathBuf::from), dirs: Vec::new(), ld_library_path: None };
+                Self::open(&quick).or_else(|_| Self::open(&Search::from_env()))
+            })
+            .as_ref()
+            .map_err(|e| Error::Distributed(e.clone()))
     }
 
     /// Opens the first library `search` finds; the error is the one line described above.
@@ -214,6 +227,8 @@ impl Nccl {
                 comm_init_rank: sym(&lib, path, "ncclCommInitRank")?,
                 all_reduce: sym(&lib, path, "ncclAllReduce")?,
                 comm_destroy: sym(&lib, path, "ncclCommDestroy")?,
+                comm_abort: sym(&lib, path, "ncclCommAbort")?,
+                comm_get_async_error: sym(&lib, path, "ncclCommGetAsyncError")?,
                 get_error_string: sym(&lib, path, "ncclGetErrorString")?,
                 _lib: lib,
             })
@@ -266,13 +281,34 @@ impl Nccl {
         self.check("ncclAllReduce", unsafe { (self.all_reduce)(send as *const c_void, recv as *mut c_void, count, dtype, op, comm, stream) })
     }
 
-    /// Frees a communicator.
+    /// Frees a communicator (waiting for its unfinished operations).
     ///
     /// # Safety
     /// `comm` came from [`Nccl::comm_init_rank`] and is not used again.
     pub unsafe fn comm_destroy(&self, comm: Comm) {
         // SAFETY: the caller's guarantee.
         unsafe { (self.comm_destroy)(comm) };
+    }
+
+    /// Frees a communicator, stopping its unfinished operations (after a peer failed).
+    ///
+    /// # Safety
+    /// As [`Nccl::comm_destroy`].
+    pub unsafe fn comm_abort(&self, comm: Comm) {
+        // SAFETY: the caller's guarantee.
+        unsafe { (self.comm_abort)(comm) };
+    }
+
+    /// The error a communicator met asynchronously (a peer lost, a network failure), if any.
+    ///
+    /// # Safety
+    /// `comm` is live.
+    pub unsafe fn async_error(&self, comm: Comm) -> Result<()> {
+        let mut status: NcclResult = 0;
+        // SAFETY: the caller's guarantee; `status` is written.
+        self.check("ncclCommGetAsyncError", unsafe { (self.comm_get_async_error)(comm, &mut status) })?;
+        // 7 is ncclInProgress (a non-blocking communicator still initialising): not an error.
+        if status == 7 { Ok(()) } else { self.check("a collective (asynchronous error)", status) }
     }
 }
 
@@ -348,6 +384,8 @@ int ncclAllReduce(const void *s, void *r, size_t n, int dt, int op, void *comm, 
     memcpy(r, s, n * 4); return 0;
 }
 int ncclCommDestroy(void *comm) { return 0; }
+int ncclCommAbort(void *comm) { return 0; }
+int ncclCommGetAsyncError(void *comm, int *e) { *e = comm == (void *)0x5eed ? 0 : 6; return 0; }
 const char *ncclGetErrorString(int r) { return r == 4 ? "invalid argument" : "unknown"; }
 "#,
         )
@@ -375,6 +413,10 @@ const char *ncclGetErrorString(int r) { return r == 4 ? "invalid argument" : "un
         unsafe { nccl.all_reduce(send.as_ptr() as u64, recv.as_mut_ptr() as u64, 3, dtype::FLOAT32, op::SUM, comm, 0x77 as *mut c_void) }.unwrap();
         assert_eq!(recv, send);
         assert!(unsafe { nccl.all_reduce(send.as_ptr() as u64, recv.as_mut_ptr() as u64, 3, dtype::BFLOAT16, op::SUM, comm, 0x77 as *mut c_void) }.is_err());
+        // SAFETY: the stub's communicator; any other reports a remote error (6).
+        unsafe { nccl.async_error(comm) }.unwrap();
+        let remote = unsafe { nccl.async_error(0x1 as Comm) }.unwrap_err().to_string();
+        assert!(remote.starts_with("NCCL a collective (asynchronous error) failed: unknown (ncclResult 6"), "{remote}");
         // SAFETY: made above, not used again.
         unsafe { nccl.comm_destroy(comm) };
         // KILN_NCCL_LIB wins over the search.

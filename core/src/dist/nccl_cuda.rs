@@ -6,12 +6,16 @@
 //! its device's primary context (the one cubecl-cuda runs on). An all-reduce is one operation of
 //! burn's fusion stream: when the stream reaches it, it waits for the device's queued work, runs
 //! `ncclAllReduce` from the input's buffer into a new one on its own stream, and waits for that,
-//! so the kernels after it read the sum. (Launching the buckets while the backward pass still
+//! so the kernels after it read the sum. Every wait on NCCL also watches the run's abort flag and
+//! the communicator's asynchronous error: a replica or node that failed ends the others' waits
+//! (the communicator is then aborted), instead of leaving them in NCCL forever. (Launching the buckets while the backward pass still
 //! runs, to overlap the two, needs the gradients as they are produced, which burn's backward
 //! pass does not hand out.)
 
 use std::any::{Any, TypeId};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor};
@@ -21,6 +25,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::cuda::{CudaDevice, CudaRuntime};
 use cudarc::driver::{result as cu, sys};
 
+use super::local::{Abort, POLL};
 use super::nccl::{Comm, Nccl, UniqueId, dtype, op};
 use crate::error::{Error, Result};
 use crate::model::cube::{Fused, custom, retype, wrap};
@@ -37,28 +42,27 @@ pub(crate) fn cuda_ordinal<B: Backend>(device: &B::Device) -> Option<usize> {
     (device as &dyn Any).downcast_ref::<CudaDevice>().map(|d| d.index)
 }
 
-/// One replica's NCCL communicator, with the stream its all-reduces run on.
-pub(crate) struct Communicator {
-    nccl: &'static Nccl,
-    comm: Comm,
-    stream: sys::CUstream,
+/// A replica's CUDA side before it joins: the device's primary context (the one cubecl-cuda
+/// runs on) and a stream of it for NCCL. Made before the NCCL id is handed out, so that a
+/// failure here is reported with every replica's status instead of stranding the others in
+/// `ncclCommInitRank`.
+pub(crate) struct Prepared {
     ctx: sys::CUcontext,
+    stream: sys::CUstream,
     ordinal: usize,
 }
 
-// SAFETY: the communicator and stream are used by one thread at a time (the replica's, and the
-// fusion stream's while the replica waits on it); NCCL and CUDA allow that from any thread once
-// the context is current, which every call makes it.
-unsafe impl Send for Communicator {}
+// SAFETY: a context and a stream may be used from any thread once the context is current, which
+// every use makes it.
+unsafe impl Send for Prepared {}
 
 fn driver(call: &str, e: cudarc::driver::DriverError) -> Error {
     Error::Distributed(format!("CUDA {call} failed for NCCL: {e:?}"))
 }
 
-impl Communicator {
-    /// Joins communicator `id` as `rank` of `world` on CUDA device `ordinal` (blocks until every
-    /// rank has joined).
-    pub(crate) fn join(nccl: &'static Nccl, id: UniqueId, rank: usize, world: usize, ordinal: usize) -> Result<Self> {
+impl Prepared {
+    /// CUDA device `ordinal`'s primary context, current on this thread, and a new stream.
+    pub(crate) fn new(ordinal: usize) -> Result<Self> {
         cu::init().map_err(|e| driver("cuInit", e))?;
         let device = cu::device::get(ordinal as i32).map_err(|e| driver("cuDeviceGet", e))?;
         // SAFETY: `device` is a valid device; the primary context stays retained for the process
@@ -67,9 +71,58 @@ impl Communicator {
         // SAFETY: `ctx` is a valid context.
         unsafe { cu::ctx::set_current(ctx) }.map_err(|e| driver("cuCtxSetCurrent", e))?;
         let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(|e| driver("cuStreamCreate", e))?;
-        // SAFETY: the device's primary context is current.
-        let comm = unsafe { nccl.comm_init_rank(id, rank, world) }?;
-        Ok(Self { nccl, comm, stream, ctx, ordinal })
+        Ok(Self { ctx, stream, ordinal })
+    }
+}
+
+/// One replica's NCCL communicator, with the stream its all-reduces run on.
+pub(crate) struct Communicator {
+    nccl: &'static Nccl,
+    comm: Comm,
+    stream: sys::CUstream,
+    ctx: sys::CUcontext,
+    ordinal: usize,
+    abort: Arc<Abort>,
+    /// Set when a wait gave up (the run aborted, or NCCL reported an error): the communicator
+    /// was aborted and must not be used or destroyed again.
+    dead: Arc<AtomicBool>,
+}
+
+// SAFETY: the communicator and stream are used by one thread at a time (the replica's, and the
+// fusion stream's while the replica waits on it); NCCL and CUDA allow that from any thread once
+// the context is current, which every call makes it.
+unsafe impl Send for Communicator {}
+
+/// A communicator handle that may cross to the thread that joins it.
+struct SendComm(Comm);
+// SAFETY: see `Communicator`.
+unsafe impl Send for SendComm {}
+
+impl Communicator {
+    /// Joins communicator `id` as `rank` of `world` on the prepared device. `ncclCommInitRank`
+    /// blocks until every rank has joined, so it runs on a helper thread while this one watches
+    /// `abort`: a run that fails meanwhile returns its error here (the helper is left to NCCL).
+    pub(crate) fn join(nccl: &'static Nccl, prepared: Prepared, id: UniqueId, rank: usize, world: usize, abort: Arc<Abort>) -> Result<Self> {
+        let Prepared { ctx, stream, ordinal } = prepared;
+        let (done, wait) = mpsc::channel();
+        let ctx_addr = ctx as usize;
+        std::thread::spawn(move || {
+            // SAFETY: the device's primary context, made current on this thread for NCCL.
+            let joined = unsafe { cu::ctx::set_current(ctx_addr as sys::CUcontext) }
+                .map_err(|e| driver("cuCtxSetCurrent", e))
+                // SAFETY: the device's primary context is current.
+                .and_then(|()| unsafe { nccl.comm_init_rank(id, rank, world) })
+                .map(SendComm);
+            let _ = done.send(joined);
+        });
+        let comm = loop {
+            match wait.recv_timeout(POLL) {
+                Ok(joined) => break joined?.0,
+                Err(mpsc::RecvTimeoutError::Timeout) => abort.check()?,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(Error::Distributed("NCCL's ncclCommInitRank panicked".into())),
+            }
+        };
+        Ok(Self { nccl, comm, stream, ctx, ordinal, abort, dead: Arc::default() })
     }
 
     /// The device this communicator runs on.
@@ -86,9 +139,20 @@ impl Communicator {
             DType::BF16 => dtype::BFLOAT16,
             _ => return None,
         };
+        if self.dead.load(Ordering::Acquire) {
+            return Some(Err(Error::Distributed("the NCCL communicator was aborted after an earlier failure".into())));
+        }
         let tensor = retype::<B, Cuda, 1>(tensor)?;
         let failure: Arc<Mutex<Option<Error>>> = Arc::default();
-        let call = Call { nccl: self.nccl, comm: self.comm, stream: self.stream, ctx: self.ctx, dtype: nccl_dtype, op: op::SUM };
+        let call = Call {
+            nccl: self.nccl,
+            comm: self.comm,
+            stream: self.stream,
+            ctx: self.ctx,
+            dtype: nccl_dtype,
+            abort: self.abort.clone(),
+            dead: self.dead.clone(),
+        };
         let recorded = failure.clone();
         let shape = (tensor.shape(), tensor.dtype());
         let outputs = custom::<CudaRuntime, u8, 1>("nccl_all_reduce", vec![tensor], &[shape], move |inputs| {
@@ -113,14 +177,14 @@ impl Communicator {
 }
 
 /// What one all-reduce operation needs inside the fusion stream.
-#[derive(Clone, Copy)]
 struct Call {
     nccl: &'static Nccl,
     comm: Comm,
     stream: sys::CUstream,
     ctx: sys::CUcontext,
     dtype: i32,
-    op: i32,
+    abort: Arc<Abort>,
+    dead: Arc<AtomicBool>,
 }
 
 // SAFETY: see `Communicator`; the operation runs while its replica waits for it.
@@ -131,29 +195,66 @@ unsafe impl Sync for Call {}
 impl Call {
     fn run(&self, input: &CubeTensor<CudaRuntime>, output: &CubeTensor<CudaRuntime>) -> Result<()> {
         let client = &input.client;
-        // The input's kernels are queued on cubecl's stream: wait for them.
-        cubecl::future::block_on(client.sync()).map_err(|e| Error::Distributed(format!("the device failed before an NCCL all-reduce: {e:?}")))?;
+        // The buffers first (looking one up may queue a wait for its stream on cubecl's stream),
+        // then wait for everything queued there: the input's kernels.
         let resource = |t: &CubeTensor<CudaRuntime>| client.get_resource(t.handle.clone()).map_err(|e| Error::Distributed(format!("NCCL all-reduce: no device buffer ({e:?})")));
         let (src, dst) = (resource(input)?, resource(output)?);
+        cubecl::future::block_on(client.sync()).map_err(|e| Error::Distributed(format!("the device failed before an NCCL all-reduce: {e:?}")))?;
         let count = input.meta.num_elements();
         // SAFETY: `ctx` is the device's primary context; `src` and `dst` are live device buffers
         // of `count` values of the tensor's dtype on it (their managed resources keep them
-        // allocated until the stream is synchronised below).
+        // allocated until the wait below has seen the operation finish).
         unsafe {
             cu::ctx::set_current(self.ctx).map_err(|e| driver("cuCtxSetCurrent", e))?;
-            self.nccl.all_reduce(src.resource().ptr, dst.resource().ptr, count, self.dtype, self.op, self.comm, self.stream as *mut _)?;
-            cu::stream::synchronize(self.stream).map_err(|e| driver("cuStreamSynchronize", e))?;
+            self.nccl.all_reduce(src.resource().ptr, dst.resource().ptr, count, self.dtype, op::SUM, self.comm, self.stream as *mut _)?;
         }
-        Ok(())
+        self.wait()
+    }
+
+    /// Waits for the stream, watching the run's abort flag and NCCL's asynchronous error; on
+    /// either the communicator is aborted (its kernels stop) and marked dead.
+    fn wait(&self) -> Result<()> {
+        let event = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| driver("cuEventCreate", e))?;
+        // SAFETY: `event` and `stream` belong to the current context.
+        let recorded = unsafe { cu::event::record(event, self.stream) }.map_err(|e| driver("cuEventRecord", e));
+        let began = Instant::now();
+        let result = recorded.and_then(|()| loop {
+            // SAFETY: `event` is live until destroyed below.
+            match unsafe { cu::event::query(event) } {
+                Ok(()) => break Ok(()),
+                Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => {}
+                Err(e) => break Err(driver("cuEventQuery", e)),
+            }
+            // SAFETY: the communicator is live (not yet aborted).
+            let failed = unsafe { self.nccl.async_error(self.comm) }.err().or_else(|| self.abort.check().err());
+            if let Some(e) = failed {
+                // SAFETY: the communicator is not used again (marked dead).
+                unsafe { self.nccl.comm_abort(self.comm) };
+                self.dead.store(true, Ordering::Release);
+                break Err(e);
+            }
+            // Spin briefly (a bucket takes milliseconds on NVLink), then poll at 100 µs.
+            if began.elapsed() < Duration::from_millis(2) {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        });
+        // SAFETY: the event is no longer used.
+        let _ = unsafe { cu::event::destroy(event) };
+        result
     }
 }
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        // SAFETY: the communicator and stream are this struct's and no longer used.
+        // SAFETY: the communicator and stream are this struct's and no longer used; an aborted
+        // communicator is already freed.
         unsafe {
             let _ = cu::ctx::set_current(self.ctx);
-            self.nccl.comm_destroy(self.comm);
+            if !self.dead.load(Ordering::Acquire) {
+                self.nccl.comm_destroy(self.comm);
+            }
             let _ = cu::stream::destroy(self.stream);
         }
     }
