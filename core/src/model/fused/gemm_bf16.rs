@@ -89,13 +89,18 @@ pub fn matmul(a: Operand<'_>, b: Operand<'_>) -> Vec<f32> {
     assert_eq!(a.cols, b.rows, "inner dimensions");
     assert!(a.fits() && b.fits(), "operand views reach past their values");
     let (m, n, k) = (a.rows, b.cols, a.cols);
-    let mut c = vec![0.0f32; m * n];
     if m == 0 || n == 0 {
-        return c;
+        return Vec::new();
     }
+    // Every value of `c` is written below, through the raw pointer, before its length is set:
+    // no zeroing pass over a buffer about to be overwritten.
+    let mut c: Vec<f32> = Vec::with_capacity(m * n);
     let kp = k.div_ceil(2);
-    let pa = pack(a, MR, kp);
-    let pb = pack(b.t(), NR, kp);
+    // This thread's packing buffers, taken (a product that runs on this thread while this one
+    // waits in rayon finds none and makes its own).
+    let [mut a_buffer, mut b_buffer] = PACKED.take();
+    let pa = pack(a, MR, kp, &mut a_buffer);
+    let pb = pack(b.t(), NR, kp, &mut b_buffer);
     let (row_panels, col_panels) = (m.div_ceil(MR), n.div_ceil(NR));
     let tasks: Vec<(usize, usize)> = (0..row_panels.div_ceil(ROW_PANELS_PER_TASK))
         .flat_map(|r| (0..col_panels.div_ceil(COL_PANELS_PER_TASK)).map(move |c| (r, c)))
@@ -115,15 +120,29 @@ pub fn matmul(a: Operand<'_>, b: Operand<'_>) -> Vec<f32> {
                 let (rows, cols) = ((m - rp * MR).min(MR), (n - cp * NR).min(NR));
                 for r in 0..rows {
                     let row = rp * MR + r;
-                    // SAFETY: tasks write disjoint rectangles of `c`, which outlives the loop.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(row * n + cp * NR), cols) };
-                    dst.copy_from_slice(&tile[r * NR..r * NR + cols]);
+                    // SAFETY: tasks write disjoint rectangles of `c`'s allocation (`m · n`
+                    // values), which outlives the loop; written, never read, before `set_len`.
+                    unsafe { std::ptr::copy_nonoverlapping(tile.as_ptr().add(r * NR), out.0.add(row * n + cp * NR), cols) };
                 }
             }
         }
     });
+    // SAFETY: the tasks wrote every row `< m` and column `< n` (the panels cover both).
+    unsafe { c.set_len(m * n) };
+    let keep = |b: Vec<u32>| if b.len() <= KEEP_PACKED { b } else { Vec::new() };
+    PACKED.set([keep(a_buffer), keep(b_buffer)]);
     c
 }
+
+thread_local! {
+    /// The packing buffers of this thread's last product, kept for the next (the same shapes
+    /// come back every step): packing then writes into memory already there, instead of into
+    /// fresh pages zeroed first.
+    static PACKED: std::cell::Cell<[Vec<u32>; 2]> = const { std::cell::Cell::new([Vec::new(), Vec::new()]) };
+}
+
+/// Packing buffers above this many values (64 MiB) are freed rather than kept.
+const KEEP_PACKED: usize = 16 << 20;
 
 /// The output pointer, shared by tasks that write disjoint blocks.
 #[derive(Clone, Copy)]
@@ -132,10 +151,17 @@ unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
 
 /// The view `[outer, k]` in panels of `width` outer indices: `[panel][kp][width]` pairs of
-/// bf16 bits (low half: even `k`, high half: the odd one), zeros past the edges.
-fn pack(v: Operand<'_>, width: usize, kp: usize) -> Vec<u32> {
+/// bf16 bits (low half: even `k`, high half: the odd one, zero past an odd `k`), written into
+/// the front of `buffer` (grown if short); that front. The last panel's lanes past the view's
+/// rows keep whatever the buffer held: a lane of `A` feeds only its own row of the tile, and a
+/// lane of `B` only its own column, and `matmul` stores neither.
+fn pack<'b>(v: Operand<'_>, width: usize, kp: usize, buffer: &'b mut Vec<u32>) -> &'b [u32] {
     let panels = v.rows.div_ceil(width);
-    let mut out = vec![0u32; panels * kp * width];
+    let len = panels * kp * width;
+    if buffer.len() < len {
+        buffer.resize(len, 0);
+    }
+    let out = &mut buffer[..len];
     out.par_chunks_mut(kp * width).enumerate().for_each(|(panel, dst)| match v.values {
         // SAFETY: `available` (checked by `matmul`) includes AVX-512 F and BW; `matmul` checked
         // that the view fits its values.
@@ -313,7 +339,10 @@ mod tests {
             eprintln!("gemm_bf16: this CPU has no AVX512-BF16; the kernel is not run here");
             return;
         }
-        for &(m, n, k) in &[(1, 1, 1), (12, 32, 2), (13, 33, 3), (37, 70, 45), (97, 70, 65), (200, 300, 129), (5, 260, 700)] {
+        // Twice, the second time largest first: the thread's packing buffers then hold an
+        // earlier product's values past every edge.
+        let shapes = [(1, 1, 1), (12, 32, 2), (13, 33, 3), (37, 70, 45), (97, 70, 65), (200, 300, 129), (5, 260, 700)];
+        for &(m, n, k) in shapes.iter().chain(shapes.iter().rev()) {
             let (av, bv) = (values(m * k, 1), values(k * n, 2));
             let ab: Vec<half::bf16> = av.iter().map(|&x| half::bf16::from_f32(x)).collect();
             for (a, b) in [
@@ -322,6 +351,7 @@ mod tests {
                 (Operand::row_major(Values::Bf16(&ab), m, k), Operand::row_major(Values::F32(&bv), n, k).t()),
             ] {
                 let (got, want) = (matmul(a, b), reference(&a, &b));
+                assert_eq!(got.len(), m * n);
                 for (g, w) in got.iter().zip(&want) {
                     assert!((*g as f64 - w).abs() <= 1e-5 * (k as f64).sqrt() + 1e-6 * w.abs(), "{m}x{n}x{k}: {g} vs {w}");
                 }
