@@ -12,7 +12,7 @@
 #                gradients only then), so there is no overlap to measure yet.
 # Writes results.md and results.json under $OUT.
 #
-# Build where cargo is (`scripts/gpu-check.sh --build` -> gpu-bin/kiln), then on the GPU machine:
+# Build where cargo is (`scripts/gpu-check.sh --build` -> gpu-bin/kiln.gz), then on the GPU machine:
 #
 #   KILN_BIN=gpu-bin/kiln scripts/multi-gpu-check.sh [--gpus N]
 #
@@ -32,6 +32,10 @@ while [ $# -gt 0 ]; do
     shift
 done
 KILN="${KILN_BIN:-target/release/kiln}"
+# The binary travels gzipped (scripts/gpu-check.sh --build): unpack it next to itself.
+if [ "$MODE" = run ] && [ ! -x "$KILN" ] && [ -f "$KILN.gz" ]; then
+    gunzip -c "$KILN.gz" >"$KILN" && chmod +x "$KILN"
+fi
 PYTHON="${PYTHON:-python3}"
 OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
