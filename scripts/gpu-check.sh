@@ -22,7 +22,8 @@
 #
 #   scripts/gpu-check.sh --build        # -> gpu-bin/kiln.gz, its size checked
 #
-# and on the GPU machine, from the checkout's root (gpu-bin/kiln.gz is unpacked first):
+# (built on Debian 12, it needs glibc 2.34 or later there: Ubuntu 22.04 or later), and on the
+# GPU machine, from the checkout's root (gpu-bin/kiln.gz is unpacked first):
 #
 #   KILN_BIN=gpu-bin/kiln scripts/gpu-check.sh
 #
