@@ -47,6 +47,7 @@
 # running any; CI runs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/small-run.sh
 
 MODE=run SMALL=0 BACKEND="${DEVICE:-cuda:0}" ONLY=()
 while [ $# -gt 0 ]; do
@@ -276,36 +277,8 @@ say "NCCL: a one-rank communicator all-reduces; the step equals the single-devic
 NCCL_RESULT="not run"
 if [ "$GPU_RUN" = 1 ]; then
     N="$OUT/nccl"
-    mkdir -p "$N/model"
-    # A small model on generated op-2 problems, one optimizer step of two micro-batches.
-    cat >"$N/model/config.json" <<'JSON'
-{"vocab_size": 2200, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
- "num_key_value_heads": 2, "tie_word_embeddings": true, "max_position_embeddings": 256, "rope_theta": 1000000.0, "eos_token_id": 3}
-JSON
-    for run in single nccl; do
-        cat >"$N/$run.toml" <<TOML
-[model]
-init = "model/config.json"
-tokenizer = "$PWD/tests/fixtures/interplay/qwen2_100M"
-seed = 3
-[data]
-kind = "mixture"
-root = "data"
-ops = [2]
-probs = [1.0]
-tokens = 20000
-cutoff_len = 128
-[train]
-steps = 1
-micro_batch = 4
-grad_accum = 2
-seed = 5
-[optimizer]
-lr = 3e-3
-[output]
-dir = "$run"
-TOML
-    done
+    # One optimizer step of two micro-batches of the small model (scripts/small-run.sh).
+    for run in single nccl; do small_run "$N" "$run" 1 4 20000; done
     echo "+ $KILN data interplay --ops 2 --per-op 200 --seed 1 --split train --out $N/data"
     [ "$DRY" = 1 ] || "$KILN" data interplay --ops 2 --per-op 200 --seed 1 --split train --out "$N/data" >/dev/null 2>"$OUT/nccl-data.err" || { tail -3 "$OUT/nccl-data.err" >&2; FAILED=1; }
     step nccl-off "$L_NCCL" "$KILN" pretrain --config "$N/single.toml" --backend "$BACKEND"

@@ -20,6 +20,7 @@
 # gloo where torch is installed): tests/gpu_check.rs runs it so, and `--dry-run` prints the plan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/small-run.sh
 
 MODE=run BACKEND=cuda NPROC=""
 while [ $# -gt 0 ]; do
@@ -94,36 +95,8 @@ run1() { # name command...
 
 say "equivalence: $NPROC processes × micro-batch 2 against one with micro-batch $((2 * NPROC))"
 E="$OUT/equivalence"
-mkdir -p "$E/model"
-cat >"$E/model/config.json" <<'JSON'
-{"vocab_size": 2200, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
- "num_key_value_heads": 2, "tie_word_embeddings": true, "max_position_embeddings": 256, "rope_theta": 1000000.0, "eos_token_id": 3}
-JSON
 for run in single multi; do
-    micro=$([ "$run" = single ] && echo $((2 * NPROC)) || echo 2)
-    cat >"$E/$run.toml" <<TOML
-[model]
-init = "model/config.json"
-tokenizer = "$PWD/tests/fixtures/interplay/qwen2_100M"
-seed = 3
-[data]
-kind = "mixture"
-root = "data"
-ops = [2]
-probs = [1.0]
-tokens = 40000
-cutoff_len = 128
-[train]
-steps = 3
-micro_batch = $micro
-grad_accum = 2
-seed = 5
-[optimizer]
-lr = 3e-3
-max_grad_norm = 0.5
-[output]
-dir = "$run"
-TOML
+    small_run "$E" "$run" 3 "$([ "$run" = single ] && echo $((2 * NPROC)) || echo 2)" 40000 "max_grad_norm = 0.5"
 done
 run1 data "$KILN" data interplay --ops 2 --per-op 400 --seed 1 --split train --out "$E/data"
 run1 single "$KILN" pretrain --config "$E/single.toml" --backend "$([ "$BACKEND" = cuda ] && echo cuda:0 || echo cpu)"

@@ -13,7 +13,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_collective::{AllReduceStrategy, CollectiveConfig, CollectiveError, PeerId, ReduceOperation};
 
-use super::local::{Abort, POLL};
+use super::local::{Abort, POLL, abortable};
 use crate::error::{Error, Result};
 
 /// Forgets every peer and operation of backend `B`'s server (a new run starts clean even
@@ -25,13 +25,13 @@ pub(crate) fn reset<B: Backend>() {
 /// Registers local replica `local` of `size` on `device`; returns once all have registered.
 pub(crate) fn register<B: Backend>(local: usize, size: usize, device: B::Device, abort: &Abort) -> Result<()> {
     let config = CollectiveConfig::default().with_num_devices(size).with_local_all_reduce_strategy(AllReduceStrategy::Tree(2));
-    abortable(abort, move || burn_collective::register::<B>(PeerId(local as u32), device, config))
+    abortable(abort, BURN_COLLECTIVE, move || burn_collective::register::<B>(PeerId(local as u32), device, config).map_err(engine_error))
 }
 
 /// The element-wise sum of `tensor` over the local replicas (each gets the same result).
 pub(crate) fn all_reduce_sum<B: Backend>(local: usize, tensor: Tensor<B, 1>, abort: &Abort) -> Result<Tensor<B, 1>> {
     let primitive = tensor.into_primitive().tensor();
-    let reduced = abortable(abort, move || burn_collective::all_reduce::<B>(PeerId(local as u32), primitive, ReduceOperation::Sum))?;
+    let reduced = abortable(abort, BURN_COLLECTIVE, move || burn_collective::all_reduce::<B>(PeerId(local as u32), primitive, ReduceOperation::Sum).map_err(engine_error))?;
     Ok(Tensor::from_primitive(TensorPrimitive::Float(reduced)))
 }
 
@@ -44,17 +44,9 @@ pub(crate) fn finish<B: Backend>(local: usize) {
     let _ = wait.recv_timeout(POLL * 50);
 }
 
-/// Runs a blocking engine call on a helper thread, returning early once the run is aborted.
-fn abortable<T: Send + 'static>(abort: &Abort, call: impl FnOnce() -> std::result::Result<T, CollectiveError> + Send + 'static) -> Result<T> {
-    let (done, wait) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done.send(call());
-    });
-    loop {
-        match wait.recv_timeout(POLL) {
-            Ok(result) => return result.map_err(|e| Error::Distributed(format!("burn-collective: {e:?}"))),
-            Err(mpsc::RecvTimeoutError::Timeout) => abort.check()?,
-            Err(mpsc::RecvTimeoutError::Disconnected) => return Err(Error::Distributed("burn-collective's call panicked".into())),
-        }
-    }
+/// The engine's calls, in the message of one that panicked.
+const BURN_COLLECTIVE: &str = "burn-collective's call";
+
+fn engine_error(e: CollectiveError) -> Error {
+    Error::Distributed(format!("burn-collective: {e:?}"))
 }

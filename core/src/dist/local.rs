@@ -47,6 +47,25 @@ impl Abort {
     }
 }
 
+/// Runs a blocking call (`what`, for the message if it panics) on a helper thread while this one
+/// watches `abort`: returns the call's result, or the run's error once it is stopped (the helper
+/// is then left to finish on its own). For calls with no timeout of their own: the collective
+/// engine's, NCCL's joining.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn abortable<T: Send + 'static>(abort: &Abort, what: &str, call: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    let (done, wait) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(call());
+    });
+    loop {
+        match wait.recv_timeout(POLL) {
+            Ok(result) => return result,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => abort.check()?,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return Err(Error::Distributed(format!("{what} panicked"))),
+        }
+    }
+}
+
 /// Locks a mutex, ignoring poisoning (a panicking replica raises the abort flag instead).
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())

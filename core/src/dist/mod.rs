@@ -132,6 +132,17 @@ pub fn collective() -> Collective {
     }
 }
 
+/// The CUDA device whose sums NCCL carries: `device`, when it is one and `--collective` is not
+/// `ring`; `None` elsewhere.
+fn nccl_device<B: Backend>(device: &B::Device) -> Option<usize> {
+    #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+    if collective() != Collective::Ring {
+        return nccl_cuda::cuda_ordinal::<B>(device);
+    }
+    let _ = device;
+    None
+}
+
 /// The error of `grad_reduce_dtype = "bf16"` without NCCL.
 pub const BF16_NEEDS_NCCL: &str = "[train] grad_reduce_dtype = \"bf16\" needs NCCL (CUDA devices): kiln's TCP ring and burn-collective sum in f32; leave it out or set \"f32\"";
 
@@ -164,13 +175,18 @@ pub struct Replica {
 impl Replica {
     /// The only replica of a one-device run (every operation is the identity).
     pub fn single() -> Self {
+        Self::new(0, 1, 0, 1, 0, None)
+    }
+
+    /// Global replica `rank` of `world`, local replica `local` of `local_size` on node `node`.
+    fn new(rank: usize, world: usize, local: usize, local_size: usize, node: usize, shared: Option<Arc<Shared>>) -> Self {
         Self {
-            rank: 0,
-            world: 1,
-            local: 0,
-            local_size: 1,
-            node: 0,
-            shared: None,
+            rank,
+            world,
+            local,
+            local_size,
+            node,
+            shared,
             finish: RefCell::new(None),
             #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
             nccl: RefCell::new(None),
@@ -240,12 +256,7 @@ impl Replica {
 
     /// Whether this replica's sums of tensors on `device` go through NCCL, device to device.
     pub fn sums_with_nccl<B: Backend>(&self, device: &B::Device) -> bool {
-        #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
-        if collective() != Collective::Ring && nccl_cuda::cuda_ordinal::<B>(device).is_some() {
-            return true;
-        }
-        let _ = device;
-        false
+        nccl_device::<B>(device).is_some()
     }
 
     /// [`Replica::all_reduce`], the values summed in `reduce` (bf16 needs NCCL).
@@ -257,9 +268,7 @@ impl Replica {
         let dtype = tensor.dtype();
         let mut tensor = crate::model::proj::to_dtype(tensor, burn::tensor::DType::F32);
         #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
-        if collective() != Collective::Ring
-            && let Some(ordinal) = nccl_cuda::cuda_ordinal::<B>(&device)
-        {
+        if let Some(ordinal) = nccl_device::<B>(&device) {
             let sent = match reduce {
                 ReduceDtype::F32 => tensor,
                 ReduceDtype::Bf16 => crate::model::proj::to_dtype(tensor, burn::tensor::DType::BF16),
@@ -438,17 +447,7 @@ pub fn launch<D: Sync, T: Send>(
     let group = nodes.map(|spec| Group::join(spec, &fingerprint, local_size, abort.clone())).transpose()?;
     let (node, nnodes) = group.as_ref().map_or((0, 1), |g| (g.node, g.size));
     let shared = Arc::new(Shared { abort: abort.clone(), rounds: Rounds::new(local_size, abort.clone()), group: group.clone() });
-    let replica = |local: usize| Replica {
-        rank: node * local_size + local,
-        world: nnodes * local_size,
-        local,
-        local_size,
-        node,
-        shared: Some(shared.clone()),
-        finish: RefCell::new(None),
-        #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
-        nccl: RefCell::new(None),
-    };
+    let replica = |local: usize| Replica::new(node * local_size + local, nnodes * local_size, local, local_size, node, Some(shared.clone()));
     // The first replica to fail stops the others; its own error is the run's.
     let first_failure: Mutex<Option<usize>> = Mutex::new(None);
     let failed = |local: usize, error: &Error| {

@@ -14,7 +14,7 @@
 
 use std::any::{Any, TypeId};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use burn::tensor::backend::Backend;
@@ -25,7 +25,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::cuda::{CudaDevice, CudaRuntime};
 use cudarc::driver::{result as cu, sys};
 
-use super::local::{Abort, POLL};
+use super::local::{Abort, abortable};
 use super::nccl::{Comm, Nccl, UniqueId, dtype, op};
 use crate::error::{Error, Result};
 use crate::model::cube::{Fused, custom, retype, wrap};
@@ -75,27 +75,36 @@ impl Prepared {
     }
 }
 
-/// One replica's NCCL communicator, with the stream its all-reduces run on.
+/// One replica's NCCL communicator on its device.
 pub(crate) struct Communicator {
+    link: Arc<Link>,
+    ordinal: usize,
+}
+
+/// What an all-reduce uses: the communicator, its stream and context, and the run's abort flag;
+/// shared by the replica and the operation it puts on the fusion stream, and freed with the
+/// last of them.
+struct Link {
     nccl: &'static Nccl,
     comm: Comm,
     stream: sys::CUstream,
     ctx: sys::CUcontext,
-    ordinal: usize,
     abort: Arc<Abort>,
     /// Set when a wait gave up (the run aborted, or NCCL reported an error): the communicator
     /// was aborted and must not be used or destroyed again.
-    dead: Arc<AtomicBool>,
+    dead: AtomicBool,
 }
 
 // SAFETY: the communicator and stream are used by one thread at a time (the replica's, and the
 // fusion stream's while the replica waits on it); NCCL and CUDA allow that from any thread once
 // the context is current, which every call makes it.
-unsafe impl Send for Communicator {}
+unsafe impl Send for Link {}
+// SAFETY: as above.
+unsafe impl Sync for Link {}
 
 /// A communicator handle that may cross to the thread that joins it.
 struct SendComm(Comm);
-// SAFETY: see `Communicator`.
+// SAFETY: see `Link`.
 unsafe impl Send for SendComm {}
 
 impl Communicator {
@@ -104,25 +113,17 @@ impl Communicator {
     /// `abort`: a run that fails meanwhile returns its error here (the helper is left to NCCL).
     pub(crate) fn join(nccl: &'static Nccl, prepared: Prepared, id: UniqueId, rank: usize, world: usize, abort: Arc<Abort>) -> Result<Self> {
         let Prepared { ctx, stream, ordinal } = prepared;
-        let (done, wait) = mpsc::channel();
         let ctx_addr = ctx as usize;
-        std::thread::spawn(move || {
+        let comm = abortable(&abort, "NCCL's ncclCommInitRank", move || {
             // SAFETY: the device's primary context, made current on this thread for NCCL.
-            let joined = unsafe { cu::ctx::set_current(ctx_addr as sys::CUcontext) }
+            unsafe { cu::ctx::set_current(ctx_addr as sys::CUcontext) }
                 .map_err(|e| driver("cuCtxSetCurrent", e))
                 // SAFETY: the device's primary context is current.
                 .and_then(|()| unsafe { nccl.comm_init_rank(id, rank, world) })
-                .map(SendComm);
-            let _ = done.send(joined);
-        });
-        let comm = loop {
-            match wait.recv_timeout(POLL) {
-                Ok(joined) => break joined?.0,
-                Err(mpsc::RecvTimeoutError::Timeout) => abort.check()?,
-                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(Error::Distributed("NCCL's ncclCommInitRank panicked".into())),
-            }
-        };
-        Ok(Self { nccl, comm, stream, ctx, ordinal, abort, dead: Arc::default() })
+                .map(SendComm)
+        })?
+        .0;
+        Ok(Self { link: Arc::new(Link { nccl, comm, stream, ctx, abort, dead: AtomicBool::new(false) }), ordinal })
     }
 
     /// The device this communicator runs on.
@@ -139,26 +140,18 @@ impl Communicator {
             DType::BF16 => dtype::BFLOAT16,
             _ => return None,
         };
-        if self.dead.load(Ordering::Acquire) {
+        if self.link.dead.load(Ordering::Acquire) {
             return Some(Err(Error::Distributed("the NCCL communicator was aborted after an earlier failure".into())));
         }
         let tensor = retype::<B, Cuda, 1>(tensor)?;
         let failure: Arc<Mutex<Option<Error>>> = Arc::default();
-        let call = Call {
-            nccl: self.nccl,
-            comm: self.comm,
-            stream: self.stream,
-            ctx: self.ctx,
-            dtype: nccl_dtype,
-            abort: self.abort.clone(),
-            dead: self.dead.clone(),
-        };
+        let link = self.link.clone();
         let recorded = failure.clone();
         let shape = (tensor.shape(), tensor.dtype());
         let outputs = custom::<CudaRuntime, u8, 1>("nccl_all_reduce", vec![tensor], &[shape], move |inputs| {
             let input = into_contiguous(inputs.into_iter().next().expect("one input"));
             let output = empty_device_contiguous_dtype(input.client.clone(), input.device.clone(), input.meta.shape().clone(), input.dtype);
-            if let Err(e) = call.run(&input, &output) {
+            if let Err(e) = link.all_reduce(&input, &output, nccl_dtype) {
                 *recorded.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
             }
             vec![output]
@@ -176,24 +169,9 @@ impl Communicator {
     }
 }
 
-/// What one all-reduce operation needs inside the fusion stream.
-struct Call {
-    nccl: &'static Nccl,
-    comm: Comm,
-    stream: sys::CUstream,
-    ctx: sys::CUcontext,
-    dtype: i32,
-    abort: Arc<Abort>,
-    dead: Arc<AtomicBool>,
-}
-
-// SAFETY: see `Communicator`; the operation runs while its replica waits for it.
-unsafe impl Send for Call {}
-// SAFETY: as above.
-unsafe impl Sync for Call {}
-
-impl Call {
-    fn run(&self, input: &CubeTensor<CudaRuntime>, output: &CubeTensor<CudaRuntime>) -> Result<()> {
+impl Link {
+    /// The sum of `input` (of NCCL dtype `dtype`) into `output`, inside the fusion stream.
+    fn all_reduce(&self, input: &CubeTensor<CudaRuntime>, output: &CubeTensor<CudaRuntime>, dtype: i32) -> Result<()> {
         let client = &input.client;
         // The buffers first (looking one up may queue a wait for its stream on cubecl's stream),
         // then wait for everything queued there: the input's kernels.
@@ -206,7 +184,7 @@ impl Call {
         // allocated until the wait below has seen the operation finish).
         unsafe {
             cu::ctx::set_current(self.ctx).map_err(|e| driver("cuCtxSetCurrent", e))?;
-            self.nccl.all_reduce(src.resource().ptr, dst.resource().ptr, count, self.dtype, op::SUM, self.comm, self.stream as *mut _)?;
+            self.nccl.all_reduce(src.resource().ptr, dst.resource().ptr, count, dtype, op::SUM, self.comm, self.stream as *mut _)?;
         }
         self.wait()
     }
@@ -246,10 +224,10 @@ impl Call {
     }
 }
 
-impl Drop for Communicator {
+impl Drop for Link {
     fn drop(&mut self) {
-        // SAFETY: the communicator and stream are this struct's and no longer used; an aborted
-        // communicator is already freed.
+        // SAFETY: the communicator and stream are this struct's and no longer used (the last
+        // reference is gone); an aborted communicator is already freed.
         unsafe {
             let _ = cu::ctx::set_current(self.ctx);
             if !self.dead.load(Ordering::Acquire) {

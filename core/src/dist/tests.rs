@@ -1,6 +1,5 @@
 //! The replicas' operations in one process, and the node group on 127.0.0.1 (nodes as threads).
 
-use std::cell::RefCell;
 use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,17 +23,7 @@ fn spec(nnodes: usize, node_rank: usize, port: u16, timeout_s: u64) -> NodeSpec 
 
 #[test]
 fn shards_split_items_contiguously() {
-    let replica = |rank| Replica {
-        rank,
-        world: 3,
-        local: 0,
-        local_size: 1,
-        node: 0,
-        shared: None,
-        finish: RefCell::new(None),
-        #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
-        nccl: RefCell::new(None),
-    };
+    let replica = |rank| Replica::new(rank, 3, 0, 1, 0, None);
     let shards: Vec<_> = (0..3).map(|r| replica(r).shard(10)).collect();
     assert_eq!(shards, vec![0..4, 4..7, 7..10]);
     assert_eq!(Replica::single().shard(5), 0..5);
