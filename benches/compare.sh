@@ -21,8 +21,10 @@
 # decoding at batch 32 and 128, RL rollouts through an autodiff-loaded model (`--rollout`, vs
 # plain `kiln bench` at the same batch), training steps (forward, backward, clip, AdamW) of the
 # 100M config at 8 x 256 in f32 and in bf16 (kiln's bf16-mixed vs torch.autocast("cpu",
-# torch.bfloat16)) and of the quickstart's tiny config at 8 x 512, this machine's sgemm rate
-# (torch.mm 2048^3), the ceiling the training figures compare with; then kiln vs CTranslate2 f32
+# torch.bfloat16)) and of the quickstart's tiny config at 8 x 512, the f32 matrix products alone
+# at the 100M training step's shapes (`kiln bench --matmul` vs benches/torch_matmul.py, GFLOP/s
+# weighted as a step runs them), this machine's sgemm rate (torch.mm 2048^3), the ceiling the
+# training figures compare with; then kiln vs CTranslate2 f32
 # end to end (64 -> 128 tokens, greedy) at each --ct2-batches size, both reading the same
 # random-weights model directory (made by transformers, converted by ct2-transformers-converter).
 set -euo pipefail
@@ -156,6 +158,9 @@ for b in ${backends//,/ }; do
   [ "$b" = wgpu ] || run "kiln-$b train 100M bf16" "$KILN" bench --backend "$b" --config "$big" --train --precision bf16-mixed --batch 8 --prompt-len $tseq --repeats "$repeats"
   run "kiln-$b train tiny" "$KILN" bench --backend "$b" --config "$tiny" --train --batch 8 --prompt-len $tinyseq --repeats $((repeats + 2))
 done
+# The f32 matrix products alone, at the training step's shapes (CPU).
+run "kiln-cpu matmul"  "$KILN" bench --matmul --config "$big" --batch 8 --prompt-len $tseq --repeats "$repeats"
+run "torch matmul"     "$PYTHON" benches/torch_matmul.py --config "$big" --batch 8 --seq $tseq --repeats "$repeats"
 run "hf gen b8"        "$PYTHON" benches/hf_generate_baseline.py --config "$big" --batch 8 --prompt-len $prompt --new-tokens $new --repeats "$repeats"
 run "torch train 100M" "$PYTHON" benches/torch_train_step.py --config "$big" --batch 8 --seq $tseq --steps $((repeats + 2))
 run "torch train 100M bf16" "$PYTHON" benches/torch_train_step.py --config "$big" --batch 8 --seq $tseq --steps $((repeats + 2)) --autocast bf16
@@ -209,6 +214,7 @@ row("rollout end to end b8 (vs kiln bench)", "end_to_end_tokens_per_s", "rollout
 row(f"train step 8x{tseq} f32 ({big})", "tokens_per_s", "train 100M", torch_big["tokens_per_s"])
 row(f"train step 8x{tseq} bf16 ({big}; torch autocast)", "tokens_per_s", "train 100M bf16", torch_bf16["tokens_per_s"])
 row(f"train step 8x{tinyseq} (tiny, quickstart)", "tokens_per_s", "train tiny", torch_tiny["tokens_per_s"])
+row(f"f32 GEMM GFLOP/s, train step 8x{tseq} shapes ({big}; torch.mm)", "kiln_gflops", "matmul", rows["torch matmul"]["gflops"])
 if ct2:
     c = rows[f"ct2 b{ct2_batches[0]}"]
     print(f"CTranslate2: {c['engine']}, compute type {c['compute_type']}, {c['threads']} intra threads; "

@@ -63,6 +63,11 @@ pub struct BenchArgs {
     /// --collective; each result is checked.
     #[arg(long, conflicts_with_all = ["train", "rollout"])]
     all_reduce: bool,
+    /// Measure the CPU's f32 matrix products instead, at the shapes of one training step of
+    /// --config at --batch × --prompt-len tokens (forward and both backward products of every
+    /// projection; compare `benches/torch_matmul.py`).
+    #[arg(long, conflicts_with_all = ["train", "rollout", "all_reduce"])]
+    matmul: bool,
     /// With --all-reduce: buffer sizes in bytes [default: 1 MiB to 256 MiB by 4].
     #[arg(long, value_delimiter = ',', value_parser = positive)]
     sizes: Vec<usize>,
@@ -86,6 +91,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let sizes = if args.sizes.is_empty() { super::bench_all_reduce::DEFAULT_SIZES.to_vec() } else { args.sizes };
         let job = super::bench_all_reduce::AllReduceJob { sizes, repeats: args.repeats, nodes, backend: backend.to_string() };
         return kiln::backends::run_replicas(&devices, job)?;
+    }
+    if args.matmul {
+        let Some(config) = &args.config else { bail!("--matmul needs --config") };
+        return super::bench_matmul::run(&Qwen2Config::from_file(config)?, args.batch * args.prompt_len, args.repeats, &cpu_model());
     }
     if args.train {
         return kiln::backends::run_training_with(backend, args.recompute, TrainBenchJob(args))?;

@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_all_reduce;
+mod bench_matmul;
 #[cfg(feature = "code")]
 mod code;
 #[cfg(feature = "code")]

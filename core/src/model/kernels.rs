@@ -83,6 +83,10 @@ pub struct Kernels<B: Backend> {
     /// (gradients likewise). bf16-mixed then keeps activations in f32 and rounds only what the
     /// products read ([`super::proj::Proj::products`]).
     pub bf16_products: Option<BinaryFn<B>>,
+    /// Where the backend has its own f32 product that beats its matmul (Flex: burn-flex's kernel
+    /// without zeroing the output, [`fused::f32_products`]): `x · w` `[m, k] × [k, n]` of f32
+    /// operands, gradients likewise.
+    pub f32_products: Option<BinaryFn<B>>,
 }
 
 /// A product of two matrices, or `None` where declined.
@@ -108,6 +112,7 @@ pub fn reference<B: Backend>() -> Kernels<B> {
         flash_attention: None,
         adamw: |_, _, _, _| None,
         bf16_products: None,
+        f32_products: None,
     }
 }
 
@@ -133,6 +138,7 @@ fn flex<B: Backend>() -> Kernels<B> {
         flash_attention: None,
         adamw: flex_adamw::<B>,
         bf16_products: fused::bf16_products_available::<B>().then_some(fused::bf16_products::<B> as BinaryFn<B>),
+        f32_products: Some(fused::f32_products::<B> as BinaryFn<B>),
     }
 }
 

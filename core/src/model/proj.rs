@@ -112,9 +112,10 @@ pub fn to_hf<B: Backend, const D: usize>(weight: Tensor<B, D>) -> Tensor<B, D> {
 
 /// `x · weight + bias` over the last axis of `x` `[B, T, in]`, `weight` `[in, out]`, in the dtype
 /// of `x` (weight and bias are cast to it): the CPU decoding kernel where it applies, else the
-/// CPU's bf16 product for bf16 operands (`fused::bf16_matmul`), else one
-/// `[B·T, in] × [in, out]` product (backends multiply batched operands one batch at a time,
-/// which for decoding would repack the whole weight for every sequence).
+/// CPU's bf16 product for bf16 operands (`fused::bf16_matmul`), else the backend's own f32
+/// product where it has one (`Kernels::f32_products`), else one `[B·T, in] × [in, out]` product
+/// (backends multiply batched operands one batch at a time, which for decoding would repack the
+/// whole weight for every sequence).
 pub fn project<B: Backend>(x: Tensor<B, 3>, weight: Tensor<B, 2>, bias: Option<Tensor<B, 1>>) -> Tensor<B, 3> {
     project_with(x, weight, bias, None)
 }
@@ -127,11 +128,13 @@ pub fn project_with<B: Backend>(x: Tensor<B, 3>, weight: Tensor<B, 2>, bias: Opt
     let rounded = products == Some(Dtype::BF16) && x.dtype() == DType::F32 && weight.dtype() == DType::F32;
     let (weight, bias) = (to_dtype(weight, x.dtype()), bias.map(|b| to_dtype(b, x.dtype())));
     let x = x.flatten::<2>(0, 1);
-    let bf16_products = super::kernels::kernels::<B>().bf16_products.filter(|_| rounded);
+    let kernels = super::kernels::kernels::<B>();
+    let bf16_products = kernels.bf16_products.filter(|_| rounded);
     let y = bf16_products
         .and_then(|f| f(x.clone(), weight.clone()))
         .or_else(|| cpu_decode::matmul(&x, &weight))
-        .or_else(|| super::fused::bf16_matmul(x.clone(), weight.clone()));
+        .or_else(|| super::fused::bf16_matmul(x.clone(), weight.clone()))
+        .or_else(|| kernels.f32_products.filter(|_| !rounded).and_then(|f| f(x.clone(), weight.clone())));
     let y = match y {
         Some(y) => match bias {
             Some(bias) => y + bias.unsqueeze(),

@@ -252,6 +252,58 @@ pub fn bf16_products<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Ten
     })
 }
 
+pub fn f32_products<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Tensor<B, 2>> {
+    use super::matmul::{View, matmul};
+    let ([m, k], [k2, n]) = (x.dims(), w.dims());
+    if k != k2 {
+        return None;
+    }
+    if is_flex::<B>() {
+        return f32_matmul(x, w);
+    }
+    // Under autodiff the operands are read as contiguous values: a strided one (the tied head's
+    // transposed embedding) is left to burn's matmul rather than copied.
+    let dense = |t: &Tensor<B, 2>| primitive::<B, AdTensor, 2>(t.clone()).is_some_and(|t| t.primitive.as_slice::<f32>().is_some());
+    if !dense(&x) || !dense(&w) {
+        return None;
+    }
+    run::<B, 2, 2, 2>([x, w], move |[x, w]| {
+        let output = from_vec(matmul(View::row_major(f32s(x), m, k), View::row_major(f32s(w), k, n)), &[m, n]);
+        let (x, w) = (x.clone(), w.clone());
+        let grad: GradFn = Arc::new(move |dy| {
+            let dy = View::row_major(f32s(dy), m, n);
+            let (x, w) = (View::row_major(f32s(&x), m, k), View::row_major(f32s(&w), k, n));
+            vec![Some(from_vec(matmul(dy, w.t()), &[m, k])), Some(from_vec(matmul(x.t(), dy), &[k, n]))]
+        });
+        Forward { output, grad }
+    })
+}
+
+/// A Flex tensor's 2-D layout: `(first element, rows, cols, row stride, col stride)`, or `None`
+/// for negative strides or another rank.
+fn strided(t: &FlexTensor) -> Option<(usize, usize, usize, usize, usize)> {
+    let layout = t.layout();
+    let (shape, strides) = (layout.shape(), layout.strides());
+    if shape.len() != 2 || strides.iter().any(|s| *s < 0) {
+        return None;
+    }
+    Some((layout.start_offset(), shape[0], shape[1], strides[0] as usize, strides[1] as usize))
+}
+
+pub fn f32_matmul<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Tensor<B, 2>> {
+    use super::matmul::{View, matmul};
+    if !is_flex::<B>() || x.dtype() != DType::F32 || w.dtype() != DType::F32 || x.dims()[1] != w.dims()[0] {
+        return None;
+    }
+    let (x, w) = (primitive::<B, FlexTensor, 2>(x)?, primitive::<B, FlexTensor, 2>(w)?);
+    fn view(t: &FlexTensor) -> Option<View<'_>> {
+        let (start, rows, cols, row_stride, col_stride) = strided(t)?;
+        Some(View { values: &t.storage::<f32>()[start..], rows, cols, row_stride, col_stride })
+    }
+    let (a, b) = (view(&x)?, view(&w)?);
+    Some(tensor::<B, _, 2>(from_vec(matmul(a, b), &[a.rows, b.cols])))
+}
+
 #[cfg(target_arch = "x86_64")]
 pub fn bf16_matmul<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Tensor<B, 2>> {
     use super::gemm_bf16::{self as g, Operand, Values};
@@ -261,13 +313,8 @@ pub fn bf16_matmul<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Tenso
     }
     let (x, w) = (primitive::<B, FlexTensor, 2>(x)?, primitive::<B, FlexTensor, 2>(w)?);
     fn view(t: &FlexTensor) -> Option<Operand<'_>> {
-        let layout = t.layout();
-        let (shape, strides) = (layout.shape(), layout.strides());
-        if strides.iter().any(|s| *s < 0) {
-            return None;
-        }
-        let values = Values::Bf16(&t.storage::<half::bf16>()[layout.start_offset()..]);
-        Some(Operand { values, rows: shape[0], cols: shape[1], row_stride: strides[0] as usize, col_stride: strides[1] as usize })
+        let (start, rows, cols, row_stride, col_stride) = strided(t)?;
+        Some(Operand { values: Values::Bf16(&t.storage::<half::bf16>()[start..]), rows, cols, row_stride, col_stride })
     }
     let (a, b) = (view(&x)?, view(&w)?);
     let out: Vec<half::bf16> = g::matmul(a, b).par_iter().map(|&v| half::bf16::from_f32(v)).collect();

@@ -13,6 +13,8 @@ pub mod attention;
 pub mod elementwise;
 #[cfg(all(feature = "flex", target_arch = "x86_64"))]
 pub mod gemm_bf16;
+#[cfg(feature = "flex")]
+pub mod matmul;
 pub mod simd;
 
 use std::sync::Arc;
@@ -122,6 +124,32 @@ pub fn bf16_matmul<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Tenso
     #[cfg(all(feature = "flex", target_arch = "x86_64"))]
     return flex::bf16_matmul(x, w);
     #[cfg(not(all(feature = "flex", target_arch = "x86_64")))]
+    {
+        let _ = (x, w);
+        None
+    }
+}
+
+/// `x · w` of f32 `x` `[m, k]` and `w` `[k, n]` on Flex or Flex under autodiff through
+/// [`matmul`] (burn-flex's kernel without zeroing the output), the gradients (`dx = dy · wᵀ`,
+/// `dw = xᵀ · dy`) likewise; `None` for another backend or dtype, and under autodiff for
+/// operands that are not contiguous (on Flex, [`f32_matmul`] reads any strides in place).
+pub fn f32_products<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Tensor<B, 2>> {
+    #[cfg(feature = "flex")]
+    return flex::f32_products(x, w);
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = (x, w);
+        None
+    }
+}
+
+/// `x · w` of f32 `x` `[m, k]` and `w` `[k, n]` (any non-negative strides, read in place) on
+/// Flex without autodiff, through [`matmul`]; `None` for another backend or dtype.
+pub fn f32_matmul<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Tensor<B, 2>> {
+    #[cfg(feature = "flex")]
+    return flex::f32_matmul(x, w);
+    #[cfg(not(feature = "flex"))]
     {
         let _ = (x, w);
         None

@@ -337,3 +337,33 @@ fn write_in_place_writes_the_slice_or_gives_back() {
         assert_eq!(max_diff(written, want), 0.0, "dim {dim}");
     }
 }
+
+/// f32 products without the zeroed output, forward and both gradients under autodiff, against
+/// burn's matmul; a transposed (strided) operand is declined under autodiff and read in place
+/// without it.
+#[test]
+fn f32_products_match_burns_matmul() {
+    let device = Default::default();
+    let n = Distribution::Normal(0.0, 1.0);
+    let (m, k, c) = (37, 70, 45);
+    let x = Tensor::<Ad, 2>::random([m, k], n, &device).require_grad();
+    let w = Tensor::<Ad, 2>::random([k, c], n, &device).require_grad();
+    let upstream = Tensor::<Ad, 2>::random([m, c], n, &device);
+    let y = super::f32_products(x.clone(), w.clone()).expect("contiguous f32 on Autodiff<Flex>");
+    let err = max_diff(y.clone().inner(), x.clone().inner().matmul(w.clone().inner()));
+    assert!(err < 1e-4, "forward: max |Δ| = {err:e}");
+    let grads = (y * upstream.clone()).sum().backward();
+    let (dx, dw) = (x.grad(&grads).unwrap(), w.grad(&grads).unwrap());
+    let (xi, wi, dy) = (x.clone().inner(), w.clone().inner(), upstream.inner());
+    let err = max_diff(dx, dy.clone().matmul(wi.clone().transpose()));
+    assert!(err < 1e-4, "dx: max |Δ| = {err:e}");
+    let err = max_diff(dw, xi.clone().transpose().matmul(dy));
+    assert!(err < 1e-4, "dw: max |Δ| = {err:e}");
+
+    let wt = Tensor::<Ad, 2>::random([c, k], n, &device).require_grad();
+    assert!(super::f32_products(x, wt.clone().transpose()).is_none(), "a strided operand under autodiff is burn's");
+    let wt = wt.inner();
+    let y = super::f32_products(xi.clone(), wt.clone().transpose()).expect("any strides on Flex");
+    let err = max_diff(y, xi.matmul(wt.transpose()));
+    assert!(err < 1e-4, "transposed weight: max |Δ| = {err:e}");
+}
