@@ -214,7 +214,7 @@ row("rollout end to end b8 (vs kiln bench)", "end_to_end_tokens_per_s", "rollout
 row(f"train step 8x{tseq} f32 ({big})", "tokens_per_s", "train 100M", torch_big["tokens_per_s"])
 row(f"train step 8x{tseq} bf16 ({big}; torch autocast)", "tokens_per_s", "train 100M bf16", torch_bf16["tokens_per_s"])
 row(f"train step 8x{tinyseq} (tiny, quickstart)", "tokens_per_s", "train tiny", torch_tiny["tokens_per_s"])
-row(f"f32 GEMM GFLOP/s, train step 8x{tseq} shapes ({big}; torch.mm)", "kiln_gflops", "matmul", rows["torch matmul"]["gflops"])
+row(f"f32 GEMM GFLOP/s, step 8x{tseq} shapes (torch.mm)", "kiln_gflops", "matmul", rows["torch matmul"]["gflops"])
 if ct2:
     c = rows[f"ct2 b{ct2_batches[0]}"]
     print(f"CTranslate2: {c['engine']}, compute type {c['compute_type']}, {c['threads']} intra threads; "

@@ -87,6 +87,7 @@ fn counts_and_time_budgets() {
     for (flag, value) in [("--repeats", "0"), ("--new-tokens", "0"), ("--batch", "0"), ("--prompt-len", "0")] {
         fails_with(&["bench", "--config", s(&config), flag, value], &[flag, "expected a whole number of at least 1"]);
     }
+    fails_with(&["bench", "--matmul", "--model", s(config.parent().unwrap())], &["--matmul needs --config"]);
     let out = tmp.path().join("quickstart");
     for minutes in ["--minutes=-1", "--minutes=nan", "--minutes=inf"] {
         fails_with(&["quickstart", "--out", s(&out), minutes], &["--minutes", "expected a finite number of minutes >= 0"]);

@@ -94,6 +94,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if args.matmul {
         let Some(config) = &args.config else { bail!("--matmul needs --config") };
+        if backend != DeviceSpec::Cpu {
+            bail!("--matmul times the CPU's products: leave out --backend {backend} (or give --backend cpu)");
+        }
         return super::bench_matmul::run(&Qwen2Config::from_file(config)?, args.batch * args.prompt_len, args.repeats, &cpu_model());
     }
     if args.train {

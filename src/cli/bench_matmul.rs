@@ -86,3 +86,30 @@ pub fn run(config: &Qwen2Config, rows: usize, repeats: usize, cpu: &str) -> Resu
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shapes are every projection of the model, each three times (forward, dx, dW): their
+    /// flops are then 6 · rows per weight, 6 · rows · (the model's parameters less norms and
+    /// biases), the tied head counted once, as the embedding it is.
+    #[test]
+    fn the_shapes_are_every_projection_three_times() {
+        let config = Qwen2Config::from_file(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/interplay/qwen2_100M/config.json")).unwrap();
+        let rows = 2048;
+        let shapes = shapes(&config, rows);
+        assert_eq!(shapes.len(), 18);
+        let flops: usize = shapes.iter().map(|s| 2 * s.m * s.k * s.n * s.per_step).sum();
+        let (h, layers, kv) = (config.hidden_size, config.num_hidden_layers, config.num_kv_heads() * config.head_dim());
+        let norms = (2 * layers + 1) * h;
+        let biases = layers * (h + 2 * kv);
+        assert_eq!(flops, 6 * rows * (config.num_parameters() - norms - biases));
+        for s in &shapes {
+            // Each backward product has the forward product's operands, transposed where read.
+            assert!(s.m == rows || s.k == rows, "{}: one side is the tokens", s.name);
+            assert_eq!(s.a_t, s.name.ends_with("dW"), "{}", s.name);
+            assert_eq!(s.b_t, s.name.ends_with("dx"), "{}", s.name);
+        }
+    }
+}
