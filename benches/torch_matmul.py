@@ -12,9 +12,10 @@ one warm-up; the last line weighs the shapes by how often a step runs them.
 import argparse
 import json
 import os
-import time
 
 import torch
+
+from sgemm_peak import best_mm_seconds
 
 
 def shapes(c, rows):
@@ -46,12 +47,7 @@ def main():
     for name, m, k, n, a_t, b_t, count in shapes(config, a.batch * a.seq):
         x = torch.randn(k, m).t() if a_t else torch.randn(m, k)
         w = torch.randn(n, k).t() if b_t else torch.randn(k, n)
-        torch.mm(x, w)
-        best = float("inf")
-        for _ in range(a.repeats):
-            start = time.perf_counter()
-            torch.mm(x, w)
-            best = min(best, time.perf_counter() - start)
+        best = best_mm_seconds(x, w, a.repeats)
         flop = 2.0 * m * k * n
         print(json.dumps({"engine": "torch", "mode": "matmul", "shape": name, "m": m, "k": k, "n": n,
                           "a_transposed": a_t, "b_transposed": b_t, "per_step": count,

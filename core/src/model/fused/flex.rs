@@ -15,6 +15,7 @@ use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive, backend::Backend}
 use burn_flex::{Flex, FlexTensor};
 
 use super::KeyMask;
+use super::matmul::View;
 use crate::model::custom_op::cast;
 use super::attention::{self as attn, Dims};
 use super::elementwise as ew;
@@ -233,31 +234,14 @@ fn kv_rows(t: &FlexTensor, dims: Dims) -> Option<(&[f32], usize)> {
 
 #[cfg(target_arch = "x86_64")]
 pub fn bf16_products<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Tensor<B, 2>> {
-    use super::gemm_bf16::{self as g, Operand, Values};
-    let ([m, k], [k2, n]) = (x.dims(), w.dims());
-    if !g::available() || k != k2 {
+    use super::gemm_bf16::{self as g, Values};
+    if !g::available() {
         return None;
     }
-    run::<B, 2, 2, 2>([x, w], move |[x, w]| {
-        fn view(t: &FlexTensor, rows: usize, cols: usize) -> Operand<'_> {
-            Operand::row_major(Values::F32(f32s(t)), rows, cols)
-        }
-        let output = from_vec(g::matmul(view(x, m, k), view(w, k, n)), &[m, n]);
-        let (x, w) = (x.clone(), w.clone());
-        let grad: GradFn = Arc::new(move |dy| {
-            let dy = view(dy, m, n);
-            vec![Some(from_vec(g::matmul(dy, view(&w, k, n).t()), &[m, k])), Some(from_vec(g::matmul(view(&x, m, k).t(), dy), &[k, n]))]
-        });
-        Forward { output, grad }
-    })
+    products(x, w, |a, b| g::matmul(a.with(Values::F32), b.with(Values::F32)))
 }
 
 pub fn f32_products<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Tensor<B, 2>> {
-    use super::matmul::{View, matmul};
-    let ([m, k], [k2, n]) = (x.dims(), w.dims());
-    if k != k2 {
-        return None;
-    }
     if is_flex::<B>() {
         return f32_matmul(x, w);
     }
@@ -267,13 +251,23 @@ pub fn f32_products<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Tens
     if !dense(&x) || !dense(&w) {
         return None;
     }
+    products(x, w, super::matmul::matmul)
+}
+
+/// `x · w` `[m, k] × [k, n]` as a fused op, every product (the output, `dx = dy · wᵀ` and
+/// `dw = xᵀ · dy`) by `mul` on views of the contiguous f32 values.
+fn products<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>, mul: fn(View<'_>, View<'_>) -> Vec<f32>) -> Option<Tensor<B, 2>> {
+    let ([m, k], [k2, n]) = (x.dims(), w.dims());
+    if k != k2 {
+        return None;
+    }
     run::<B, 2, 2, 2>([x, w], move |[x, w]| {
-        let output = from_vec(matmul(View::row_major(f32s(x), m, k), View::row_major(f32s(w), k, n)), &[m, n]);
+        let output = from_vec(mul(View::row_major(f32s(x), m, k), View::row_major(f32s(w), k, n)), &[m, n]);
         let (x, w) = (x.clone(), w.clone());
         let grad: GradFn = Arc::new(move |dy| {
             let dy = View::row_major(f32s(dy), m, n);
             let (x, w) = (View::row_major(f32s(&x), m, k), View::row_major(f32s(&w), k, n));
-            vec![Some(from_vec(matmul(dy, w.t()), &[m, k])), Some(from_vec(matmul(x.t(), dy), &[k, n]))]
+            vec![Some(from_vec(mul(dy, w.t()), &[m, k])), Some(from_vec(mul(x.t(), dy), &[k, n]))]
         });
         Forward { output, grad }
     })
@@ -291,7 +285,7 @@ fn strided(t: &FlexTensor) -> Option<(usize, usize, usize, usize, usize)> {
 }
 
 pub fn f32_matmul<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Tensor<B, 2>> {
-    use super::matmul::{View, matmul};
+    use super::matmul::matmul;
     if !is_flex::<B>() || x.dtype() != DType::F32 || w.dtype() != DType::F32 || x.dims()[1] != w.dims()[0] {
         return None;
     }

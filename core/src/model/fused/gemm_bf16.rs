@@ -49,34 +49,15 @@ pub enum Values<'a> {
     Bf16(&'a [half::bf16]),
 }
 
-/// A 2-D strided view: element `(i, j)` at `values[i · row_stride + j · col_stride]`.
-#[derive(Clone, Copy, Debug)]
-pub struct Operand<'a> {
-    pub values: Values<'a>,
-    pub rows: usize,
-    pub cols: usize,
-    pub row_stride: usize,
-    pub col_stride: usize,
-}
+/// A 2-D strided view of f32 or bf16 values.
+pub type Operand<'a> = super::matmul::Strided<Values<'a>>;
 
-impl<'a> Operand<'a> {
-    /// A row-major `[rows, cols]` matrix.
-    pub fn row_major(values: Values<'a>, rows: usize, cols: usize) -> Self {
-        Self { values, rows, cols, row_stride: cols, col_stride: 1 }
-    }
-
-    /// The transposed view (no copy).
-    pub fn t(self) -> Self {
-        Self { rows: self.cols, cols: self.rows, row_stride: self.col_stride, col_stride: self.row_stride, ..self }
-    }
-
-    /// Whether the view stays inside its values.
-    fn fits(&self) -> bool {
-        let len = match self.values {
+impl Values<'_> {
+    fn len(&self) -> usize {
+        match self {
             Values::F32(v) => v.len(),
             Values::Bf16(v) => v.len(),
-        };
-        self.rows == 0 || self.cols == 0 || (self.rows - 1) * self.row_stride + (self.cols - 1) * self.col_stride < len
+        }
     }
 }
 
@@ -87,7 +68,7 @@ impl<'a> Operand<'a> {
 pub fn matmul(a: Operand<'_>, b: Operand<'_>) -> Vec<f32> {
     assert!(available(), "gemm_bf16::matmul without AVX512-BF16");
     assert_eq!(a.cols, b.rows, "inner dimensions");
-    assert!(a.fits() && b.fits(), "operand views reach past their values");
+    assert!(a.fits(a.values.len()) && b.fits(b.values.len()), "operand views reach past their values");
     let (m, n, k) = (a.rows, b.cols, a.cols);
     if m == 0 || n == 0 {
         return Vec::new();

@@ -4,20 +4,21 @@
 //! shapes of the 100M model's training step, 4.5% of the step's CPU time was that `memset`, and
 //! the products alone ran ~10% faster without it (`kiln bench --matmul`, Intel Xeon, 2 cores).
 
-/// A 2-D strided view of f32 values: element `(i, j)` at `values[i · row_stride + j ·
-/// col_stride]`.
+/// A 2-D strided view of a matrix's values `V` (a slice, or `gemm_bf16::Values`): element
+/// `(i, j)` at `values[i · row_stride + j · col_stride]`. Both CPU GEMMs take their operands so,
+/// and a transpose is a swap of strides.
 #[derive(Clone, Copy, Debug)]
-pub struct View<'a> {
-    pub values: &'a [f32],
+pub struct Strided<V> {
+    pub values: V,
     pub rows: usize,
     pub cols: usize,
     pub row_stride: usize,
     pub col_stride: usize,
 }
 
-impl<'a> View<'a> {
+impl<V> Strided<V> {
     /// A row-major `[rows, cols]` matrix.
-    pub fn row_major(values: &'a [f32], rows: usize, cols: usize) -> Self {
+    pub fn row_major(values: V, rows: usize, cols: usize) -> Self {
         Self { values, rows, cols, row_stride: cols, col_stride: 1 }
     }
 
@@ -26,11 +27,20 @@ impl<'a> View<'a> {
         Self { rows: self.cols, cols: self.rows, row_stride: self.col_stride, col_stride: self.row_stride, ..self }
     }
 
-    /// Whether the view stays inside its values.
-    fn fits(&self) -> bool {
-        self.rows == 0 || self.cols == 0 || (self.rows - 1) * self.row_stride + (self.cols - 1) * self.col_stride < self.values.len()
+    /// The same view of other values (`Values::F32` of a slice, say).
+    pub fn with<U>(self, values: impl FnOnce(V) -> U) -> Strided<U> {
+        let Self { values: v, rows, cols, row_stride, col_stride } = self;
+        Strided { values: values(v), rows, cols, row_stride, col_stride }
+    }
+
+    /// Whether the view stays inside `len` values.
+    pub fn fits(&self, len: usize) -> bool {
+        self.rows == 0 || self.cols == 0 || (self.rows - 1) * self.row_stride + (self.cols - 1) * self.col_stride < len
     }
 }
+
+/// An f32 operand of [`matmul`].
+pub type View<'a> = Strided<&'a [f32]>;
 
 /// Products below this many multiply-adds run on the calling thread (burn-flex's threshold).
 const PARALLEL_ABOVE: usize = 192 * 192 * 192;
@@ -42,7 +52,7 @@ const PARALLEL_ABOVE: usize = 192 * 192 * 192;
 /// If the inner dimensions differ or a view reaches past its values.
 pub fn matmul(a: View<'_>, b: View<'_>) -> Vec<f32> {
     assert_eq!(a.cols, b.rows, "inner dimensions");
-    assert!(a.fits() && b.fits(), "operand views reach past their values");
+    assert!(a.fits(a.values.len()) && b.fits(b.values.len()), "operand views reach past their values");
     let (m, n, k) = (a.rows, b.cols, a.cols);
     let mut c: Vec<f32> = Vec::with_capacity(m * n);
     if m == 0 || n == 0 {

@@ -267,23 +267,31 @@ fn bf16_products_are_the_products_of_the_rounded_operands() {
         eprintln!("no AVX512-BF16 on this CPU: the bf16 products are declined (checked), their values untested here");
         return;
     }
+    check_products(super::bf16_products, rounded);
+}
+
+/// `product(x, w)` of random `[37, 70] × [70, 45]` operands under autodiff, the output and both
+/// gradients, against burn's matmul of the operands (and upstream gradient) as `operand` turns
+/// them, within 1e-4; returns `x` on the inner backend.
+fn check_products(product: fn(Tensor<Ad, 2>, Tensor<Ad, 2>) -> Option<Tensor<Ad, 2>>, operand: fn(&Tensor<Ad, 2>) -> Tensor<Ad, 2>) -> Tensor<Flex, 2> {
     let device = Default::default();
     let n = Distribution::Normal(0.0, 1.0);
     let (m, k, c) = (37, 70, 45);
     let x = Tensor::<Ad, 2>::random([m, k], n, &device).require_grad();
     let w = Tensor::<Ad, 2>::random([k, c], n, &device).require_grad();
     let upstream = Tensor::<Ad, 2>::random([m, c], n, &device);
-    let y = super::bf16_products(x.clone(), w.clone()).expect("Autodiff<Flex> with AVX512-BF16");
-    let want = rounded(&x).matmul(rounded(&w));
+    let y = product(x.clone(), w.clone()).expect("the product applies on Autodiff<Flex>");
+    let want = operand(&x).matmul(operand(&w));
     let err = max_diff(y.clone().inner(), want.inner());
     assert!(err < 1e-4, "forward: max |Δ| = {err:e}");
     let grads = (y * upstream.clone()).sum().backward();
     let (dx, dw) = (x.grad(&grads).unwrap(), w.grad(&grads).unwrap());
-    let (x, w, dy) = (rounded(&x).inner(), rounded(&w).inner(), rounded(&upstream).inner());
+    let (x, w, dy) = (operand(&x).inner(), operand(&w).inner(), operand(&upstream).inner());
     let err = max_diff(dx, dy.clone().matmul(w.transpose()));
     assert!(err < 1e-4, "dx: max |Δ| = {err:e}");
-    let err = max_diff(dw, x.transpose().matmul(dy));
+    let err = max_diff(dw, x.clone().transpose().matmul(dy));
     assert!(err < 1e-4, "dw: max |Δ| = {err:e}");
+    x
 }
 
 /// bf16 inference products (row-major and transposed weights) against burn's bf16 matmul (which
@@ -343,27 +351,12 @@ fn write_in_place_writes_the_slice_or_gives_back() {
 /// without it.
 #[test]
 fn f32_products_match_burns_matmul() {
-    let device = Default::default();
+    let x = check_products(super::f32_products, |t| t.clone());
     let n = Distribution::Normal(0.0, 1.0);
-    let (m, k, c) = (37, 70, 45);
-    let x = Tensor::<Ad, 2>::random([m, k], n, &device).require_grad();
-    let w = Tensor::<Ad, 2>::random([k, c], n, &device).require_grad();
-    let upstream = Tensor::<Ad, 2>::random([m, c], n, &device);
-    let y = super::f32_products(x.clone(), w.clone()).expect("contiguous f32 on Autodiff<Flex>");
-    let err = max_diff(y.clone().inner(), x.clone().inner().matmul(w.clone().inner()));
-    assert!(err < 1e-4, "forward: max |Δ| = {err:e}");
-    let grads = (y * upstream.clone()).sum().backward();
-    let (dx, dw) = (x.grad(&grads).unwrap(), w.grad(&grads).unwrap());
-    let (xi, wi, dy) = (x.clone().inner(), w.clone().inner(), upstream.inner());
-    let err = max_diff(dx, dy.clone().matmul(wi.clone().transpose()));
-    assert!(err < 1e-4, "dx: max |Δ| = {err:e}");
-    let err = max_diff(dw, xi.clone().transpose().matmul(dy));
-    assert!(err < 1e-4, "dw: max |Δ| = {err:e}");
-
-    let wt = Tensor::<Ad, 2>::random([c, k], n, &device).require_grad();
-    assert!(super::f32_products(x, wt.clone().transpose()).is_none(), "a strided operand under autodiff is burn's");
+    let wt = Tensor::<Ad, 2>::random([45, 70], n, &Default::default()).require_grad();
+    assert!(super::f32_products(Tensor::<Ad, 2>::from_inner(x.clone()).require_grad(), wt.clone().transpose()).is_none(), "a strided operand under autodiff is burn's");
     let wt = wt.inner();
-    let y = super::f32_products(xi.clone(), wt.clone().transpose()).expect("any strides on Flex");
-    let err = max_diff(y, xi.matmul(wt.transpose()));
+    let y = super::f32_products(x.clone(), wt.clone().transpose()).expect("any strides on Flex");
+    let err = max_diff(y, x.matmul(wt.transpose()));
     assert!(err < 1e-4, "transposed weight: max |Δ| = {err:e}");
 }
