@@ -61,8 +61,9 @@ pub fn forward(dims: Dims, q: &[f32], k: &[f32], v: &[f32], valid: &[u32], scale
 /// place instead of copied out every decode step).
 pub fn forward_strided(dims: Dims, q: &[f32], k: &[f32], v: &[f32], kv_stride: usize, valid: &[u32], scale: f32) -> (Vec<f32>, Vec<f32>) {
     check_strided(dims, q, k, v, kv_stride, valid);
-    let mut out = vec![0.0f32; dims.q_len()];
-    let mut lse = vec![0.0f32; dims.batch * dims.queries * dims.heads];
+    // Not zeroed: the tasks write every query row of both (see the end).
+    let mut out = Vec::with_capacity(dims.q_len());
+    let mut lse = Vec::with_capacity(dims.batch * dims.queries * dims.heads);
     let per_block = (BLOCK_ROWS / dims.group()).max(1);
     let blocks = dims.queries.div_ceil(per_block);
     let (out_ptr, lse_ptr) = (Shared(out.as_mut_ptr()), Shared(lse.as_mut_ptr()));
@@ -72,12 +73,10 @@ pub fn forward_strided(dims: Dims, q: &[f32], k: &[f32], v: &[f32], kv_stride: u
         let rows = Rows::new(dims, kv_stride, b, kh, block * per_block, ((block + 1) * per_block).min(dims.queries));
         let valid = &valid[b * dims.keys..(b + 1) * dims.keys];
         let mut qp = rows.pack(q);
-        let mut scores = vec![0.0f32; rows.count * rows.width];
-        rows.scores(&qp, k, scale, &mut scores);
+        let mut scores = rows.scores(&qp, k, scale);
         let mut row_lse = vec![0.0f32; rows.count];
         softmax_rows(&mut scores, rows.width, &rows.limits, valid, &mut row_lse);
-        // The packed outputs reuse the packed queries' buffer.
-        qp.fill(0.0);
+        // The packed outputs reuse the packed queries' buffer (the product overwrites it).
         // SAFETY: `scores` is `count × width`, `v` holds the keys `< width` of this row/head, `qp`
         // is `count × d`.
         unsafe {
@@ -92,6 +91,12 @@ pub fn forward_strided(dims: Dims, q: &[f32], k: &[f32], v: &[f32], kv_stride: u
             }
         }
     });
+    // SAFETY: the tasks cover every (batch row, KV head, block of queries), and each wrote all
+    // `d` outputs and the log-sum-exp of every query row × head of its block.
+    unsafe {
+        out.set_len(dims.q_len());
+        lse.set_len(dims.batch * dims.queries * dims.heads);
+    }
     (out, lse)
 }
 
@@ -111,9 +116,10 @@ pub fn backward(
     check(dims, q, k, v, valid);
     assert!(out.len() == dims.q_len() && dout.len() == dims.q_len() && lse.len() == dims.batch * dims.queries * dims.heads);
     let d = d(dims);
-    let mut dq = vec![0.0f32; dims.q_len()];
-    let mut dk = vec![0.0f32; dims.kv_len()];
-    let mut dv = vec![0.0f32; dims.kv_len()];
+    // Not zeroed: the tasks write every value of all three (see the end).
+    let mut dq = Vec::with_capacity(dims.q_len());
+    let mut dk = Vec::with_capacity(dims.kv_len());
+    let mut dv = Vec::with_capacity(dims.kv_len());
     let per_block = (BLOCK_ROWS / dims.group()).max(1);
     let (dq_ptr, dk_ptr, dv_ptr) = (Shared(dq.as_mut_ptr()), Shared(dk.as_mut_ptr()), Shared(dv.as_mut_ptr()));
     (0..dims.batch * dims.kv_heads).into_par_iter().for_each(|task| {
@@ -131,11 +137,8 @@ pub fn backward(
             let op = rows.pack(out);
             let row_lse: Vec<f32> = (0..n).map(|r| lse[rows.lse_index(r)]).collect();
             let delta: Vec<f32> = (0..n).map(|r| simd::dot(&dop[r * d..(r + 1) * d], &op[r * d..(r + 1) * d])).collect();
-            let mut probs = vec![0.0f32; n * w];
-            rows.scores(&qp, k, scale, &mut probs);
+            let mut probs = rows.scores(&qp, k, scale);
             probabilities(&mut probs, w, &rows.limits, valid, &row_lse);
-            let mut grad = vec![0.0f32; n * w];
-            let mut dqp = vec![0.0f32; n * d];
             // SAFETY: every operand is sized as its product needs (`n × w` probabilities and
             // score gradients, `n × d` packed rows, keys/values `< w` of this row and head).
             unsafe {
@@ -143,10 +146,10 @@ pub fn backward(
                 // dV += Pᵀ · dO
                 gemm(w, d, n, dvp.as_mut_ptr(), d, true, probs.as_ptr(), 1, w as isize, dop.as_ptr(), d as isize, 1, 1.0);
                 // dP = dO · Vᵀ
-                gemm(n, w, d, grad.as_mut_ptr(), w, false, dop.as_ptr(), d as isize, 1, vp, 1, kv_row(dims), 1.0);
+                let mut grad = product(n, w, d, dop.as_ptr(), d as isize, 1, vp, 1, kv_row(dims), 1.0);
                 score_grads(&mut grad, &probs, w, &delta, scale);
                 // dQ = dS · K, dK += dSᵀ · Q
-                gemm(n, d, w, dqp.as_mut_ptr(), d, false, grad.as_ptr(), w as isize, 1, kp, kv_row(dims), 1, 1.0);
+                let dqp = product(n, d, w, grad.as_ptr(), w as isize, 1, kp, kv_row(dims), 1, 1.0);
                 gemm(w, d, n, dkp.as_mut_ptr(), d, true, grad.as_ptr(), 1, w as isize, qp.as_ptr(), d as isize, 1, 1.0);
                 rows.scatter(&dqp, dq_ptr.0);
             }
@@ -160,6 +163,13 @@ pub fn backward(
             }
         }
     });
+    // SAFETY: the tasks cover every (batch row, KV head); each scattered all its query rows' `dq`
+    // (every block of queries) and copied all keys' `dk` and `dv`.
+    unsafe {
+        dq.set_len(dims.q_len());
+        dk.set_len(dims.kv_len());
+        dv.set_len(dims.kv_len());
+    }
     (dq, dk, dv)
 }
 
@@ -239,16 +249,13 @@ impl Rows {
         }
     }
 
-    /// `scores = scale · Q_packed · K[0..width]ᵀ`, `[count, width]`.
-    fn scores(&self, qp: &[f32], k: &[f32], scale: f32, scores: &mut [f32]) {
+    /// `scale · Q_packed · K[0..width]ᵀ`, `[count, width]`.
+    fn scores(&self, qp: &[f32], k: &[f32], scale: f32) -> Vec<f32> {
         let d = self.dims.head_dim;
-        assert!(qp.len() >= self.count * d && scores.len() >= self.count * self.width);
+        assert!(qp.len() >= self.count * d);
         assert!(self.kv_base + (self.width - 1) * kv_row(self.dims) as usize + d <= k.len());
         // SAFETY: sizes checked above.
-        unsafe {
-            gemm(self.count, self.width, d, scores.as_mut_ptr(), self.width, false, qp.as_ptr(), d as isize, 1,
-                 k.as_ptr().add(self.kv_base), 1, kv_row(self.dims), scale);
-        }
+        unsafe { product(self.count, self.width, d, qp.as_ptr(), d as isize, 1, k.as_ptr().add(self.kv_base), 1, kv_row(self.dims), scale) }
     }
 }
 
@@ -259,7 +266,8 @@ fn visible<'a>(row: &'a mut [f32], limit: usize, valid: &[u32]) -> (&'a mut [f32
     let (seen, later) = row.split_at_mut(limit + 1);
     let own = valid[limit];
     let sees = |label: u32| label != 0 && (own == 0 || label == own);
-    if !valid[..limit].iter().all(|&l| sees(l)) {
+    // Not `all` (an early exit per key is a scalar loop): this folds 16 labels at a time.
+    if !valid[..limit].iter().fold(true, |all, &l| all & sees(l)) {
         for (s, &l) in seen[..limit].iter_mut().zip(valid) {
             *s = if sees(l) { *s } else { f32::NEG_INFINITY };
         }
@@ -329,13 +337,29 @@ unsafe fn gemm(
     rhs_cs: isize,
     beta: f32,
 ) {
-    if m == 0 || n == 0 || k == 0 {
+    // With `k` = 0 gemm still sets `dst` (to zero, or leaves it when accumulating).
+    if m == 0 || n == 0 {
         return;
     }
     unsafe {
         gemm::gemm(m, n, k, dst, 1, dst_rs as isize, accumulate, lhs, lhs_cs, lhs_rs, rhs, rhs_cs, rhs_rs,
                    1.0, beta, false, false, false, gemm::Parallelism::None);
     }
+}
+
+/// `beta · lhs · rhs` as a new row-major `[m, n]` buffer, not zeroed first (gemm writes every
+/// value).
+///
+/// # Safety
+/// As [`gemm`]'s.
+#[allow(clippy::too_many_arguments)]
+unsafe fn product(m: usize, n: usize, k: usize, lhs: *const f32, lhs_rs: isize, lhs_cs: isize, rhs: *const f32, rhs_rs: isize, rhs_cs: isize, beta: f32) -> Vec<f32> {
+    let mut dst = Vec::with_capacity(m * n);
+    unsafe {
+        gemm(m, n, k, dst.as_mut_ptr(), n, false, lhs, lhs_rs, lhs_cs, rhs, rhs_rs, rhs_cs, beta);
+        dst.set_len(m * n);
+    }
+    dst
 }
 
 /// A pointer shared by tasks that write disjoint elements.

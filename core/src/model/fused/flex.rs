@@ -238,36 +238,68 @@ pub fn bf16_products<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Ten
     if !g::available() {
         return None;
     }
-    products(x, w, |a, b| g::matmul(a.with(Values::F32), b.with(Values::F32)))
+    fn mul(a: View<'_>, b: View<'_>) -> Vec<f32> {
+        g::matmul(a.with(Values::F32), b.with(Values::F32))
+    }
+    match weight_layout(&x, &w) {
+        Some(transposed) => products(x, w, transposed, mul),
+        // Other layouts are read as contiguous copies.
+        None => products(x, w, false, mul),
+    }
 }
 
 pub fn f32_products<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Tensor<B, 2>> {
     if is_flex::<B>() {
         return f32_matmul(x, w);
     }
-    // Under autodiff the operands are read as contiguous values: a strided one (the tied head's
-    // transposed embedding) is left to burn's matmul rather than copied.
-    let dense = |t: &Tensor<B, 2>| primitive::<B, AdTensor, 2>(t.clone()).is_some_and(|t| t.primitive.as_slice::<f32>().is_some());
-    if !dense(&x) || !dense(&w) {
+    // Other layouts are left to burn's matmul rather than copied.
+    let transposed = weight_layout(&x, &w)?;
+    products(x, w, transposed, super::matmul::matmul)
+}
+
+/// Under autodiff, whether the product's operands can be read in place: `x` dense, and `w`
+/// dense (`Some(false)`) or the transpose of a dense tensor (`Some(true)`: the tied head's
+/// `embedding.weight`ᵀ).
+fn weight_layout<B: Backend>(x: &Tensor<B, 2>, w: &Tensor<B, 2>) -> Option<bool> {
+    let dense = |t: Tensor<B, 2>| primitive::<B, AdTensor, 2>(t).is_some_and(|t| t.primitive.as_slice::<f32>().is_some());
+    if !dense(x.clone()) {
         return None;
     }
-    products(x, w, super::matmul::matmul)
+    if dense(w.clone()) {
+        Some(false)
+    } else {
+        dense(w.clone().transpose()).then_some(true)
+    }
 }
 
 /// `x · w` `[m, k] × [k, n]` as a fused op, every product (the output, `dx = dy · wᵀ` and
-/// `dw = xᵀ · dy`) by `mul` on views of the contiguous f32 values.
-fn products<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>, mul: fn(View<'_>, View<'_>) -> Vec<f32>) -> Option<Tensor<B, 2>> {
+/// `dw = xᵀ · dy`) by `mul` on views of the contiguous f32 values. With `transposed`, `w` is
+/// passed as its dense transpose `[n, k]` and read through a transposed view, and its gradient is
+/// `dwᵀ = dyᵀ · x`.
+fn products<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>, transposed: bool, mul: fn(View<'_>, View<'_>) -> Vec<f32>) -> Option<Tensor<B, 2>> {
     let ([m, k], [k2, n]) = (x.dims(), w.dims());
     if k != k2 {
         return None;
     }
+    let w = if transposed { w.transpose() } else { w };
+    // `w` as a `[k, n]` view: its values, or its transpose's read transposed.
+    fn w_view(w: &FlexTensor, k: usize, n: usize, transposed: bool) -> View<'_> {
+        match transposed {
+            true => View::row_major(f32s(w), n, k).t(),
+            false => View::row_major(f32s(w), k, n),
+        }
+    }
     run::<B, 2, 2, 2>([x, w], move |[x, w]| {
-        let output = from_vec(mul(View::row_major(f32s(x), m, k), View::row_major(f32s(w), k, n)), &[m, n]);
+        let output = from_vec(mul(View::row_major(f32s(x), m, k), w_view(w, k, n, transposed)), &[m, n]);
         let (x, w) = (x.clone(), w.clone());
         let grad: GradFn = Arc::new(move |dy| {
             let dy = View::row_major(f32s(dy), m, n);
-            let (x, w) = (View::row_major(f32s(&x), m, k), View::row_major(f32s(&w), k, n));
-            vec![Some(from_vec(mul(dy, w.t()), &[m, k])), Some(from_vec(mul(x.t(), dy), &[k, n]))]
+            let (x, w) = (View::row_major(f32s(&x), m, k), w_view(&w, k, n, transposed));
+            let dw = match transposed {
+                true => from_vec(mul(dy.t(), x), &[n, k]),
+                false => from_vec(mul(x.t(), dy), &[k, n]),
+            };
+            vec![Some(from_vec(mul(dy, w.t()), &[m, k])), Some(dw)]
         });
         Forward { output, grad }
     })

@@ -267,25 +267,30 @@ fn bf16_products_are_the_products_of_the_rounded_operands() {
         eprintln!("no AVX512-BF16 on this CPU: the bf16 products are declined (checked), their values untested here");
         return;
     }
-    check_products(super::bf16_products, rounded);
+    for transposed in [false, true] {
+        check_products(super::bf16_products, rounded, transposed);
+    }
 }
 
 /// `product(x, w)` of random `[37, 70] × [70, 45]` operands under autodiff, the output and both
 /// gradients, against burn's matmul of the operands (and upstream gradient) as `operand` turns
-/// them, within 1e-4; returns `x` on the inner backend.
-fn check_products(product: fn(Tensor<Ad, 2>, Tensor<Ad, 2>) -> Option<Tensor<Ad, 2>>, operand: fn(&Tensor<Ad, 2>) -> Tensor<Ad, 2>) -> Tensor<Flex, 2> {
+/// them, within 1e-4; returns `x` on the inner backend. With `transposed`, `w` is the transpose
+/// of a `[45, 70]` leaf (the tied head's layout), whose gradient is checked.
+fn check_products(product: fn(Tensor<Ad, 2>, Tensor<Ad, 2>) -> Option<Tensor<Ad, 2>>, operand: fn(&Tensor<Ad, 2>) -> Tensor<Ad, 2>, transposed: bool) -> Tensor<Flex, 2> {
     let device = Default::default();
     let n = Distribution::Normal(0.0, 1.0);
     let (m, k, c) = (37, 70, 45);
     let x = Tensor::<Ad, 2>::random([m, k], n, &device).require_grad();
-    let w = Tensor::<Ad, 2>::random([k, c], n, &device).require_grad();
+    let leaf = Tensor::<Ad, 2>::random(if transposed { [c, k] } else { [k, c] }, n, &device).require_grad();
+    let w = if transposed { leaf.clone().transpose() } else { leaf.clone() };
     let upstream = Tensor::<Ad, 2>::random([m, c], n, &device);
     let y = product(x.clone(), w.clone()).expect("the product applies on Autodiff<Flex>");
     let want = operand(&x).matmul(operand(&w));
     let err = max_diff(y.clone().inner(), want.inner());
     assert!(err < 1e-4, "forward: max |Δ| = {err:e}");
     let grads = (y * upstream.clone()).sum().backward();
-    let (dx, dw) = (x.grad(&grads).unwrap(), w.grad(&grads).unwrap());
+    let (dx, dleaf) = (x.grad(&grads).unwrap(), leaf.grad(&grads).unwrap());
+    let dw = if transposed { dleaf.transpose() } else { dleaf };
     let (x, w, dy) = (operand(&x).inner(), operand(&w).inner(), operand(&upstream).inner());
     let err = max_diff(dx, dy.clone().matmul(w.transpose()));
     assert!(err < 1e-4, "dx: max |Δ| = {err:e}");
@@ -351,11 +356,13 @@ fn write_in_place_writes_the_slice_or_gives_back() {
 /// without it.
 #[test]
 fn f32_products_match_burns_matmul() {
-    let x = check_products(super::f32_products, |t| t.clone());
+    let x = check_products(super::f32_products, |t| t.clone(), false);
+    check_products(super::f32_products, |t| t.clone(), true);
     let n = Distribution::Normal(0.0, 1.0);
-    let wt = Tensor::<Ad, 2>::random([45, 70], n, &Default::default()).require_grad();
-    assert!(super::f32_products(Tensor::<Ad, 2>::from_inner(x.clone()).require_grad(), wt.clone().transpose()).is_none(), "a strided operand under autodiff is burn's");
-    let wt = wt.inner();
+    // Columns 0..45 of a [70, 90] weight: neither it nor its transpose is dense.
+    let wide = Tensor::<Ad, 2>::random([70, 90], n, &Default::default()).require_grad();
+    assert!(super::f32_products(Tensor::<Ad, 2>::from_inner(x.clone()).require_grad(), wide.slice([0..70, 0..45])).is_none(), "another strided operand under autodiff is burn's");
+    let wt = Tensor::<Flex, 2>::random([45, 70], n, &Default::default());
     let y = super::f32_products(x.clone(), wt.clone().transpose()).expect("any strides on Flex");
     let err = max_diff(y, x.matmul(wt.transpose()));
     assert!(err < 1e-4, "transposed weight: max |Δ| = {err:e}");
