@@ -24,7 +24,9 @@
 # torch.bfloat16)) and of the quickstart's tiny config at 8 x 512, the f32 matrix products alone
 # at the 100M training step's shapes (`kiln bench --matmul` vs benches/torch_matmul.py, GFLOP/s
 # weighted as a step runs them), this machine's sgemm rate (torch.mm 2048^3), the ceiling the
-# training figures compare with; then kiln vs CTranslate2 f32
+# training figures compare with, and its memory read bandwidth (torch.sum over 1 GiB,
+# benches/memory_bandwidth.py), the ceiling decoding's weight throughput compares with; then
+# kiln vs CTranslate2 f32
 # end to end (64 -> 128 tokens, greedy) at each --ct2-batches size, both reading the same
 # random-weights model directory (made by transformers, converted by ct2-transformers-converter).
 set -euo pipefail
@@ -105,10 +107,10 @@ sed -n '/^pub const TINY_CONFIG: &str = r#"/,/^"#;/p' core/src/tasks/interplay/t
 
 # Sizes: the benchmark's, or --smoke's (tiny model, short runs: checks the script, not figures).
 big=tests/fixtures/interplay/qwen2_100M/config.json; bigname=100M
-prompt=64; new=128; new128=64; tseq=256; tinyseq=512; gemm_n=2048
+prompt=64; new=128; new128=64; tseq=256; tinyseq=512; gemm_n=2048; bw_mib=1024
 if [ "$smoke" = 1 ]; then
   big="$tiny"; bigname="tiny, smoke"
-  prompt=8; new=8; new128=4; tseq=32; tinyseq=32; gemm_n=256
+  prompt=8; new=8; new128=4; tseq=32; tinyseq=32; gemm_n=256; bw_mib=64
   ct2_batches="${ct2_batches:-1 4}"
 fi
 ct2_batches="${ct2_batches:-1 8 32 128}"
@@ -166,6 +168,7 @@ run "torch train 100M" "$PYTHON" benches/torch_train_step.py --config "$big" --b
 run "torch train 100M bf16" "$PYTHON" benches/torch_train_step.py --config "$big" --batch 8 --seq $tseq --steps $((repeats + 2)) --autocast bf16
 run "torch train tiny" "$PYTHON" benches/torch_train_step.py --config "$tiny" --batch 8 --seq $tinyseq --steps $((repeats + 5))
 run "sgemm"            "$PYTHON" benches/sgemm_peak.py --n $gemm_n
+run "bandwidth"        "$PYTHON" benches/memory_bandwidth.py --mib $bw_mib
 
 # kiln vs CTranslate2 on one model directory: transformers makes it (random weights, seed 0),
 # kiln reads it with --model, ct2-transformers-converter converts it to float32.
@@ -231,4 +234,9 @@ params = rows[f"kiln-{backends[0]} train 100M"]["parameters"]
 for who, tps in [("kiln", rows[f"kiln-{backends[0]} train 100M"]["tokens_per_s"]), ("torch", torch_big["tokens_per_s"])]:
     # 6 N flops per token (forward + backward), attention excluded.
     print(f"{who} training f32 ({big}): {6 * params * tps / 1e9:.0f} GFLOP/s ({6 * params * tps / 1e9 / gemm['gflops']:.0%} of sgemm)")
+# Decoding reads every f32 weight once a step (the tied head's embedding included).
+bw = rows["bandwidth"]["read_gb_per_s"]
+for who, step_s in [("kiln", rows[f"kiln-{backends[0]} gen b8"]["decode_step_ms"] / 1e3), ("transformers", 8 / hf["decode_tokens_per_s"])]:
+    print(f"{who} decode b8 ({big}): weights at {4 * params / step_s / 1e9:.1f} GB/s ({4 * params / step_s / 1e9 / bw:.0%} of the "
+          f"{bw:.1f} GB/s read bandwidth of torch.sum over {rows['bandwidth']['mib']} MiB)")
 EOF
