@@ -354,6 +354,10 @@ unsafe fn gemm(
 /// As [`gemm`]'s.
 #[allow(clippy::too_many_arguments)]
 unsafe fn product(m: usize, n: usize, k: usize, lhs: *const f32, lhs_rs: isize, lhs_cs: isize, rhs: *const f32, rhs_rs: isize, rhs_cs: isize, beta: f32) -> Vec<f32> {
+    // An empty sum is zero here, not left to how gemm treats `k` = 0.
+    if k == 0 {
+        return vec![0.0; m * n];
+    }
     let mut dst = Vec::with_capacity(m * n);
     unsafe {
         gemm(m, n, k, dst.as_mut_ptr(), n, false, lhs, lhs_rs, lhs_cs, rhs, rhs_rs, rhs_cs, beta);

@@ -66,6 +66,7 @@ simd_fn! {
 /// `x·cos + rotate_half(x)·sin`; with `inverse`, the transposed rotation (`sin` negated), which
 /// is also the backward pass.
 pub fn rope(x: &[f32], cos: &[f32], sin: &[f32], heads: usize, d: usize, inverse: bool) -> Vec<f32> {
+    assert!(heads > 0 && d > 0, "rope: {heads} heads of size {d}");
     let rows = cos.len() / d;
     assert!(x.len() == rows * heads * d && sin.len() == cos.len() && d.is_multiple_of(2));
     let per_chunk = (CHUNK / (heads * d)).max(1);
