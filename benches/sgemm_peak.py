@@ -15,15 +15,20 @@ import time
 import torch
 
 
-def best_mm_seconds(x, y, repeats):
-    """The fastest of `repeats` timed `torch.mm(x, y)`, after one untimed."""
-    torch.mm(x, y)
+def best_seconds(f, repeats):
+    """The fastest of `repeats` timed calls of `f()`, after one untimed."""
+    f()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        torch.mm(x, y)
+        f()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def best_mm_seconds(x, y, repeats):
+    """The fastest of `repeats` timed `torch.mm(x, y)`, after one untimed."""
+    return best_seconds(lambda: torch.mm(x, y), repeats)
 
 
 def main():

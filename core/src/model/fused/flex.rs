@@ -241,11 +241,9 @@ pub fn bf16_products<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Ten
     fn mul(a: View<'_>, b: View<'_>) -> Vec<f32> {
         g::matmul(a.with(Values::F32), b.with(Values::F32))
     }
-    match weight_layout(&x, &w) {
-        Some(transposed) => products(x, w, transposed, mul),
-        // Other layouts are read as contiguous copies.
-        None => products(x, w, false, mul),
-    }
+    // Layouts other than `weight_layout`'s are read as contiguous copies.
+    let transposed = weight_layout(&x, &w).unwrap_or(false);
+    products(x, w, transposed, mul)
 }
 
 pub fn f32_products<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Option<Tensor<B, 2>> {
