@@ -232,7 +232,7 @@ fn every_scale_plans_and_its_effective_configs_read_back() {
     let tmp = tempfile::tempdir().unwrap();
     for scale in [FULL, "cpu", "mini", "tiny"] {
         let plan = kiln::release::plan(&config, &release_file(), scale, None).unwrap();
-        assert_eq!(plan.runs.len(), if scale == "cpu" { 5 } else { 10 }, "{scale}: cpu runs one batch");
+        assert_eq!(plan.runs.len(), if scale == "cpu" { 4 } else { 10 }, "{scale}: cpu runs two of each batch's five");
         if scale != FULL {
             assert!(plan.root.ends_with(format!("interplay-release-{scale}")), "{}", plan.root.display());
             let (model, dir) = plan.model.as_ref().unwrap();
@@ -404,21 +404,49 @@ fn tiny_release_runs_end_to_end_resumes_and_skips() {
     assert!(files(&evals) == one_device, "050302/evals on two devices differs from one device");
 }
 
-/// The cpu scale maps the release's ops onto its own: the 020305 mixture (typo included), the RL
-/// ranges, the ID threshold of the evaluation; 050302 is left out.
+/// The cpu scale maps the release's ops onto its own: each batch's mixture (020305's typo
+/// included), the RL ranges, the ID threshold of the evaluation; it makes each batch's pre-training
+/// and its RL on op 5-6 only.
 #[test]
 fn the_cpu_scale_maps_the_release_ops() {
     let plan = kiln::release::plan(&release(), &release_file(), "cpu", None).unwrap();
-    assert_eq!(plan.batches, ["020305"]);
+    assert_eq!(plan.batches, ["020305", "050302"]);
     assert_eq!(plan.eval.id_op_threshold, 4);
-    let DataSection::Mixture(m) = &pretrain(run(&plan, "020305", "pretrain")).data else { panic!("a mixture") };
-    assert_eq!((m.ops.as_deref(), m.preset.as_ref()), (Some(&[2, 3, 4][..]), None));
-    let probs = m.probs.as_ref().unwrap();
-    assert!(probs.iter().zip([1.0, 0.3, 0.5]).all(|(a, b)| (a - b).abs() < 1e-9), "020305 as written, op 3 = .86: {probs:?}");
+    let labels: Vec<String> = plan.runs.iter().map(PlannedRun::label).collect();
+    assert_eq!(labels, ["020305 pretrain", "050302 pretrain", "020305 rl op11_14", "050302 rl op11_14"]);
+    for (batch, mixture) in [("020305", [1.0, 0.3, 0.5]), ("050302", [0.5, 0.3, 0.2])] {
+        let DataSection::Mixture(m) = &pretrain(run(&plan, batch, "pretrain")).data else { panic!("a mixture") };
+        assert_eq!((m.ops.as_deref(), m.preset.as_ref()), (Some(&[2, 3, 4][..]), None));
+        let probs = m.probs.as_ref().unwrap();
+        assert!(probs.iter().zip(mixture).all(|(a, b)| (a - b).abs() < 1e-9), "{batch} as written (020305: op 3 = .86): {probs:?}");
+    }
+    // Every run of the release, at this scale's ops.
+    let mut every = release();
+    every.scale.get_mut("cpu").unwrap().runs = None;
+    let plan = kiln::release::plan(&every, &release_file(), "cpu", None).unwrap();
     for (name, ops) in [("op11_14", vec![5, 6]), ("op13_20", vec![6, 7, 8]), ("op15_20", vec![7, 8]), ("opd_refkl", vec![5, 6])] {
         let DataSection::Prompts(p) = &pg(run(&plan, "020305", name)).data else { panic!("prompts") };
         assert_eq!(p.ops, ops, "{name}");
     }
     let effects = kiln::release::report::effects(&[], plan.ops.as_ref());
     assert!(effects.iter().any(|e| e.claim == "RL on op 5-6 (release 11-14) raises OOD accuracy over the base (020305)"), "{effects:?}");
+}
+
+/// `[scale.*] runs` names runs the batches have, and keeps an OPD run's teacher.
+#[test]
+fn a_scale_names_runs_that_exist() {
+    let plan_with = |runs: &[&str]| {
+        let mut config = release();
+        config.scale.get_mut("cpu").unwrap().runs = Some(runs.iter().map(|r| r.to_string()).collect());
+        kiln::release::plan(&config, &release_file(), "cpu", None).map(|p| p.runs.iter().map(PlannedRun::label).collect::<Vec<_>>())
+    };
+    let e = plan_with(&["op11_15"]).unwrap_err().to_string();
+    assert!(e.contains("release.toml") && e.contains("[scale.cpu] runs") && e.contains("no run \"op11_15\"") && e.contains("op13_20"), "{e}");
+    let e = plan_with(&["opd_refkl"]).unwrap_err().to_string();
+    assert!(e.contains("020305's opd_refkl distils its RL run \"op11_14\": name it too"), "{e}");
+    let e = plan_with(&["opd_refkl", "op11_14"]).unwrap_err().to_string();
+    assert!(e.contains("050302's opd_refkl distils its RL run \"op13_20\""), "{e}");
+    let labels = plan_with(&["op13_20", "opd_refkl", "op11_14"]).unwrap();
+    assert_eq!(labels.len(), 2 + 2 * 2 + 2, "{labels:?}");
+    assert!(labels.contains(&"050302 opd".to_owned()) && !labels.iter().any(|l| l.ends_with("op15_20")), "{labels:?}");
 }

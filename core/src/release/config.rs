@@ -6,7 +6,8 @@
 //! [eval]      # samples, temperature, top_p, top_k, min_p, max_new_tokens, seed, id_op_threshold,
 //!             # batch_size, shard_prompts, models = "final" | "all"
 //! [[batch]]   # name; pretrain, rl = [...], opd: run configs; teacher: the OPD teacher's RL run
-//! [scale.mini], [scale.tiny]   # what a smaller scale changes ([`ScaleProfile`])
+//! [scale.cpu], [scale.mini], [scale.tiny]   # what a smaller scale changes ([`ScaleProfile`]):
+//!             # model, ops, batches, runs, splits, pretrain, rl, opd, eval
 //! ```
 //!
 //! Run configs are ordinary `kiln pretrain` / `kiln rl` / `kiln opd` configs; paths are relative
@@ -228,6 +229,9 @@ pub struct ScaleProfile {
     pub ops: Option<BTreeMap<String, u32>>,
     /// Only these `[[batch]]`es, by name (default: every batch).
     pub batches: Option<Vec<String>>,
+    /// Only these runs of each batch besides its pre-training, by name: an RL run's `[output]
+    /// name` (`op11_14`), `opd_refkl` for OPD (which needs its teacher's run too). Default: all.
+    pub runs: Option<Vec<String>>,
     /// Replaces `[data] splits`.
     pub splits: Option<Vec<SplitSpec>>,
     #[serde(default)]
@@ -335,6 +339,9 @@ impl ReleaseConfig {
             }
             if profile.batches.as_ref().is_some_and(Vec::is_empty) {
                 return Err(format!("[scale.{name}] batches: name at least one"));
+            }
+            if profile.runs.as_ref().is_some_and(Vec::is_empty) {
+                return Err(format!("[scale.{name}] runs: name at least one (leave it out for every run)"));
             }
             if let Some(ops) = &profile.ops {
                 super::ops::OpMap::parse(ops).map_err(|e| format!("[scale.{name}] {e}"))?;

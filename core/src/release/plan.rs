@@ -14,7 +14,7 @@
 use std::path::{Component, Path, PathBuf};
 
 use super::ops::OpMap;
-use super::config::{EvalModels, EvalSection, PgScale, PretrainScale, ReleaseConfig, ScaleModel, SplitSpec};
+use super::config::{BatchSection, EvalModels, EvalSection, PgScale, PretrainScale, ReleaseConfig, ScaleModel, SplitSpec};
 use crate::error::{Error, Result};
 use crate::eval::{EvalSettings, ModelEntry, release_models};
 use crate::generate::Sampler;
@@ -277,6 +277,9 @@ pub fn plan(config: &ReleaseConfig, path: &Path, scale: &str, out: Option<&Path>
             runs.push(plan_pg(&batch.name, source, RunKind::Opd, &dir, &data, &base, &model, opd_scale, ops.as_ref(), Some(teacher))?);
         }
     }
+    if let Some(names) = profile.and_then(|p| p.runs.as_ref()) {
+        select_runs(&mut runs, names, &batches).map_err(|m| Error::config(path, format!("[scale.{scale}] runs: {m}")))?;
+    }
     runs.sort_by_key(|r| r.kind.stage());
     Ok(Plan {
         scale: scale.to_owned(),
@@ -296,6 +299,30 @@ pub fn plan(config: &ReleaseConfig, path: &Path, scale: &str, out: Option<&Path>
         },
         ops,
     })
+}
+
+/// Keeps each batch's pre-training and the runs named in `names`; a name no batch has, or an
+/// OPD run kept without its teacher, is an error.
+fn select_runs(runs: &mut Vec<PlannedRun>, names: &[String], batches: &[&BatchSection]) -> std::result::Result<(), String> {
+    if let Some(unknown) = names.iter().find(|n| !runs.iter().any(|r| r.kind != RunKind::Pretrain && &r.name == *n)) {
+        let mut known: Vec<&str> = Vec::new();
+        for run in runs.iter().filter(|r| r.kind != RunKind::Pretrain) {
+            if !known.contains(&run.name.as_str()) {
+                known.push(&run.name);
+            }
+        }
+        return Err(format!("no run {unknown:?} in the scale's batches (they have {})", known.join(", ")));
+    }
+    runs.retain(|r| r.kind == RunKind::Pretrain || names.contains(&r.name));
+    for batch in batches {
+        let opd = runs.iter().any(|r| r.batch == batch.name && r.kind == RunKind::Opd);
+        if let (true, Some(teacher)) = (opd, &batch.teacher)
+            && !names.contains(teacher)
+        {
+            return Err(format!("{}'s opd_refkl distils its RL run {teacher:?}: name it too", batch.name));
+        }
+    }
+    Ok(())
 }
 
 fn read(path: &Path) -> Result<String> {
