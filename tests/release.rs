@@ -444,6 +444,9 @@ fn a_scale_names_runs_that_exist() {
     };
     let e = plan_with(&["op11_15"]).unwrap_err().to_string();
     assert!(e.contains("release.toml") && e.contains("[scale.cpu] runs") && e.contains("no run \"op11_15\"") && e.contains("op13_20"), "{e}");
+    let text = std::fs::read_to_string(release_file()).unwrap().replace("runs = [\"op11_14\"]", "runs = []");
+    let e = ReleaseConfig::from_toml(&release_file(), &text).unwrap_err().to_string();
+    assert!(e.contains("[scale.cpu] runs: name at least one"), "{e}");
     let e = plan_with(&["opd_refkl"]).unwrap_err().to_string();
     assert!(e.contains("020305's opd_refkl distils its RL run \"op11_14\": name it too"), "{e}");
     let e = plan_with(&["opd_refkl", "op11_14"]).unwrap_err().to_string();
@@ -451,4 +454,24 @@ fn a_scale_names_runs_that_exist() {
     let labels = plan_with(&["op13_20", "opd_refkl", "op11_14"]).unwrap();
     assert_eq!(labels.len(), 2 + 2 * 2 + 2, "{labels:?}");
     assert!(labels.contains(&"050302 opd".to_owned()) && !labels.iter().any(|l| l.ends_with("op15_20")), "{labels:?}");
+}
+
+/// The evaluation refuses a test file the scale's splits do not name (another per-op count left
+/// in the root), since it would read it with the others.
+#[test]
+fn evaluation_refuses_test_files_the_scale_does_not_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = kiln::release::plan(&release(), &release_file(), "cpu", Some(tmp.path())).unwrap();
+    let test = plan.data_dir().join("test");
+    std::fs::create_dir_all(&test).unwrap();
+    for (ops, per_op) in [(2..=4, 50), (5..=8, 100)] {
+        for op in ops {
+            std::fs::write(test.join(format!("op{op}-{per_op}.jsonl")), "").unwrap();
+        }
+    }
+    std::fs::write(test.join("notes.txt"), "").unwrap();
+    kiln::release::runner::check_test_split(&plan).unwrap();
+    std::fs::write(test.join("op5-50.jsonl"), "").unwrap();
+    let e = kiln::release::runner::check_test_split(&plan).unwrap_err().to_string();
+    assert!(e.contains("op5-50.jsonl") && e.contains("op5-100.jsonl") && e.contains("fresh --out"), "{e}");
 }

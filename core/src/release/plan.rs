@@ -315,11 +315,11 @@ fn select_runs(runs: &mut Vec<PlannedRun>, names: &[String], batches: &[&BatchSe
     }
     runs.retain(|r| r.kind == RunKind::Pretrain || names.contains(&r.name));
     for batch in batches {
-        let opd = runs.iter().any(|r| r.batch == batch.name && r.kind == RunKind::Opd);
-        if let (true, Some(teacher)) = (opd, &batch.teacher)
+        let opd = runs.iter().find(|r| r.batch == batch.name && r.kind == RunKind::Opd);
+        if let (Some(opd), Some(teacher)) = (opd, &batch.teacher)
             && !names.contains(teacher)
         {
-            return Err(format!("{}'s opd_refkl distils its RL run {teacher:?}: name it too", batch.name));
+            return Err(format!("{}'s {} distils its RL run {teacher:?}: name it too", batch.name, opd.name));
         }
     }
     Ok(())

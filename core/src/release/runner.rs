@@ -221,6 +221,31 @@ fn index_label(run: &PlannedRun) -> String {
     report::role(run)
 }
 
+/// `data/test` holds no `*.jsonl` besides the files of the plan's `test` splits: the evaluation
+/// reads every file there, so one left by another scale or per-op count (`op5-50.jsonl` beside
+/// `op5-100.jsonl`) would be evaluated too. Without a `test` split in the plan, any files go.
+pub fn check_test_split(plan: &Plan) -> Result<()> {
+    let (data, test) = (plan.data_dir(), plan.data_dir().join("test"));
+    let mut expected = Vec::new();
+    for spec in plan.splits.iter().filter(|s| s.split == "test") {
+        let (split, ops) = (spec.split().map_err(Error::InvalidInput)?, spec.op_list().map_err(Error::InvalidInput)?);
+        expected.extend(ops.iter().map(|&op| split.path(&data, op, spec.per_op)));
+    }
+    if expected.is_empty() {
+        return Ok(());
+    }
+    let entries = std::fs::read_dir(&test).map_err(|e| Error::io(&test, e))?;
+    for entry in entries {
+        let path = entry.map_err(|e| Error::io(&test, e))?.path();
+        if path.extension().is_some_and(|x| x == "jsonl") && !expected.contains(&path) {
+            let names: Vec<String> = expected.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).collect();
+            let message = format!("not one of this scale's test files ({}), and the evaluation reads every file here: move it out, or run into a fresh --out", names.join(", "));
+            return Err(Error::data(&path, None, message));
+        }
+    }
+    Ok(())
+}
+
 fn eval<B: AutodiffBackend>(plan: &Plan, devices: &[B::Device], on_event: &mut impl FnMut(Event)) -> Result<()> {
     let settings = plan.eval_settings();
     let test = plan.data_dir().join("test");
@@ -239,6 +264,7 @@ fn eval<B: AutodiffBackend>(plan: &Plan, devices: &[B::Device], on_event: &mut i
         }
         needs(&test, "the evaluation split (data/test)", Stage::Data)?;
         if data.is_none() {
+            check_test_split(plan)?;
             data = Some(EvalData::load(&test, settings.id_op_threshold)?);
         }
         let data = data.as_ref().expect("loaded");
