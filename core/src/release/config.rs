@@ -77,6 +77,12 @@ impl SplitSpec {
         parse_ops(&self.ops)
     }
 
+    /// The files this split writes under `data`, one per op.
+    pub fn paths(&self, data: &Path) -> std::result::Result<Vec<PathBuf>, String> {
+        let split = self.split()?;
+        Ok(self.op_list()?.into_iter().map(|op| split.path(data, op, self.per_op)).collect())
+    }
+
     /// The command that writes this split into `data`.
     pub fn command(&self, data: &Path, seed: u64) -> String {
         format!("kiln data interplay --split {} --ops {} --per-op {} --seed {seed} --out {}", self.split, self.ops, self.per_op, data.display())

@@ -94,7 +94,7 @@ fn data(plan: &Plan, on_event: &mut impl FnMut(Event)) -> Result<()> {
     for spec in &plan.splits {
         let (split, ops) = (spec.split().map_err(Error::InvalidInput)?, spec.op_list().map_err(Error::InvalidInput)?);
         let command = spec.command(&data, plan.seed);
-        let present = ops.iter().all(|&op| split.path(&data, op, spec.per_op).is_file());
+        let present = spec.paths(&data).map_err(Error::InvalidInput)?.iter().all(|p| p.is_file());
         on_event(Event::Split { command: &command, skipped: present });
         if !present {
             let (mut done, total) = (0, ops.len() * spec.per_op);
@@ -228,8 +228,7 @@ pub fn check_test_split(plan: &Plan) -> Result<()> {
     let (data, test) = (plan.data_dir(), plan.data_dir().join("test"));
     let mut expected = Vec::new();
     for spec in plan.splits.iter().filter(|s| s.split == "test") {
-        let (split, ops) = (spec.split().map_err(Error::InvalidInput)?, spec.op_list().map_err(Error::InvalidInput)?);
-        expected.extend(ops.iter().map(|&op| split.path(&data, op, spec.per_op)));
+        expected.extend(spec.paths(&data).map_err(Error::InvalidInput)?);
     }
     if expected.is_empty() {
         return Ok(());
