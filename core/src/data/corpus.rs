@@ -15,6 +15,7 @@ use super::mixture::{Preset, Shard, Take, effective_shares, select, shard_label,
 use super::packing::{PACKING_GROUP, pack_ffd, pack_ffd_documents};
 use super::sample::Sample;
 use crate::error::{Error, Result};
+use crate::par::map_in_order;
 use crate::tasks::Task;
 use crate::tokenizer::Tokenizer;
 
@@ -45,13 +46,15 @@ struct TokenizedShard {
     rows: Vec<Vec<u32>>,
 }
 
+/// Reads the shard's rows in order, then tokenizes them on every core (in order).
 fn tokenize_shard(task: &dyn Task, path: &Path, tokenizer: &Tokenizer) -> Result<TokenizedShard> {
-    let mut rows = Vec::new();
+    let mut texts = Vec::new();
     for item in task.items(path)? {
         let item = item?;
-        let text = item.reference.as_deref().ok_or_else(|| item.source.error(format!("the {} task gives this row no reference text", task.name())))?;
-        rows.push(tokenizer.encode(text)?);
+        let text = item.reference.ok_or_else(|| item.source.error(format!("the {} task gives this row no reference text", task.name())))?;
+        texts.push(text);
     }
+    let rows = map_in_order(&texts, |text| tokenizer.encode(text)).into_iter().collect::<Result<_>>()?;
     Ok(TokenizedShard { rows })
 }
 

@@ -10,6 +10,8 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
 
 use sha2::{Digest, Sha256};
 
@@ -245,7 +247,9 @@ pub struct SplitReport {
 }
 
 /// Generates `per_op` rows for every op of `ops` and writes the split under `dir`. The files
-/// appear only once every op is done.
+/// appear only once every op is done. Ops are generated side by side on the machine's cores
+/// (each op has its own random streams, so its file is the same however many run at once);
+/// `on_row` is called on this thread after each row.
 pub fn write_split(
     dir: &Path,
     split: Split,
@@ -255,28 +259,63 @@ pub fn write_split(
     mut on_row: impl FnMut(),
 ) -> Result<SplitReport> {
     let taken = Seen::load(dir, split)?;
+    // Largest op first: the costliest files start first, the cheap ones fill in behind them.
+    let mut queue: Vec<usize> = (0..ops.len()).collect();
+    queue.sort_by_key(|&i| std::cmp::Reverse(ops[i]));
+    let next = AtomicUsize::new(0);
+    let (tick, ticks) = mpsc::channel::<()>();
+    let mut written: Vec<(usize, Result<(AtomicFile, u64)>)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..crate::par::threads().min(ops.len()))
+            .map(|_| {
+                let (tick, queue, next, taken) = (tick.clone(), &queue, &next, &taken);
+                s.spawn(move || {
+                    let mut done = Vec::new();
+                    while let Some(&i) = queue.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        let file = write_op(dir, split, ops[i], per_op, seed, taken, || {
+                            let _ = tick.send(());
+                        });
+                        let failed = file.is_err();
+                        done.push((i, file));
+                        if failed {
+                            next.store(queue.len(), Ordering::Relaxed);
+                        }
+                    }
+                    done
+                })
+            })
+            .collect();
+        drop(tick);
+        ticks.iter().for_each(|()| on_row());
+        workers.into_iter().flat_map(|w| w.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    });
+    written.sort_by_key(|(i, _)| *i);
     let mut pending = Vec::with_capacity(ops.len());
     let mut report = SplitReport {
         files: Vec::new(),
         rows: 0,
         attempts: 0,
     };
-    for &op in ops {
-        let (rows, attempts) = generate_rows(split, seed, op, per_op, &taken, &mut on_row)?;
-        let path = split.path(dir, op, per_op);
-        let mut file = AtomicFile::create(&path)?;
-        for row in &rows {
-            file.write_line(&row.to_json_line())?;
-        }
+    for (i, file) in written {
+        let (file, attempts) = file?;
         pending.push(file);
-        report.files.push(path);
-        report.rows += rows.len();
+        report.files.push(split.path(dir, ops[i], per_op));
+        report.rows += per_op;
         report.attempts += attempts;
     }
     for file in pending {
         file.commit()?;
     }
     Ok(report)
+}
+
+/// One op's rows, written to its (uncommitted) file; with the generator's attempts.
+fn write_op(dir: &Path, split: Split, op: u32, per_op: usize, seed: u64, taken: &Seen, on_row: impl FnMut()) -> Result<(AtomicFile, u64)> {
+    let (rows, attempts) = generate_rows(split, seed, op, per_op, taken, on_row)?;
+    let mut file = AtomicFile::create(&split.path(dir, op, per_op))?;
+    for row in &rows {
+        file.write_line(&row.to_json_line())?;
+    }
+    Ok((file, attempts))
 }
 
 #[cfg(test)]
