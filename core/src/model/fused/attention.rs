@@ -62,8 +62,8 @@ pub fn forward(dims: Dims, q: &[f32], k: &[f32], v: &[f32], valid: &[u32], scale
 pub fn forward_strided(dims: Dims, q: &[f32], k: &[f32], v: &[f32], kv_stride: usize, valid: &[u32], scale: f32) -> (Vec<f32>, Vec<f32>) {
     check_strided(dims, q, k, v, kv_stride, valid);
     // Not zeroed: the tasks write every query row of both (see the end).
-    let mut out = Vec::with_capacity(dims.q_len());
-    let mut lse = Vec::with_capacity(dims.batch * dims.queries * dims.heads);
+    let mut out = simd::unwritten(dims.q_len());
+    let mut lse = simd::unwritten(dims.batch * dims.queries * dims.heads);
     let per_block = (BLOCK_ROWS / dims.group()).max(1);
     let blocks = dims.queries.div_ceil(per_block);
     let (out_ptr, lse_ptr) = (Shared(out.as_mut_ptr()), Shared(lse.as_mut_ptr()));
@@ -117,9 +117,9 @@ pub fn backward(
     assert!(out.len() == dims.q_len() && dout.len() == dims.q_len() && lse.len() == dims.batch * dims.queries * dims.heads);
     let d = d(dims);
     // Not zeroed: the tasks write every value of all three (see the end).
-    let mut dq = Vec::with_capacity(dims.q_len());
-    let mut dk = Vec::with_capacity(dims.kv_len());
-    let mut dv = Vec::with_capacity(dims.kv_len());
+    let mut dq = simd::unwritten(dims.q_len());
+    let mut dk = simd::unwritten(dims.kv_len());
+    let mut dv = simd::unwritten(dims.kv_len());
     let per_block = (BLOCK_ROWS / dims.group()).max(1);
     let (dq_ptr, dk_ptr, dv_ptr) = (Shared(dq.as_mut_ptr()), Shared(dk.as_mut_ptr()), Shared(dv.as_mut_ptr()));
     (0..dims.batch * dims.kv_heads).into_par_iter().for_each(|task| {
@@ -358,7 +358,7 @@ unsafe fn product(m: usize, n: usize, k: usize, lhs: *const f32, lhs_rs: isize, 
     if k == 0 {
         return vec![0.0; m * n];
     }
-    let mut dst = Vec::with_capacity(m * n);
+    let mut dst = simd::unwritten(m * n);
     unsafe {
         gemm(m, n, k, dst.as_mut_ptr(), n, false, lhs, lhs_rs, lhs_cs, rhs, rhs_rs, rhs_cs, beta);
         dst.set_len(m * n);

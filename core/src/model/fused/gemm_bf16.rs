@@ -75,7 +75,7 @@ pub fn matmul(a: Operand<'_>, b: Operand<'_>) -> Vec<f32> {
     }
     // Every value of `c` is written below, through the raw pointer, before its length is set:
     // no zeroing pass over a buffer about to be overwritten.
-    let mut c: Vec<f32> = Vec::with_capacity(m * n);
+    let mut c: Vec<f32> = super::simd::unwritten(m * n);
     let kp = k.div_ceil(2);
     // This thread's packing buffers, taken (a product that runs on this thread while this one
     // waits in rayon finds none and makes its own).

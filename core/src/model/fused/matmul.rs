@@ -54,7 +54,7 @@ pub fn matmul(a: View<'_>, b: View<'_>) -> Vec<f32> {
     assert_eq!(a.cols, b.rows, "inner dimensions");
     assert!(a.fits(a.values.len()) && b.fits(b.values.len()), "operand views reach past their values");
     let (m, n, k) = (a.rows, b.cols, a.cols);
-    let mut c: Vec<f32> = Vec::with_capacity(m * n);
+    let mut c: Vec<f32> = super::simd::unwritten(m * n);
     if m == 0 || n == 0 {
         return c;
     }

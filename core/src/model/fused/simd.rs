@@ -80,6 +80,21 @@ macro_rules! simd_fn {
 #[allow(unused_imports)]
 pub(crate) use simd_fn;
 
+/// An empty vector with room for `len` values, for a kernel that writes every one of them before
+/// `set_len` (no zeroing pass). In debug builds, and with `KILN_POISON_UNWRITTEN=1`, the room is
+/// first filled with NaN, so a value a kernel leaves unwritten shows as NaN rather than as
+/// whatever the allocator's reused memory held.
+pub fn unwritten(len: usize) -> Vec<f32> {
+    static POISON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let poison = cfg!(debug_assertions) || *POISON.get_or_init(|| std::env::var_os("KILN_POISON_UNWRITTEN").is_some_and(|v| v == "1"));
+    if !poison {
+        return Vec::with_capacity(len);
+    }
+    let mut v = vec![f32::NAN; len];
+    v.clear();
+    v
+}
+
 /// `N` new vectors of `len` values each, written by `fill` (a kernel's outputs), rather than zeroed
 /// vectors the kernel then overwrites: the zeroing was a pass over every output, 5–7% of a tiny
 /// model's training step (`memset`; the allocator hands back memory it keeps, so nothing else
@@ -88,7 +103,7 @@ pub(crate) use simd_fn;
 /// # Safety
 /// `fill` writes every value of every output.
 pub unsafe fn written<const N: usize>(len: usize, fill: impl FnOnce([&mut [MaybeUninit<f32>]; N])) -> [Vec<f32>; N] {
-    let mut out: [Vec<f32>; N] = std::array::from_fn(|_| Vec::with_capacity(len));
+    let mut out: [Vec<f32>; N] = std::array::from_fn(|_| unwritten(len));
     fill(out.each_mut().map(|v| &mut v.spare_capacity_mut()[..len]));
     for v in &mut out {
         // SAFETY: `fill` wrote all `len` values (the caller's promise).
