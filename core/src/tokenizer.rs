@@ -96,7 +96,7 @@ impl Tokenizer {
 
     /// Token ids of `text`, without adding any special token.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        // The same ids as `encode`, without tracking offsets.
+        // tokenizers' `encode_fast`: the ids of its `encode`, without tracking offsets.
         let encoding = self.inner.encode_fast(text, false).map_err(|e| self.error(e))?;
         Ok(encoding.get_ids().to_vec())
     }
