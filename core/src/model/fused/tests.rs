@@ -39,8 +39,13 @@ fn max_diff<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> f32
 /// Random inputs: batch 3, `t` queries over `s` keys, 6 heads on 2 KV heads, d = 8; row 0 packs
 /// three documents, row 1 has left padding, row 2 right padding after two packed documents.
 fn case<B: Backend>(t: usize, s: usize) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>, KeyMask) {
+    case_with_head_dim(t, s, 8)
+}
+
+/// [`case`] with heads of `d` values.
+fn case_with_head_dim<B: Backend>(t: usize, s: usize, d: usize) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>, KeyMask) {
     let device = Default::default();
-    let (b, h, kv, d) = (3, 6, 2, 8);
+    let (b, h, kv) = (3, 6, 2);
     let n = Distribution::Normal(0.0, 1.0);
     let q = Tensor::random([b, t, h, d], n, &device);
     let k = Tensor::random([b, s, kv, d], n, &device);
@@ -57,11 +62,14 @@ fn case<B: Backend>(t: usize, s: usize) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B
 
 #[test]
 fn attention_matches_burn_ops_for_prefill_and_cached_decoding() {
-    for (t, s) in [(7, 7), (1, 9), (3, 10), (300, 300)] {
-        let (q, k, v, mask) = case::<Flex>(t, s);
+    // (1, 9) and (2, 12) take the streamed path for few query rows (3 and 6 rows of 3 heads),
+    // for a head size of its own and the sizes it has compiled-in loops for.
+    let cases = [(7, 7, 8), (1, 9, 8), (2, 12, 8), (1, 9, 32), (1, 40, 32), (2, 70, 64), (1, 33, 128), (3, 10, 8), (300, 300, 8)];
+    for (t, s, d) in cases {
+        let (q, k, v, mask) = case_with_head_dim::<Flex>(t, s, d);
         let fused = attention(q.clone(), k.clone(), v.clone(), &mask).expect("fused path on Flex");
         let err = max_diff(fused, reference(q.clone(), k.clone(), v.clone(), &mask));
-        assert!(err < 2e-5, "t {t}, s {s}: max |Δ| = {err:e}");
+        assert!(err < 2e-5, "t {t}, s {s}, d {d}: max |Δ| = {err:e}");
         // Keys and values as a KV cache holds them: the first `s` positions of a longer buffer
         // (read in place; batch rows `s + 5` positions apart, starting after an offset).
         let spare = |x: Tensor<Flex, 4>| {
@@ -71,7 +79,7 @@ fn attention_matches_burn_ops_for_prefill_and_cached_decoding() {
         };
         let fused = attention(q.clone(), spare(k.clone()), spare(v.clone()), &mask).expect("fused path on Flex");
         let err = max_diff(fused, reference(q, k, v, &mask));
-        assert!(err < 2e-5, "in place, t {t}, s {s}: max |Δ| = {err:e}");
+        assert!(err < 2e-5, "in place, t {t}, s {s}, d {d}: max |Δ| = {err:e}");
     }
 }
 
