@@ -139,12 +139,12 @@ pub fn rms_norm_backward(x: &[f32], weight: &[f32], inv: &[f32], dout: &[f32]) -
     let width = weight.len();
     let per_chunk = (CHUNK / width).max(1);
     assert!(x.len() == inv.len() * width && dout.len() == x.len(), "whole rows");
-    let mut dweight = Vec::new();
+    let mut dweight = None;
     // SAFETY: `x`, `dout` and `dx` are whole rows, one per value of `inv` (asserted), chunked
     // alike, and the body writes every row of its chunk of `dx`.
     let [dx] = unsafe {
         simd::written(x.len(), |[dx]| {
-            dweight = dx
+            let partials: Vec<Vec<f32>> = dx
                 .par_chunks_mut(per_chunk * width)
                 .zip(x.par_chunks(per_chunk * width).zip(dout.par_chunks(per_chunk * width)).zip(inv.par_chunks(per_chunk)))
                 .map(|(dx, ((x, dout), inv))| {
@@ -152,12 +152,16 @@ pub fn rms_norm_backward(x: &[f32], weight: &[f32], inv: &[f32], dout: &[f32]) -
                     rms_norm_backward_body(dx, &mut dw, x, weight, inv, dout);
                     dw
                 })
-                .reduce(|| vec![0.0f32; width], |mut a, b| {
-                    a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-                    a
-                })
+                .collect();
+            // Summed in chunk order: rayon's `reduce` groups the partial sums as its threads
+            // happened to split the work, so the gradient's rounding followed the timing.
+            dweight = partials.into_iter().reduce(|mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+                a
+            });
         })
     };
+    let dweight = dweight.unwrap_or_else(|| vec![0.0f32; weight.len()]);
     (dx, dweight)
 }
 
@@ -278,6 +282,30 @@ simd_fn! {
             p[i].write(param - (exp_avg / denom) * s.step_size);
             m[i].write(exp_avg);
             v[i].write(exp_avg_sq);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The weight gradient sums per-chunk partials; their order must not depend on the threads.
+    #[test]
+    fn rms_norm_weight_gradient_does_not_depend_on_the_threads() {
+        let (rows, width) = (4096, 64);
+        let value = |i: usize, salt: usize| ((i * 2654435761 + salt * 97) % 1000) as f32 / 1000.0 - 0.5;
+        let x: Vec<f32> = (0..rows * width).map(|i| value(i, 1)).collect();
+        let dout: Vec<f32> = (0..rows * width).map(|i| value(i, 2) * 1e-3).collect();
+        let weight: Vec<f32> = (0..width).map(|i| 1.0 + value(i, 3)).collect();
+        let inv: Vec<f32> = (0..rows).map(|i| 1.0 + value(i, 4)).collect();
+        let with = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| rms_norm_backward(&x, &weight, &inv, &dout).1)
+        };
+        let one = with(1);
+        for threads in [2, 3, 8] {
+            assert_eq!(with(threads), one, "{threads} threads");
         }
     }
 }
