@@ -464,7 +464,7 @@ fn evaluation_refuses_test_files_the_scale_does_not_name() {
     let plan = kiln::release::plan(&release(), &release_file(), "cpu", Some(tmp.path())).unwrap();
     let test = plan.data_dir().join("test");
     std::fs::create_dir_all(&test).unwrap();
-    for (ops, per_op) in [(2..=4, 50), (5..=8, 100)] {
+    for (ops, per_op) in [(2..=4, 50), (5..=8, 150)] {
         for op in ops {
             std::fs::write(test.join(format!("op{op}-{per_op}.jsonl")), "").unwrap();
         }
@@ -473,5 +473,5 @@ fn evaluation_refuses_test_files_the_scale_does_not_name() {
     kiln::release::runner::check_test_split(&plan).unwrap();
     std::fs::write(test.join("op5-50.jsonl"), "").unwrap();
     let e = kiln::release::runner::check_test_split(&plan).unwrap_err().to_string();
-    assert!(e.contains("op5-50.jsonl") && e.contains("op5-100.jsonl") && e.contains("fresh --out"), "{e}");
+    assert!(e.contains("op5-50.jsonl") && e.contains("op5-150.jsonl") && e.contains("fresh --out"), "{e}");
 }
