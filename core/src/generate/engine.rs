@@ -327,7 +327,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             }
             if done * 4 >= running.slots.len() || (left > 0 && done > 0 && free_after >= refill_at(capacity).min(left)) {
                 let taken = std::mem::replace(&mut running.cache, KvCache::new(0));
-                running.cache = taken.select_rows(index_tensor::<B>(&active, &device)).trim();
+                running.cache = taken.select_and_trim(index_tensor::<B>(&active, &device));
                 running.slots = active.iter().map(|&r| running.slots[r]).collect();
             }
             let step = self.decode_inputs(&running.slots, sequences, &device);
@@ -359,7 +359,10 @@ impl<'a, B: Backend> Engine<'a, B> {
         }
         let vocab = logits.dims()[1];
         let host: Vec<f32> = logits.clone().into_data().convert::<f32>().into_vec().expect("f32 logits");
-        (host.chunks_exact(vocab).zip(u).map(|(row, u)| params.sampler.sample(row, u)).collect(), 0.0)
+        // Rows sample independently (f64 softmax over the vocabulary, the step's one serial
+        // part): on every core, in row order.
+        let rows: Vec<(&[f32], f32)> = host.chunks_exact(vocab).zip(u).collect();
+        (crate::par::map_in_order(&rows, |&(row, u)| params.sampler.sample(row, u)), 0.0)
     }
 
     /// Takes up to `free` waiting samples (whole prompts' worth where possible), prefills the

@@ -7,6 +7,8 @@
 
 use burn::tensor::{Int, Tensor, backend::Backend};
 
+use crate::model::fused::{self, RowSpec};
+
 /// Cached keys and values of one decoder layer: buffers with room to grow along the sequence
 /// axis, of which the first `len` positions are filled. A decoding step writes its keys in
 /// place (`slice_assign` on a buffer nothing else holds), so a token costs O(1) copies, not the
@@ -144,6 +146,13 @@ impl<B: Backend> KvCache<B> {
     /// Keeps (and possibly repeats) batch rows: row `i` of the result is row `rows[i]` of `self`.
     /// Used to fan one prefill out to `n` samples and to drop finished rows.
     pub fn select_rows(self, rows: Tensor<B, 1, Int>) -> Self {
+        if let Some(host) = self.host_rows(&rows) {
+            let specs: Vec<RowSpec> = host.iter().map(|&row| RowSpec { source: 0, row, from: 0, at: 0 }).collect();
+            if let Some(layers) = Self::gathered(&[&self], &specs, self.len()) {
+                let key_valid = self.key_valid.map(|m| m.select(0, rows));
+                return Self { layers, key_valid };
+            }
+        }
         let layers = self
             .layers
             .into_iter()
@@ -163,6 +172,18 @@ impl<B: Backend> KvCache<B> {
     /// its own positions. Used to add newly prefilled sequences to a running batch.
     pub fn stack(caches: Vec<Self>) -> Self {
         let len = caches.iter().map(Self::len).max().unwrap_or(0);
+        let specs: Vec<RowSpec> = caches
+            .iter()
+            .enumerate()
+            .flat_map(|(source, c)| {
+                let rows = c.key_valid.as_ref().map_or(0, |m| m.dims()[0]);
+                (0..rows).map(move |row| RowSpec { source, row, from: 0, at: len - c.len() })
+            })
+            .collect();
+        if let Some(layers) = Self::gathered(&caches.iter().collect::<Vec<_>>(), &specs, len) {
+            let key_valid: Option<Vec<_>> = caches.into_iter().map(|c| c.left_pad_mask(len)).collect();
+            return Self { layers, key_valid: key_valid.map(|m| Tensor::cat(m, 0)) };
+        }
         let padded: Vec<Self> = caches.into_iter().map(|c| c.left_pad(len)).collect();
         let num_layers = padded.first().map_or(0, |c| c.layers.len());
         let layers = (0..num_layers)
@@ -178,6 +199,50 @@ impl<B: Backend> KvCache<B> {
             .collect();
         let key_valid: Option<Vec<_>> = padded.into_iter().map(|c| c.key_valid).collect();
         Self { layers, key_valid: key_valid.map(|m| Tensor::cat(m, 0)) }
+    }
+
+    /// The key mask with `len - self.len()` padding positions in front.
+    fn left_pad_mask(self, len: usize) -> Option<Tensor<B, 2, Int>> {
+        let extra = len - self.len();
+        match self.key_valid {
+            Some(valid) if extra > 0 => {
+                let [batch, _] = valid.dims();
+                let device = valid.device();
+                Some(Tensor::cat(vec![Tensor::zeros([batch, extra], &device), valid], 1))
+            }
+            valid => valid,
+        }
+    }
+
+    /// On the Flex backend, the layers of `sources` gathered row by row into new buffers with
+    /// room for [`GROW`] more positions, one copy per layer ([`fused::gather_rows`]: the
+    /// next decoding steps write in place, where burn's ops would copy the cache again to
+    /// pad, concatenate and grow it). `len` is the result's filled length. `None` where that
+    /// does not apply.
+    fn gathered(sources: &[&Self], specs: &[RowSpec], len: usize) -> Option<Vec<LayerCache<B>>> {
+        let capacity = (len + GROW).next_multiple_of(GROW);
+        let num_layers = sources.first()?.layers.len();
+        (0..num_layers)
+            .map(|i| {
+                let seq_dim = sources[0].layers[i].seq_dim;
+                // The fused CPU path's `[batch, seq, kv_heads, head_dim]` layout only.
+                if seq_dim != 1 || sources.iter().any(|c| c.layers[i].seq_dim != 1 || c.layers[i].len != c.len()) {
+                    return None;
+                }
+                let (k, v): (Vec<_>, Vec<_>) = sources.iter().map(|c| c.layers[i].filled()).collect::<Option<Vec<_>>>()?.into_iter().unzip();
+                let (k, v) = (fused::gather_rows(&k, specs, capacity)?, fused::gather_rows(&v, specs, capacity)?);
+                Some(LayerCache { kv: Some((k, v)), len, seq_dim })
+            })
+            .collect()
+    }
+
+    /// `rows` on the host, when the Flex fast path may take them (reading them back is free there).
+    fn host_rows(&self, rows: &Tensor<B, 1, Int>) -> Option<Vec<usize>> {
+        if !fused::is_flex::<B>() {
+            return None;
+        }
+        let host: Vec<i64> = rows.clone().into_data().convert::<i64>().into_vec().ok()?;
+        host.into_iter().map(|r| usize::try_from(r).ok()).collect()
     }
 
     /// The cache with `len - self.len()` padding positions in front.
@@ -211,12 +276,15 @@ impl<B: Backend> KvCache<B> {
     pub fn trim(self) -> Self {
         let Some(valid) = self.key_valid.clone() else { return self };
         let [batch, len] = valid.dims();
-        let host: Vec<i64> = valid.clone().into_data().convert::<i64>().into_vec().expect("int mask");
-        let start = (0..len).find(|&j| (0..batch).any(|b| host[b * len + j] != 0)).unwrap_or(len.saturating_sub(1));
+        let start = first_kept(&valid);
         if start == 0 {
             return self;
         }
         let keep = len - start;
+        let specs: Vec<RowSpec> = (0..batch).map(|row| RowSpec { source: 0, row, from: start, at: 0 }).collect();
+        if let Some(layers) = Self::gathered(&[&self], &specs, keep) {
+            return Self { layers, key_valid: Some(valid.narrow(1, start, keep)) };
+        }
         let layers = self
             .layers
             .into_iter()
@@ -224,8 +292,30 @@ impl<B: Backend> KvCache<B> {
             .collect();
         Self { layers, key_valid: Some(valid.narrow(1, start, keep)) }
     }
+
+    /// [`KvCache::select_rows`] then [`KvCache::trim`]; in one copy on the Flex backend (used to
+    /// drop a running batch's finished rows).
+    pub fn select_and_trim(self, rows: Tensor<B, 1, Int>) -> Self {
+        if let (Some(host), Some(valid)) = (self.host_rows(&rows), self.key_valid.clone()) {
+            let valid = valid.select(0, rows.clone());
+            let len = valid.dims()[1];
+            let start = first_kept(&valid);
+            let specs: Vec<RowSpec> = host.iter().map(|&row| RowSpec { source: 0, row, from: start, at: 0 }).collect();
+            if let Some(layers) = Self::gathered(&[&self], &specs, len - start) {
+                return Self { layers, key_valid: Some(valid.narrow(1, start, len - start)) };
+            }
+        }
+        self.select_rows(rows).trim()
+    }
 }
 
+/// The first position that is a real token in some row of `valid` `[batch, len]` (the last one if
+/// none is): the positions before it are padding in every row.
+fn first_kept<B: Backend>(valid: &Tensor<B, 2, Int>) -> usize {
+    let [batch, len] = valid.dims();
+    let host: Vec<i64> = valid.clone().into_data().convert::<i64>().into_vec().expect("int mask");
+    (0..len).find(|&j| (0..batch).any(|b| host[b * len + j] != 0)).unwrap_or(len.saturating_sub(1))
+}
 
 #[cfg(test)]
 mod tests {
@@ -278,6 +368,56 @@ mod tests {
         let stacked = KvCache::stack(vec![one, a]);
         assert_eq!(stacked.layers[0].filled().unwrap().0.dims(), [5, 1, 4, 2]);
         assert_eq!(stacked.len(), 4);
+    }
+
+    /// The Flex fast path of `select_rows`, `stack` and `trim` (one copy into buffers with room
+    /// to grow, `[batch, seq, kv_heads, head_dim]` layers) gives burn's ops' values.
+    #[test]
+    fn gathered_rows_equal_selecting_padding_and_narrowing() {
+        let device = Default::default();
+        let index = |rows: &[i64]| Tensor::<Flex, 1, Int>::from_data(TensorData::new(rows.to_vec(), [rows.len()]), &device);
+        let cache = |batch: usize, len: usize, valid: Vec<i64>| {
+            let mut c = KvCache::<Flex>::new(2);
+            for layer in &mut c.layers {
+                layer.append_along(chunk([batch, len, 2, 4]), chunk([batch, len, 2, 4]), 1);
+            }
+            c.key_valid = Some(Tensor::from_data(TensorData::new(valid, [batch, len]), &device));
+            c
+        };
+        let filled = |c: &KvCache<Flex>| c.layers.iter().map(|l| l.filled().unwrap()).collect::<Vec<_>>();
+        let same = |got: Vec<(Tensor<Flex, 4>, Tensor<Flex, 4>)>, want: Vec<(Tensor<Flex, 4>, Tensor<Flex, 4>)>| {
+            for ((k, v), (wk, wv)) in got.into_iter().zip(want) {
+                k.into_data().assert_eq(&wk.into_data(), true);
+                v.into_data().assert_eq(&wv.into_data(), true);
+            }
+        };
+        let a = cache(2, 5, vec![0, 1, 1, 1, 1, 0, 0, 1, 1, 1]);
+        let b = cache(1, 3, vec![1, 1, 1]);
+
+        let selected = a.clone().select_rows(index(&[1, 1, 0]));
+        same(filled(&selected), filled(&a).into_iter().map(|(k, v)| (k.select(0, index(&[1, 1, 0])), v.select(0, index(&[1, 1, 0])))).collect());
+        assert!(selected.layers[0].kv.as_ref().unwrap().0.dims()[1] > 5, "room to grow");
+
+        let stacked = KvCache::stack(vec![a.clone(), b.clone()]);
+        let pad = |t: Tensor<Flex, 4>| Tensor::cat(vec![Tensor::zeros([1, 2, 2, 4], &device), t], 1);
+        let want = filled(&a).into_iter().zip(filled(&b)).map(|((ka, va), (kb, vb))| (Tensor::cat(vec![ka, pad(kb)], 0), Tensor::cat(vec![va, pad(vb)], 0)));
+        same(filled(&stacked), want.collect());
+        let valid: Vec<i64> = stacked.key_valid.clone().unwrap().into_data().convert::<i64>().to_vec().unwrap();
+        assert_eq!(valid, [0, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1]);
+
+        // Rows 1 and 1 of `a`: positions 0 and 1 are padding in both.
+        let kept = a.clone().select_and_trim(index(&[1, 1]));
+        assert_eq!(kept.len(), 3);
+        same(filled(&kept), filled(&a).into_iter().map(|(k, v)| (k.select(0, index(&[1, 1])).narrow(1, 2, 3), v.select(0, index(&[1, 1])).narrow(1, 2, 3))).collect());
+
+        // Position 0 is padding in both rows of `a`.
+        let mut trimmed = a.clone().trim();
+        assert_eq!(trimmed.len(), 4);
+        same(filled(&trimmed), filled(&a).into_iter().map(|(k, v)| (k.narrow(1, 1, 4), v.narrow(1, 1, 4))).collect());
+        // The next position is written into the gathered buffer, not a grown copy.
+        let capacity = trimmed.layers[0].kv.as_ref().unwrap().0.dims()[1];
+        trimmed.layers[0].append_along(chunk([2, 1, 2, 4]), chunk([2, 1, 2, 4]), 1);
+        assert_eq!(trimmed.layers[0].kv.as_ref().unwrap().0.dims()[1], capacity);
     }
 
     #[test]

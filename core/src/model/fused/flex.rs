@@ -216,6 +216,45 @@ pub fn write_in_place<B: Backend>(buffer: Tensor<B, 4>, dim: usize, start: usize
     Ok(tensor::<B, _, 4>(dst))
 }
 
+/// A new `[rows.len(), capacity, K, d]` f32 buffer: output row `i` holds positions `from..S` of
+/// batch row `row` of `sources[source]` at positions `at..` ([`super::RowSpec`]), zeros elsewhere.
+/// `None` for another backend, dtype or layout (each source must be a `[b, S, K, d]` view whose
+/// batch rows lie densely, as a KV cache's filled part does) or a row that does not fit.
+pub fn gather_rows<B: Backend>(sources: &[Tensor<B, 4>], rows: &[super::RowSpec], capacity: usize) -> Option<Tensor<B, 4>> {
+    let [_, _, kv_heads, head_dim] = sources.first()?.dims();
+    if !is_flex::<B>() || sources.iter().any(|s| s.dtype() != DType::F32 || s.dims()[2..] != [kv_heads, head_dim]) {
+        return None;
+    }
+    let flex: Vec<(FlexTensor, usize, usize)> = sources
+        .iter()
+        .map(|s| primitive::<B, FlexTensor, 4>(s.clone()).map(|t| (t, s.dims()[0], s.dims()[1])))
+        .collect::<Option<_>>()?;
+    let parts: Vec<(&[f32], usize, usize, usize)> = flex
+        .iter()
+        .map(|(t, batch, keys)| {
+            let dims = Dims { batch: *batch, queries: *keys, keys: *keys, heads: kv_heads, kv_heads, head_dim };
+            kv_rows(t, dims).map(|(values, stride)| (values, stride, *batch, *keys))
+        })
+        .collect::<Option<_>>()?;
+    let width = kv_heads * head_dim;
+    let fits = |r: &super::RowSpec| {
+        parts.get(r.source).is_some_and(|&(values, stride, batch, keys)| {
+            r.row < batch && r.from <= keys && r.at + keys - r.from <= capacity && r.row * stride + keys * width <= values.len()
+        })
+    };
+    if !rows.iter().all(fits) {
+        return None;
+    }
+    let mut out = vec![0.0f32; rows.len() * capacity * width];
+    for (i, r) in rows.iter().enumerate() {
+        let (values, stride, _, keys) = parts[r.source];
+        let n = (keys - r.from) * width;
+        let at = (i * capacity + r.at) * width;
+        out[at..at + n].copy_from_slice(&values[r.row * stride + r.from * width..][..n]);
+    }
+    Some(tensor::<B, _, 4>(from_vec(out, &[rows.len(), capacity, kv_heads, head_dim])))
+}
+
 /// The values of a `[B, S, K, d]` f32 view whose positions, heads and features lie densely in
 /// each batch row (a prefix of a KV cache's `[B, capacity, K, d]` buffer), from its first element,
 /// and the distance between its batch rows; `None` for any other layout.

@@ -39,6 +39,14 @@ pub fn available<B: Backend>() -> bool {
     false
 }
 
+/// Whether `B` is the Flex backend itself (not under autodiff).
+pub fn is_flex<B: Backend>() -> bool {
+    #[cfg(feature = "flex")]
+    return flex::is_flex::<B>();
+    #[cfg(not(feature = "flex"))]
+    false
+}
+
 /// Causal grouped-query attention (see `attention.rs` for the masking rule): `q` `[B, T, H, d]`,
 /// `k` and `v` `[B, S, K, d]`, the output `[B, T, H, d]`, scores scaled by `1/√d`.
 pub fn attention<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, mask: &KeyMask) -> Option<Tensor<B, 4>> {
@@ -63,6 +71,29 @@ pub fn write_in_place<B: Backend>(buffer: Tensor<B, 4>, dim: usize, start: usize
     {
         let _ = (dim, start);
         Err((buffer, value))
+    }
+}
+
+/// One row of [`gather_rows`]: positions `from..` of batch row `row` of source `source`,
+/// written from position `at` of the output row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowSpec {
+    pub source: usize,
+    pub row: usize,
+    pub from: usize,
+    pub at: usize,
+}
+
+/// Rows of KV-cache layers (`[b, S, K, d]` views, each batch row's positions dense) gathered into
+/// a new `[rows.len(), capacity, K, d]` buffer in one copy, zeros wherever no row writes; `None`
+/// where that does not apply (another backend, dtype or layout), for the caller's burn ops.
+pub fn gather_rows<B: Backend>(sources: &[Tensor<B, 4>], rows: &[RowSpec], capacity: usize) -> Option<Tensor<B, 4>> {
+    #[cfg(feature = "flex")]
+    return flex::gather_rows(sources, rows, capacity);
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = (sources, rows, capacity);
+        None
     }
 }
 
