@@ -413,7 +413,7 @@ fn the_cpu_scale_maps_the_release_ops() {
     assert_eq!(plan.batches, ["020305", "050302"]);
     assert_eq!(plan.eval.id_op_threshold, 4);
     let test: Vec<(Vec<u32>, usize)> = plan.splits.iter().filter(|s| s.split == "test").map(|s| (s.op_list().unwrap(), s.per_op)).collect();
-    assert_eq!(test, [(vec![2, 3, 4], 50), (vec![5, 6, 7, 8], 100)], "twice the prompts on the OOD ops the claims compare");
+    assert_eq!(test, [(vec![2, 3, 4], 50), (vec![5, 6, 7, 8], 150)], "three times the prompts on the OOD ops the claims compare");
     let labels: Vec<String> = plan.runs.iter().map(PlannedRun::label).collect();
     assert_eq!(labels, ["020305 pretrain", "050302 pretrain", "020305 rl op11_14", "050302 rl op11_14"]);
     for (batch, mixture) in [("020305", [1.0, 0.3, 0.5]), ("050302", [0.5, 0.3, 0.2])] {

@@ -12,8 +12,10 @@
 //! in the forward pass; tasks run on rayon's pool and write disjoint parts of the outputs. Within
 //! a task the scores of a block of queries against all keys they can see are one matrix product
 //! (gemm), the masked softmax runs row by row ([`simd_fn!`] dispatch), and the weighted sum of
-//! values is a second product. The backward pass recomputes the probabilities from the saved
-//! log-sum-exps (FlashAttention-2's recipe) instead of keeping the `T × S` probabilities.
+//! values is a second product. A block of a few query rows (decoding) streams the keys and values
+//! instead ([`FEW_ROWS`]), and the forward pass leaves out a row's leading padding. The backward
+//! pass recomputes the probabilities from the saved log-sum-exps (FlashAttention-2's recipe)
+//! instead of keeping the `T × S` probabilities.
 
 use rayon::prelude::*;
 
