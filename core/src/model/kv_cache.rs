@@ -181,7 +181,7 @@ impl<B: Backend> KvCache<B> {
             })
             .collect();
         if let Some(layers) = Self::gathered(&caches.iter().collect::<Vec<_>>(), &specs, len) {
-            let key_valid: Option<Vec<_>> = caches.into_iter().map(|c| c.left_pad_mask(len)).collect();
+            let key_valid: Option<Vec<_>> = caches.into_iter().map(|c| left_padded_mask(c.key_valid, len)).collect();
             return Self { layers, key_valid: key_valid.map(|m| Tensor::cat(m, 0)) };
         }
         let padded: Vec<Self> = caches.into_iter().map(|c| c.left_pad(len)).collect();
@@ -199,19 +199,6 @@ impl<B: Backend> KvCache<B> {
             .collect();
         let key_valid: Option<Vec<_>> = padded.into_iter().map(|c| c.key_valid).collect();
         Self { layers, key_valid: key_valid.map(|m| Tensor::cat(m, 0)) }
-    }
-
-    /// The key mask with `len - self.len()` padding positions in front.
-    fn left_pad_mask(self, len: usize) -> Option<Tensor<B, 2, Int>> {
-        let extra = len - self.len();
-        match self.key_valid {
-            Some(valid) if extra > 0 => {
-                let [batch, _] = valid.dims();
-                let device = valid.device();
-                Some(Tensor::cat(vec![Tensor::zeros([batch, extra], &device), valid], 1))
-            }
-            valid => valid,
-        }
     }
 
     /// On the Flex backend, the layers of `sources` gathered row by row into new buffers with
@@ -252,7 +239,6 @@ impl<B: Backend> KvCache<B> {
             (Some(valid), 1..) => valid.clone(),
             _ => return self,
         };
-        let [batch, _] = valid.dims();
         let device = valid.device();
         let layers = self
             .layers
@@ -267,8 +253,7 @@ impl<B: Backend> KvCache<B> {
                 LayerCache::holding(layer.filled().map(|(k, v)| (pad(k), pad(v))), dim)
             })
             .collect();
-        let valid = Tensor::cat(vec![Tensor::zeros([batch, extra], &device), valid], 1);
-        Self { layers, key_valid: Some(valid) }
+        Self { layers, key_valid: left_padded_mask(Some(valid), len) }
     }
 
     /// Drops leading positions that are padding in every row (left behind by rows that left the
@@ -306,6 +291,18 @@ impl<B: Backend> KvCache<B> {
             }
         }
         self.select_rows(rows).trim()
+    }
+}
+
+/// A key mask `[batch, cached]` with `len - cached` padding positions in front.
+fn left_padded_mask<B: Backend>(valid: Option<Tensor<B, 2, Int>>, len: usize) -> Option<Tensor<B, 2, Int>> {
+    match valid {
+        Some(valid) if len > valid.dims()[1] => {
+            let [batch, cached] = valid.dims();
+            let device = valid.device();
+            Some(Tensor::cat(vec![Tensor::zeros([batch, len - cached], &device), valid], 1))
+        }
+        valid => valid,
     }
 }
 
