@@ -168,6 +168,11 @@ pub(crate) fn renew_scratch(dir: &Path, owner: Option<(u32, u32)>) -> std::io::R
     Ok(())
 }
 
+/// Removes what a finished run left in its plain scratch directory (its processes are dead).
+pub(crate) fn empty_scratch(dir: &Path) -> std::io::Result<()> {
+    remove_contents(dir)
+}
+
 /// Removes `path` with everything beneath it, opening up directories a program made unreadable
 /// (by descriptor: [`crate::dirfd`]).
 pub(crate) fn remove_tree(path: &Path) -> std::io::Result<()> {

@@ -327,6 +327,11 @@ impl Sandbox {
         };
         let out = supervise(child, stdin, limits, start, quota.as_ref(), kill);
         linux::sweep::sweep(&self.linux.layers, res);
+        if !self.linux.layers.tmpfs {
+            // the run's files go with it, not when the slot runs next (a private tmpfs goes with
+            // its mount namespace); one that cannot be emptied now is renewed before the next run
+            let _ = crate::fresh::empty_scratch(&res.work);
+        }
         let mut out = out.map_err(|e| SandboxError::Spawn(e.to_string()))?;
         if let Some(g) = &res.cgroup {
             out.oom_killed = g.oom_kills() > oom_before;
