@@ -110,6 +110,37 @@ fn projections_take_the_kernel_for_inference_and_after_training() {
     assert!(matmul(&x, &stepped.weight.val()).is_some(), "an updated weight still reaches the kernel");
 }
 
+#[test]
+fn projections_of_one_input_together_equal_each_alone() {
+    if !require_kernel() {
+        return;
+    }
+    let device = Default::default();
+    // a layer's q, k and v (with biases, k and v narrower), and odd sizes; rows 1, 8 and MAX_ROWS
+    let k = 200;
+    let make = |n: usize, seed: usize, bias: bool| {
+        let b = bias.then(|| TensorData::new(values(n, seed + 1), [n]));
+        Proj::<Cpu>::from_hf(TensorData::new(values(n * k, seed), [n, k]), b, &device)
+    };
+    let (q, kp, v) = (make(96, 1, true), make(32, 2, true), make(33, 3, false));
+    for m in [1, 8, MAX_ROWS] {
+        let x = Tensor::<Cpu, 3>::from_data(TensorData::new(values(m * k, m), [m, 1, k]), &device);
+        let flat = x.clone().flatten::<2>(0, 1);
+        let many = kiln::model::cpu_decode::matmul_many(&flat, &[&q.weight.val(), &kp.weight.val(), &v.weight.val()]);
+        assert_eq!(many.map(|ys| ys.len()), Some(3), "m={m}: the kernel takes all three weights");
+        let together = proj::project_all(x.clone(), [&q, &kp, &v]);
+        for (p, y) in [&q, &kp, &v].into_iter().zip(together) {
+            let alone = p.forward(x.clone());
+            assert_eq!(y.dims(), alone.dims());
+            assert_eq!(y.into_data().to_vec::<f32>().unwrap(), alone.into_data().to_vec::<f32>().unwrap(), "m={m}: bitwise the same");
+        }
+    }
+    let other_k = make(16, 4, false);
+    let bad = Proj::<Cpu>::from_hf(TensorData::new(values(16 * 8, 5), [16, 8]), None, &device);
+    let x = Tensor::<Cpu, 2>::ones([2, k], &device);
+    assert!(kiln::model::cpu_decode::matmul_many(&x, &[&other_k.weight.val(), &bad.weight.val()]).is_none(), "weights of another inner size are declined");
+}
+
 /// `values` rounded to bf16 (burn's cast: round to nearest even).
 fn rounded(values: &[f32]) -> Vec<f32> {
     let data = TensorData::new(values.to_vec(), [values.len()]).convert_dtype(DType::BF16);

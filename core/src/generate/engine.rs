@@ -118,7 +118,7 @@ pub struct Engine<'a, B: Backend> {
     pub eos_ids: Vec<u32>,
     /// Largest number of sequences decoded together.
     pub max_batch_size: usize,
-    times: std::cell::Cell<StepTimes>,
+    times: std::sync::Mutex<StepTimes>,
 }
 
 /// Per-sample decoding state.
@@ -167,7 +167,11 @@ impl<'a, B: Backend> Engine<'a, B> {
 
     /// Where the decoding steps of the last [`Engine::generate`] call spent their time.
     pub fn step_times(&self) -> StepTimes {
-        self.times.get()
+        *self.times.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_times(&self, times: StepTimes) {
+        *self.times.lock().unwrap_or_else(|e| e.into_inner()) = times;
     }
 
     /// Samples `params.n` completions for every prompt; `result[i]` holds prompt `i`'s samples.
@@ -224,10 +228,11 @@ impl<'a, B: Backend> Engine<'a, B> {
                 });
             }
         }
-        self.times.set(StepTimes::default());
+        self.set_times(StepTimes::default());
         if params.max_new_tokens > 0 {
             let mut state = Progress { total: sequences.len(), ..Progress::default() };
-            self.run(&order, prompts, &params, &mut sequences, &mut state, &mut progress)?;
+            // on a thread of the pool the kernels' parallel loops use (see `on_pool`)
+            crate::par::on_pool(|send| self.run(&order, prompts, &params, &mut sequences, &mut state, send), &mut progress)?;
         }
 
         let mut results: Vec<Vec<Completion>> = vec![Vec::new(); prompts.len()];
@@ -261,7 +266,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         params: &SamplingParams,
         sequences: &mut [Sequence],
         state: &mut Progress,
-        progress: &mut impl FnMut(Progress),
+        progress: &mut dyn FnMut(Progress),
     ) -> Result<()> {
         let model = self.model;
         let device = model.device();
@@ -322,7 +327,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             if active.is_empty() {
                 batch = None;
                 times.lap(&mut step_start);
-                self.times.set(times);
+                self.set_times(times);
                 continue;
             }
             if done * 4 >= running.slots.len() || (left > 0 && done > 0 && free_after >= refill_at(capacity).min(left)) {
@@ -334,7 +339,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             let hidden = model.forward_hidden(&step, Some(&mut running.cache));
             running.logits = model.logits(hidden).reshape([running.slots.len(), vocab]);
             times.lap(&mut step_start);
-            self.times.set(times);
+            self.set_times(times);
         }
         Ok(())
     }

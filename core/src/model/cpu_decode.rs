@@ -68,6 +68,19 @@ pub fn matmul<B: Backend>(x: &Tensor<B, 2>, w: &Tensor<B, 2>) -> Option<Tensor<B
     None
 }
 
+/// [`matmul`] of one `x` by several weights in one parallel loop (a layer's q, k and v, or gate
+/// and up): the same values as one call per weight, with one wake-up of the threads instead of
+/// one per weight. `None` unless every weight is f32 and row-major `[k, nᵢ]` and the kernel
+/// applies; the caller then multiplies them one by one.
+pub fn matmul_many<B: Backend>(x: &Tensor<B, 2>, ws: &[&Tensor<B, 2>]) -> Option<Vec<Tensor<B, 2>>> {
+    #[cfg(all(feature = "flex", target_arch = "x86_64"))]
+    if x.dims()[0] <= MAX_ROWS && flex::available::<B>() {
+        return flex::matmul_many(x, ws);
+    }
+    let _ = (x, ws);
+    None
+}
+
 /// Runs `$body` with the const `$r` set to `rows` (1..=8): the AVX-512 tiles' row counts, for
 /// the f32 kernels below and the bf16 ones (`cpu_decode_bf16.rs`); the AVX2 file has its own
 /// (1..=4).
@@ -201,6 +214,57 @@ mod flex {
             }
         });
         y
+    }
+
+    pub fn matmul_many<B: Backend>(x: &Tensor<B, 2>, ws: &[&Tensor<B, 2>]) -> Option<Vec<Tensor<B, 2>>> {
+        let [m, k] = x.dims();
+        let x = unwrap(x)?;
+        let mut weights = Vec::with_capacity(ws.len());
+        for w in ws {
+            let [wk, n] = w.dims();
+            let w = unwrap(*w)?;
+            let layout = w.layout();
+            if wk != k || layout.start_offset() != 0 || w.dtype() != DType::F32 || layout.strides() != [n as isize, 1] {
+                return None;
+            }
+            weights.push((w, n));
+        }
+        let xs = x.as_slice::<f32>()?;
+        let slices: Vec<(&[f32], usize)> = weights.iter().map(|(w, n)| (&w.storage::<f32>()[..n * k], *n)).collect();
+        Some(by_rows_many(xs, m, k, &slices).into_iter().zip(&slices).map(|(y, (_, n))| wrap(y, [m, *n])).collect())
+    }
+
+    /// [`by_rows`] for several weights `[k, nᵢ]`, all their parts one parallel loop; each result
+    /// summed as [`by_rows`] sums it (the same values).
+    fn by_rows_many(xs: &[f32], m: usize, k: usize, ws: &[(&[f32], usize)]) -> Vec<Vec<f32>> {
+        let isa = isa().expect("checked by available");
+        let parts = (k / ROWS_PER_PART).clamp(1, PARTS);
+        let per_part = k.div_ceil(parts);
+        let mut partials: Vec<Vec<f32>> = ws.iter().map(|(_, n)| vec![0.0f32; parts * m * n]).collect();
+        let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::with_capacity(ws.len() * parts);
+        for (i, buffer) in partials.iter_mut().enumerate() {
+            let n = ws[i].1;
+            tasks.extend(buffer.chunks_mut(m * n).enumerate().map(|(part, y)| (i, part, y)));
+        }
+        tasks.into_par_iter().for_each(|(i, part, y)| {
+            let (w, n) = ws[i];
+            let inner = part * per_part..((part + 1) * per_part).min(k);
+            // SAFETY: as in `by_rows`.
+            unsafe {
+                match isa {
+                    Isa::Avx512 => kernels::outer_rows(xs, m, k, w, n, inner, y),
+                    Isa::Avx2 => avx2::outer_rows(xs, m, k, w, n, inner, y),
+                }
+            };
+        });
+        partials.into_iter().zip(ws).map(|(mut p, (_, n))| {
+            let (y, rest) = p.split_at_mut(m * n);
+            for part in rest.chunks_exact(m * n) {
+                y.iter_mut().zip(part).for_each(|(a, b)| *a += b);
+            }
+            p.truncate(m * n);
+            p
+        }).collect()
     }
 
     /// Row-major weights: the inner dimension is split into up to [`PARTS`] contiguous blocks

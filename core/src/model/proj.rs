@@ -110,6 +110,34 @@ pub fn to_hf<B: Backend, const D: usize>(weight: Tensor<B, D>) -> Tensor<B, D> {
     weight.transpose()
 }
 
+/// Every projection of `projs` applied to the same `x` (a layer's q, k and v, or gate and up):
+/// the CPU decoding kernel's one parallel loop for all of them where it applies to each (f32
+/// weights and activations, no rounded products: [`cpu_decode::matmul_many`]), else
+/// [`Proj::forward`] one by one. The same values either way.
+pub fn project_all<B: Backend, const N: usize>(x: Tensor<B, 3>, projs: [&Proj<B>; N]) -> [Tensor<B, 3>; N] {
+    let [batch, seq, _] = x.dims();
+    let plain = x.dtype() == DType::F32 && projs.iter().all(|p| p.products.is_none());
+    let weights: [Tensor<B, 2>; N] = projs.map(|p| p.weight.val());
+    let many = plain
+        .then(|| cpu_decode::matmul_many(&x.clone().flatten::<2>(0, 1), &weights.each_ref()))
+        .flatten();
+    match many {
+        Some(ys) => {
+            let mut ys = ys.into_iter();
+            projs.map(|p| {
+                let y = ys.next().expect("one product per projection");
+                let y = match &p.bias {
+                    Some(bias) => y + to_dtype(bias.val(), DType::F32).unsqueeze(),
+                    None => y,
+                };
+                let out = y.dims()[1];
+                y.reshape([batch, seq, out])
+            })
+        }
+        None => projs.map(|p| p.forward(x.clone())),
+    }
+}
+
 /// `x · weight + bias` over the last axis of `x` `[B, T, in]`, `weight` `[in, out]`, in the dtype
 /// of `x` (weight and bias are cast to it): the CPU decoding kernel where it applies, else the
 /// CPU's bf16 product for bf16 operands (`fused::bf16_matmul`), else the backend's own f32

@@ -57,7 +57,7 @@ impl<B: Backend> Mlp<B> {
     }
 
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let (gate, up) = (self.gate_proj.forward(x.clone()), self.up_proj.forward(x));
+        let [gate, up] = proj::project_all(x, [&self.gate_proj, &self.up_proj]);
         self.down_proj.forward((kernels::<B>().swiglu)(gate, up))
     }
 }
@@ -172,9 +172,10 @@ impl<B: Backend> Attention<B> {
     fn forward_fused(&self, x: Tensor<B, 3>, rope: &RopeTables<B>, mask: &KeyMask, cache: Option<&mut LayerCache<B>>) -> Tensor<B, 3> {
         let [batch, seq, _] = x.dims();
         let (heads, kv_heads, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let q = rope.apply_seq_major(self.q_proj.forward(x.clone()).reshape([batch, seq, heads, d]));
-        let k = rope.apply_seq_major(self.k_proj.forward(x.clone()).reshape([batch, seq, kv_heads, d]));
-        let v = self.v_proj.forward(x).reshape([batch, seq, kv_heads, d]);
+        let [q, k, v] = proj::project_all(x, [&self.q_proj, &self.k_proj, &self.v_proj]);
+        let q = rope.apply_seq_major(q.reshape([batch, seq, heads, d]));
+        let k = rope.apply_seq_major(k.reshape([batch, seq, kv_heads, d]));
+        let v = v.reshape([batch, seq, kv_heads, d]);
         let (k, v) = match cache {
             Some(cache) => cache.append_along(k, v, 1),
             None => (k, v),
