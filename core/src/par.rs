@@ -14,7 +14,9 @@ pub fn threads() -> usize {
 /// pool a parallel loop of the fused kernels wakes at most the pool's other threads, not also a
 /// thread that waits outside it: a decoding step runs about 85 such loops, and `kiln bench`'s
 /// 100M decode went from about 480 context switches a step to 140. Inline where already on the
-/// pool, and without the `flex` feature (no pool).
+/// pool, and without the `flex` feature (no pool). The job runs on another thread: keep
+/// thread-bound state (a GPU backend's stream, `kiln_backends::device::guard`) out of it. If
+/// `on_event` panics, the panic comes out after the job has ended (its later events dropped).
 pub fn on_pool<R: Send, E: Send>(job: impl FnOnce(&mut dyn FnMut(E)) -> R + Send, mut on_event: impl FnMut(E)) -> R {
     #[cfg(feature = "flex")]
     if rayon::current_thread_index().is_none() {

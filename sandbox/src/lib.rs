@@ -39,10 +39,11 @@
 //!   and after the run; `PR_SET_PDEATHSIG` kills it if kiln dies. Nothing outlives a test.
 //! - **Scratch**: the only writable directory is the run's own — a private tmpfs (size = the file
 //!   limit, 4096 inodes) in a mount namespace, gone when the run ends; else a plain directory
-//!   emptied when the run ends and again before the next (made anew if it cannot be), measured every 20 ms during the run and
-//!   the run killed over the same bounds (`fallocate` denied, so only `write` can overshoot). Protects the disk and isolates runs from
-//!   each other. The harness directory is checked before every run and written again if a run
-//!   changed it, so no program can make a later one fail.
+//!   emptied when the run ends and again before the next (made anew if it cannot be), measured
+//!   every 20 ms during the run and the run killed over the same bounds (`fallocate` denied, so
+//!   only `write` can overshoot). Protects the disk and isolates runs from each other. The
+//!   harness directory is checked before every run and written again if a run changed it, so no
+//!   program can make a later one fail.
 //! - **Landlock** (file system, TCP, signals, abstract unix sockets): read-only system library and
 //!   interpreter paths, execute only the interpreter and its loader, no `/proc` (so no other
 //!   process's environment or memory), nothing under home directories or `/tmp`, no TCP bind or

@@ -231,8 +231,15 @@ impl<'a, B: Backend> Engine<'a, B> {
         self.set_times(StepTimes::default());
         if params.max_new_tokens > 0 {
             let mut state = Progress { total: sequences.len(), ..Progress::default() };
-            // on a thread of the pool the kernels' parallel loops use (see `on_pool`)
-            crate::par::on_pool(|send| self.run(&order, prompts, &params, &mut sequences, &mut state, send), &mut progress)?;
+            // On the CPU, on a thread of the pool the kernels' parallel loops use (see
+            // `on_pool`); other backends keep the caller's thread (cubecl picks a stream by
+            // thread, and the device guard is per thread).
+            let mut run = |send: &mut dyn FnMut(Progress)| self.run(&order, prompts, &params, &mut sequences, &mut state, send);
+            if crate::model::fused::is_flex::<B>() {
+                crate::par::on_pool(run, &mut progress)?;
+            } else {
+                run(&mut progress)?;
+            }
         }
 
         let mut results: Vec<Vec<Completion>> = vec![Vec::new(); prompts.len()];

@@ -1,5 +1,5 @@
 //! A decoding kernel for the Flex CPU backend on x86-64 with AVX-512 or AVX2, used only through
-//! [`super::proj::project`].
+//! [`super::proj::project`] and [`super::proj::project_all`].
 //!
 //! Decoding multiplies a handful of rows (one per sequence) by every weight matrix, so it is
 //! bound by how fast the weights stream from memory. A GEMM library packs the weight before using

@@ -4,9 +4,9 @@
 //! A [`Proj`]'s weight is `[in, out]`, row-major, as in burn's `Linear`, on every backend and
 //! under autodiff alike (so gradients, optimizer state and records look as with burn's module);
 //! checkpoints hold Hugging Face's `[out, in]`, converted by [`Proj::from_hf`] and [`to_hf`].
-//! Every product goes through [`project`]: the CPU decoding kernel where it applies (Flex, at most
-//! [`cpu_decode::MAX_ROWS`] rows, so also a model under `Autodiff<Flex>` after `.valid()`), else
-//! one burn matrix product.
+//! Every product goes through [`project`] (or [`project_all`], several weights with one input):
+//! the CPU decoding kernel where it applies (Flex, at most [`cpu_decode::MAX_ROWS`] rows, so also
+//! a model under `Autodiff<Flex>` after `.valid()`), else one burn matrix product.
 //!
 //! Precision: a weight keeps the dtype it is built from ([`Proj::from_hf`]: a bf16 checkpoint
 //! gives bf16 weights, no f32 copy), and [`project`] casts weight and bias to the dtype of the
@@ -116,7 +116,7 @@ pub fn to_hf<B: Backend, const D: usize>(weight: Tensor<B, D>) -> Tensor<B, D> {
 /// [`Proj::forward`] one by one. The same values either way.
 pub fn project_all<B: Backend, const N: usize>(x: Tensor<B, 3>, projs: [&Proj<B>; N]) -> [Tensor<B, 3>; N] {
     let [batch, seq, _] = x.dims();
-    let plain = x.dtype() == DType::F32 && projs.iter().all(|p| p.products.is_none());
+    let plain = cpu_decode::available::<B>() && x.dtype() == DType::F32 && projs.iter().all(|p| p.products.is_none());
     let weights: [Tensor<B, 2>; N] = projs.map(|p| p.weight.val());
     let many = plain
         .then(|| cpu_decode::matmul_many(&x.clone().flatten::<2>(0, 1), &weights.each_ref()))
