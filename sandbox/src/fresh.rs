@@ -168,11 +168,6 @@ pub(crate) fn renew_scratch(dir: &Path, owner: Option<(u32, u32)>) -> std::io::R
     Ok(())
 }
 
-/// Removes what a finished run left in its plain scratch directory (its processes are dead).
-pub(crate) fn empty_scratch(dir: &Path) -> std::io::Result<()> {
-    remove_contents(dir)
-}
-
 /// Removes `path` with everything beneath it, opening up directories a program made unreadable
 /// (by descriptor: [`crate::dirfd`]).
 pub(crate) fn remove_tree(path: &Path) -> std::io::Result<()> {
@@ -188,7 +183,7 @@ pub(crate) fn remove_tree(path: &Path) -> std::io::Result<()> {
 }
 
 /// Removes everything inside the directory `dir` (symbolic links are removed, never followed).
-fn remove_contents(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn remove_contents(dir: &Path) -> std::io::Result<()> {
     Dir::open(dir)?.remove_contents()
 }
 

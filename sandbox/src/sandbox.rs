@@ -330,7 +330,7 @@ impl Sandbox {
         if !self.linux.layers.tmpfs {
             // the run's files go with it, not when the slot runs next (a private tmpfs goes with
             // its mount namespace); one that cannot be emptied now is renewed before the next run
-            let _ = crate::fresh::empty_scratch(&res.work);
+            let _ = crate::fresh::remove_contents(&res.work);
         }
         let mut out = out.map_err(|e| SandboxError::Spawn(e.to_string()))?;
         if let Some(g) = &res.cgroup {

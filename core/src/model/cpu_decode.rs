@@ -234,8 +234,8 @@ mod flex {
         Some(by_rows_many(xs, m, k, &slices).into_iter().zip(&slices).map(|(y, (_, n))| wrap(y, [m, *n])).collect())
     }
 
-    /// [`by_rows`] for several weights `[k, nᵢ]`, all their parts one parallel loop; each result
-    /// summed as [`by_rows`] sums it (the same values).
+    /// [`by_rows`] for several weights `[k, nᵢ]`, all their parts one parallel loop; each
+    /// result's parts summed in order (the same values as one weight at a time).
     fn by_rows_many(xs: &[f32], m: usize, k: usize, ws: &[(&[f32], usize)]) -> Vec<Vec<f32>> {
         let isa = isa().expect("checked by available");
         let parts = (k / ROWS_PER_PART).clamp(1, PARTS);
@@ -249,7 +249,8 @@ mod flex {
         tasks.into_par_iter().for_each(|(i, part, y)| {
             let (w, n) = ws[i];
             let inner = part * per_part..((part + 1) * per_part).min(k);
-            // SAFETY: as in `by_rows`.
+            // SAFETY: the instruction set was detected; `xs` holds `m × k` and `w` `k × n`
+            // values, `y` `m × n`.
             unsafe {
                 match isa {
                     Isa::Avx512 => kernels::outer_rows(xs, m, k, w, n, inner, y),
@@ -272,27 +273,7 @@ mod flex {
     /// parts are summed. The split depends on the shape only, so results do not depend on the
     /// number of threads.
     fn by_rows(xs: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Vec<f32> {
-        let isa = isa().expect("checked by available");
-        let parts = (k / ROWS_PER_PART).clamp(1, PARTS);
-        let per_part = k.div_ceil(parts);
-        let mut partials = vec![0.0f32; parts * m * n];
-        partials.par_chunks_mut(m * n).enumerate().for_each(|(part, y)| {
-            let inner = part * per_part..((part + 1) * per_part).min(k);
-            // SAFETY: the instruction set was detected; `xs` holds `m × k` and `w` `k × n`
-            // values, `y` `m × n`.
-            unsafe {
-                match isa {
-                    Isa::Avx512 => kernels::outer_rows(xs, m, k, w, n, inner, y),
-                    Isa::Avx2 => avx2::outer_rows(xs, m, k, w, n, inner, y),
-                }
-            };
-        });
-        let (y, rest) = partials.split_at_mut(m * n);
-        for part in rest.chunks_exact(m * n) {
-            y.iter_mut().zip(part).for_each(|(a, b)| *a += b);
-        }
-        partials.truncate(m * n);
-        partials
+        by_rows_many(xs, m, k, &[(w, n)]).pop().expect("one product per weight")
     }
 
     /// The Flex tensor behind `t` (a cheap clone of its shared storage).

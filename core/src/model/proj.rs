@@ -117,25 +117,36 @@ pub fn to_hf<B: Backend, const D: usize>(weight: Tensor<B, D>) -> Tensor<B, D> {
 pub fn project_all<B: Backend, const N: usize>(x: Tensor<B, 3>, projs: [&Proj<B>; N]) -> [Tensor<B, 3>; N] {
     let [batch, seq, _] = x.dims();
     let plain = cpu_decode::available::<B>() && x.dtype() == DType::F32 && projs.iter().all(|p| p.products.is_none());
-    let weights: [Tensor<B, 2>; N] = projs.map(|p| p.weight.val());
     let many = plain
-        .then(|| cpu_decode::matmul_many(&x.clone().flatten::<2>(0, 1), &weights.each_ref()))
+        .then(|| {
+            let weights: [Tensor<B, 2>; N] = projs.map(|p| p.weight.val());
+            cpu_decode::matmul_many(&x.clone().flatten::<2>(0, 1), &weights.each_ref())
+        })
         .flatten();
     match many {
         Some(ys) => {
             let mut ys = ys.into_iter();
             projs.map(|p| {
-                let y = ys.next().expect("one product per projection");
-                let y = match &p.bias {
-                    Some(bias) => y + to_dtype(bias.val(), DType::F32).unsqueeze(),
-                    None => y,
-                };
-                let out = y.dims()[1];
-                y.reshape([batch, seq, out])
+                let bias = p.bias.as_ref().map(|b| to_dtype(b.val(), DType::F32));
+                unflattened(with_bias(ys.next().expect("one product per projection"), bias), batch, seq)
             })
         }
         None => projs.map(|p| p.forward(x.clone())),
     }
+}
+
+/// `y` `[rows, out]` plus `bias` `[out]` on every row.
+fn with_bias<B: Backend>(y: Tensor<B, 2>, bias: Option<Tensor<B, 1>>) -> Tensor<B, 2> {
+    match bias {
+        Some(bias) => y + bias.unsqueeze(),
+        None => y,
+    }
+}
+
+/// `y` `[batch·seq, out]` as `[batch, seq, out]`.
+fn unflattened<B: Backend>(y: Tensor<B, 2>, batch: usize, seq: usize) -> Tensor<B, 3> {
+    let out = y.dims()[1];
+    y.reshape([batch, seq, out])
 }
 
 /// `x · weight + bias` over the last axis of `x` `[B, T, in]`, `weight` `[in, out]`, in the dtype
@@ -164,12 +175,8 @@ pub fn project_with<B: Backend>(x: Tensor<B, 3>, weight: Tensor<B, 2>, bias: Opt
         .or_else(|| super::fused::bf16_matmul(x.clone(), weight.clone()))
         .or_else(|| kernels.f32_products.filter(|_| !rounded).and_then(|f| f(x.clone(), weight.clone())));
     let y = match y {
-        Some(y) => match bias {
-            Some(bias) => y + bias.unsqueeze(),
-            None => y,
-        },
+        Some(y) => with_bias(y, bias),
         None => linear(x, weight, bias),
     };
-    let out = y.dims()[1];
-    y.reshape([batch, seq, out])
+    unflattened(y, batch, seq)
 }
