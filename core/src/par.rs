@@ -15,9 +15,10 @@ pub fn threads() -> usize {
 /// thread that waits outside it: a decoding step runs about 85 such loops, and `kiln bench`'s
 /// 100M decode went from about 480 context switches a step to 140. While the job runs, the
 /// pool's other threads stay awake ([`KeepAwake`]) rather than sleep between its loops: the
-/// same benchmark's context switches fell from 48k to 13k a run, decoding 337 to 361 tokens/s
-/// (five alternating runs each, Intel Xeon, 2 cores). Inline where already on the pool, and
-/// without the `flex` feature (no pool). The job runs on another thread: keep thread-bound
+/// same benchmark's decoding went from 337 to 361 tokens/s (five alternating runs each, Intel
+/// Xeon, 2 cores) and its context switches from 48k to 13k a run with a first version that
+/// napped where this one returns (17k). Inline where already on the pool, and without the
+/// `flex` feature (no pool). The job runs on another thread: keep thread-bound
 /// state (a GPU backend's stream, `kiln_backends::device::guard`) out of it. If `on_event`
 /// panics, the panic comes out after the job has ended (its later events dropped).
 pub fn on_pool<R: Send, E: Send>(job: impl FnOnce(&mut dyn FnMut(E)) -> R + Send, mut on_event: impl FnMut(E)) -> R {
@@ -25,15 +26,13 @@ pub fn on_pool<R: Send, E: Send>(job: impl FnOnce(&mut dyn FnMut(E)) -> R + Send
     if rayon::current_thread_index().is_none() {
         let (tx, rx) = std::sync::mpsc::channel();
         let mut out = None;
-        // Before the job exists, so that every thread takes its copy before any of the job's
+        // Before the job exists, so that an idle thread takes its copy before any of the job's
         // tasks (see `KeepAwake`). Dropped when the job has ended, however it ended.
-        let awake = KeepAwake::start();
+        let _awake = KeepAwake::start();
         rayon::in_place_scope(|s| {
-            let (out, awake) = (&mut out, &awake);
+            let out = &mut out;
             s.spawn(move |_| {
-                if let Some(awake) = awake {
-                    awake.job_started();
-                }
+                let _job = InJob::enter();
                 *out = Some(job(&mut |e| {
                     let _ = tx.send(e);
                 }));
@@ -50,24 +49,18 @@ pub fn on_pool<R: Send, E: Send>(job: impl FnOnce(&mut dyn FnMut(E)) -> R + Send
 /// system call and a scheduler wake-up per loop, during which the job's thread works alone.
 ///
 /// Every pool thread gets one copy of [`stay_awake`] (`rayon::spawn_broadcast`, queued before
-/// the job, so a thread always takes its copy before it can take one of the job's tasks: the
-/// copy is the outer frame and the job's tasks run inside it, through `rayon::yield_now`). The
-/// thread that takes the job usually does so inside its own copy; if it took the job first, its
-/// copy returns at once when the job waits in a loop and runs it. The copies stop when this is
-/// dropped. One job at a time has them: a copy that a thread picks up while it waits inside
-/// other work holds that work up until the job ends, and copies of two jobs could each hold up
-/// the other's job for good, so a second [`on_pool`] while one runs goes without.
+/// the job, so an idle thread takes its copy first and runs the job's tasks inside it, through
+/// `rayon::yield_now`). A copy holds up whatever lies below it on its thread's stack, so it
+/// returns at once on a thread that runs an `on_pool` job ([`InJob`]: the job's own thread, and
+/// a concurrent job's), when the job is done, and after [`IDLE_LIMIT`] without a task. The last
+/// bounds every other case: a thread that was already past its broadcast queue when the copies
+/// came, stole one of the job's tasks and then took its copy while waiting inside that task;
+/// or a copy taken while waiting inside other pool work. Such a copy lets that work go on once
+/// the pool has had nothing to run for [`IDLE_LIMIT`] (so a stall, never a hang); while the job
+/// keeps the pool busy, that work waits. Only one job at a time keeps the threads awake; a
+/// second [`on_pool`] while one runs goes without.
 #[cfg(feature = "flex")]
-struct KeepAwake(std::sync::Arc<Spinning>);
-
-/// What the copies of [`stay_awake`] read.
-#[cfg(feature = "flex")]
-#[derive(Default)]
-struct Spinning {
-    done: std::sync::atomic::AtomicBool,
-    /// The job's thread, once the job has started.
-    job_thread: std::sync::OnceLock<usize>,
-}
+struct KeepAwake(std::sync::Arc<std::sync::atomic::AtomicBool>);
 
 /// Whether some [`on_pool`] job has the threads kept awake.
 #[cfg(feature = "flex")]
@@ -77,19 +70,15 @@ static KEEPING_AWAKE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicB
 impl KeepAwake {
     /// `None` while another job has the threads.
     fn start() -> Option<Self> {
-        use std::sync::atomic::Ordering;
+        use std::sync::atomic::{AtomicBool, Ordering};
         if KEEPING_AWAKE.swap(true, Ordering::AcqRel) {
             return None;
         }
-        let spinning = std::sync::Arc::new(Spinning::default());
-        let copies = spinning.clone();
-        rayon::spawn_broadcast(move |ctx| stay_awake(ctx.index(), &copies));
-        Some(Self(spinning))
-    }
-
-    /// Called on the job's thread when the job starts.
-    fn job_started(&self) {
-        let _ = self.0.job_thread.set(rayon::current_thread_index().expect("on the pool"));
+        // Built first, so that a panic below still releases the flag.
+        let awake = Self(std::sync::Arc::new(AtomicBool::new(false)));
+        let done = awake.0.clone();
+        rayon::spawn_broadcast(move |_| stay_awake(&done));
+        Some(awake)
     }
 }
 
@@ -97,34 +86,55 @@ impl KeepAwake {
 impl Drop for KeepAwake {
     fn drop(&mut self) {
         use std::sync::atomic::Ordering;
-        self.0.done.store(true, Ordering::Release);
+        self.0.store(true, Ordering::Release);
         KEEPING_AWAKE.store(false, Ordering::Release);
     }
 }
 
-/// Runs the pool's tasks on thread `me` until the job is done; returns at once on the job's
-/// thread (see [`KeepAwake`]), and on any thread once the job is done (a copy that a busy
-/// thread takes late). After [`IDLE_BEFORE_NAP`] without a task it naps for [`NAP`] at a time:
-/// a job that leaves the pool idle for long does not keep the cores busy, at the cost of a loop
-/// that starts during a nap running without that thread for up to a nap.
 #[cfg(feature = "flex")]
-fn stay_awake(me: usize, spinning: &Spinning) {
+thread_local! {
+    /// Whether this thread is running an [`on_pool`] job (anywhere on its stack).
+    static IN_JOB: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks this thread as running an [`on_pool`] job until dropped.
+#[cfg(feature = "flex")]
+struct InJob(bool);
+
+#[cfg(feature = "flex")]
+impl InJob {
+    fn enter() -> Self {
+        Self(IN_JOB.with(|c| c.replace(true)))
+    }
+}
+
+#[cfg(feature = "flex")]
+impl Drop for InJob {
+    fn drop(&mut self) {
+        IN_JOB.with(|c| c.set(self.0));
+    }
+}
+
+/// Runs the pool's tasks on this thread until `done`, on the terms of [`KeepAwake`].
+#[cfg(feature = "flex")]
+fn stay_awake(done: &std::sync::atomic::AtomicBool) {
     use std::sync::atomic::Ordering;
     let mut idle_since = std::time::Instant::now();
-    while !spinning.done.load(Ordering::Acquire) && spinning.job_thread.get() != Some(&me) {
+    while !done.load(Ordering::Acquire) && !IN_JOB.with(|c| c.get()) {
         match rayon::yield_now() {
             Some(rayon::Yield::Executed) => idle_since = std::time::Instant::now(),
-            _ if idle_since.elapsed() > IDLE_BEFORE_NAP => std::thread::sleep(NAP),
+            _ if idle_since.elapsed() > IDLE_LIMIT => return,
             _ => std::hint::spin_loop(),
         }
     }
 }
 
-/// How long [`stay_awake`] spins without a task before it naps, and for how long it naps.
+/// How long a copy of [`stay_awake`] runs without finding a task before it returns: well over
+/// a decoding step's gaps between loops and the few milliseconds a generation takes to set up
+/// before its first loop (with 2 ms, `kiln bench`'s 100M decode had as many context switches
+/// as without keeping awake, 47k a run; with 20 ms, 17k).
 #[cfg(feature = "flex")]
-const IDLE_BEFORE_NAP: std::time::Duration = std::time::Duration::from_millis(2);
-#[cfg(feature = "flex")]
-const NAP: std::time::Duration = std::time::Duration::from_micros(200);
+const IDLE_LIMIT: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// `f` over `items`, in contiguous chunks on up to [`threads`] threads; results in `items`' order.
 pub fn map_in_order<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
@@ -158,9 +168,9 @@ mod tests {
         assert_eq!(*seen.borrow(), (0..100).collect::<Vec<_>>());
     }
 
-    /// The job's parallel loops run with the other threads kept awake and give the right sums,
-    /// also with several jobs at once from several threads; a panic in the job comes out of
-    /// `on_pool` and the next job runs (a hang fails this test).
+    /// The job's parallel loops give the right sums, also with jobs from several threads at
+    /// once (one of them keeps the threads awake); a panic in the job comes out of `on_pool`
+    /// and the next job runs. (A hang here would stall the test run, not fail it.)
     #[test]
     #[cfg(feature = "flex")]
     fn jobs_with_parallel_loops_end_and_a_panic_comes_out() {
