@@ -41,6 +41,9 @@ pub fn on_pool<R: Send, E: Send>(job: impl FnOnce(&mut dyn FnMut(E)) -> R + Send
         });
         return out.expect("the scope ends after its job");
     }
+    // Inline on a pool thread: a copy this thread takes while the job waits returns at once.
+    #[cfg(feature = "flex")]
+    let _job = InJob::enter();
     job(&mut on_event)
 }
 
@@ -52,13 +55,13 @@ pub fn on_pool<R: Send, E: Send>(job: impl FnOnce(&mut dyn FnMut(E)) -> R + Send
 /// the job, so an idle thread takes its copy first and runs the job's tasks inside it, through
 /// `rayon::yield_now`). A copy holds up whatever lies below it on its thread's stack, so it
 /// returns at once on a thread that runs an `on_pool` job ([`InJob`]: the job's own thread, and
-/// a concurrent job's), when the job is done, and after [`IDLE_LIMIT`] without a task. The last
-/// bounds every other case: a thread that was already past its broadcast queue when the copies
-/// came, stole one of the job's tasks and then took its copy while waiting inside that task;
-/// or a copy taken while waiting inside other pool work. Such a copy lets that work go on once
-/// the pool has had nothing to run for [`IDLE_LIMIT`] (so a stall, never a hang); while the job
-/// keeps the pool busy, that work waits. Only one job at a time keeps the threads awake; a
-/// second [`on_pool`] while one runs goes without.
+/// a concurrent job's), when the job is done, after [`IDLE_LIMIT`] without a task, and after
+/// [`LIFETIME`] in all. The last two bound every other case: a thread that was already past its
+/// broadcast queue when the copies came, stole one of the job's tasks and then took its copy
+/// while waiting inside that task; or a copy taken while waiting inside other pool work. Such a
+/// copy lets that work go on once the pool has had nothing to run for [`IDLE_LIMIT`], or at the
+/// latest after [`LIFETIME`] (a stall, never a hang). Only one job at a time keeps the threads
+/// awake; a second [`on_pool`] while one runs goes without.
 #[cfg(feature = "flex")]
 struct KeepAwake(std::sync::Arc<std::sync::atomic::AtomicBool>);
 
@@ -119,8 +122,9 @@ impl Drop for InJob {
 #[cfg(feature = "flex")]
 fn stay_awake(done: &std::sync::atomic::AtomicBool) {
     use std::sync::atomic::Ordering;
-    let mut idle_since = std::time::Instant::now();
-    while !done.load(Ordering::Acquire) && !IN_JOB.with(|c| c.get()) {
+    let started = std::time::Instant::now();
+    let mut idle_since = started;
+    while !done.load(Ordering::Acquire) && !IN_JOB.with(|c| c.get()) && started.elapsed() < LIFETIME {
         match rayon::yield_now() {
             Some(rayon::Yield::Executed) => idle_since = std::time::Instant::now(),
             _ if idle_since.elapsed() > IDLE_LIMIT => return,
@@ -135,6 +139,12 @@ fn stay_awake(done: &std::sync::atomic::AtomicBool) {
 /// as without keeping awake, 47k a run; with 20 ms, 17k).
 #[cfg(feature = "flex")]
 const IDLE_LIMIT: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// How long a copy of [`stay_awake`] runs at most: the bound on how long it can hold up what
+/// lies below it while other pool work keeps it from ever idling for [`IDLE_LIMIT`] (another
+/// caller's parallel loops). A longer generation goes on without being kept awake.
+#[cfg(feature = "flex")]
+const LIFETIME: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// `f` over `items`, in contiguous chunks on up to [`threads`] threads; results in `items`' order.
 pub fn map_in_order<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
