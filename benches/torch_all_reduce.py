@@ -1,7 +1,9 @@
 """torch.distributed's all-reduce timed as `kiln bench --all-reduce` times kiln's: per buffer size
 (f32), rank r sends r + 1, the sum is checked, then the mean of --repeats calls; algbw and
-busbw as nccl-tests reports them. NCCL on CUDA, gloo on the CPU. Start it as torch starts any
-job (scripts/multi-gpu-check.sh does):
+busbw as nccl-tests reports them. NCCL on CUDA, gloo on the CPU. With --all-gather,
+`all_gather_into_tensor` as `kiln bench --all-gather` times kiln's (sizes are the gathered
+buffer's; rank r's share holds r + 1, checked). Start it as torch starts any job
+(scripts/multi-gpu-check.sh does):
 
     torchrun --nproc-per-node 2 benches/torch_all_reduce.py --sizes 1048576,16777216 --repeats 20
 """
@@ -19,6 +21,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="1048576,4194304,16777216,67108864,268435456")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--all-gather", action="store_true")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -29,23 +32,35 @@ def main():
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     expected = world * (world + 1) / 2
     for size in (int(s) for s in args.sizes.split(",")):
-        x = torch.full((size // 4,), float(rank + 1), device=device)
-        y = x.clone()
-        dist.all_reduce(y)
+        if args.all_gather:
+            # Equal shares (all_gather_into_tensor takes one length): the buffer rounded down.
+            share = size // 4 // world
+            size = share * world * 4
+            x = torch.full((share,), float(rank + 1), device=device)
+            y = torch.empty(share * world, device=device)
+            call = lambda: dist.all_gather_into_tensor(y, x)
+            want = torch.arange(1, world + 1, device=device, dtype=torch.float32).repeat_interleave(share)
+        else:
+            x = torch.full((size // 4,), float(rank + 1), device=device)
+            y = x.clone()
+            call = lambda: dist.all_reduce(y)  # in place (the values grow; the time does not depend on them)
+            want = torch.full_like(x, expected)
+        call()
         sync()
-        if not bool((y == expected).all()):
-            raise SystemExit(f"all-reduce of {size} bytes on rank {rank}: wrong sum")
+        if not bool((y == want).all()):
+            raise SystemExit(f"{'all-gather' if args.all_gather else 'all-reduce'} of {size} bytes on rank {rank}: wrong values")
         dist.barrier()
         began = time.perf_counter()
         for _ in range(args.repeats):
-            dist.all_reduce(y)  # in place (the values grow; the time does not depend on them)
+            call()
         sync()
         seconds = (time.perf_counter() - began) / args.repeats
         algbw = size / seconds / 1e9
+        links = (1 if args.all_gather else 2) * (world - 1) / world
         if rank == 0:
-            row = {"bytes": size, "world": world, "repeats": args.repeats, "seconds": seconds, "algbw_gb_s": algbw,
-                   "busbw_gb_s": algbw * 2 * (world - 1) / world}
-            print(json.dumps({"engine": "torch", "mode": "all_reduce", "backend": "nccl" if cuda else "gloo", "row": row}), flush=True)
+            row = {"bytes": size, "world": world, "repeats": args.repeats, "seconds": seconds, "algbw_gb_s": algbw, "busbw_gb_s": algbw * links}
+            mode = "all_gather" if args.all_gather else "all_reduce"
+            print(json.dumps({"engine": "torch", "mode": mode, "backend": "nccl" if cuda else "gloo", "row": row}), flush=True)
     dist.destroy_process_group()
 
 

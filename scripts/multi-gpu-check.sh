@@ -7,7 +7,9 @@
 #                losses and weights within 1e-4 relative after 3 steps;
 #   bandwidth    `kiln bench --all-reduce` (NCCL) against torch.distributed's all-reduce (NCCL)
 #                on the same GPUs, per size: algbw and busbw, and kiln / torch; and nccl-tests'
-#                `all_reduce_perf` where it is on the path;
+#                `all_reduce_perf` where it is on the path; the same for the all-gather that
+#                hands out ZeRO-1's weights (`kiln bench --all-gather`, `all_gather_perf`);
+#   ZeRO-1       the equivalence run again with `shard_optimizer = true`;
 #   overlap      not measured: kiln all-reduces after the backward pass (burn hands out the
 #                gradients only then), so there is no overlap to measure yet.
 # Writes results.md and results.json under $OUT.
@@ -95,15 +97,18 @@ run1() { # name command...
 
 say "equivalence: $NPROC processes × micro-batch 2 against one with micro-batch $((2 * NPROC))"
 E="$OUT/equivalence"
-for run in single multi; do
-    small_run "$E" "$run" 3 "$([ "$run" = single ] && echo $((2 * NPROC)) || echo 2)" 40000 "max_grad_norm = 0.5"
+for run in single multi sharded; do
+    small_run "$E" "$run" 3 "$([ "$run" = single ] && echo $((2 * NPROC)) || echo 2)" 40000 "max_grad_norm = 0.5" \
+        "$([ "$run" = sharded ] && echo "shard_optimizer = true")"
 done
 run1 data "$KILN" data interplay --ops 2 --per-op 400 --seed 1 --split train --out "$E/data"
 run1 single "$KILN" pretrain --config "$E/single.toml" --backend "$([ "$BACKEND" = cuda ] && echo cuda:0 || echo cpu)"
 launch multi "$KILN" pretrain --config "$E/multi.toml" --backend "$BACKEND"
-EQUIV="not run"
-if [ "$MODE" = run ]; then
-    EQUIV=$("$PYTHON" - "$E/single" "$E/multi" <<'PY' 2>&1 || true
+# ZeRO-1: the same, each process keeping 1/N of AdamW's state (the updated weights all-gathered).
+launch sharded "$KILN" pretrain --config "$E/sharded.toml" --backend "$BACKEND"
+# The verdict on run $2 against run $1 (the one-device run).
+compare() {
+    "$PYTHON" - "$1" "$2" <<'PY' 2>&1 || true
 import json, struct, sys
 from array import array
 
@@ -135,41 +140,58 @@ close = len(la) == len(lb) == 3 and all(abs(x - y) <= 1e-4 * abs(x) for x, y in 
 verdict = "passed" if worst <= 1e-4 and close else "FAILED"
 print(f"{verdict}: weights within {worst:.1e} relative (L2, key biases aside); losses {', '.join(f'{x:.5f}' for x in lb)} against {', '.join(f'{x:.5f}' for x in la)}")
 PY
-)
+}
+EQUIV="not run" SHARDED="not run"
+if [ "$MODE" = run ]; then
+    EQUIV=$(compare "$E/single" "$E/multi")
+    SHARDED=$(compare "$E/single" "$E/sharded")
     case "$EQUIV" in passed*) ;; *) FAILED=1 ;; esac
+    case "$SHARDED" in passed*) ;; *) FAILED=1 ;; esac
     grep -h '^kiln: NCCL' "$OUT"/multi.*.err | head -1 || true
 fi
 echo "equivalence: $EQUIV"
+echo "equivalence with shard_optimizer: $SHARDED"
 
-say "bandwidth: kiln bench --all-reduce against torch.distributed on the same devices"
+say "bandwidth: kiln bench --all-reduce and --all-gather against torch.distributed on the same devices"
 launch kiln-all-reduce "$KILN" bench --all-reduce --backend "$BACKEND" --sizes "$SIZES" --repeats "$REPEATS"
+launch kiln-all-gather "$KILN" bench --all-gather --backend "$BACKEND" --sizes "$SIZES" --repeats "$REPEATS"
 if [ "$TORCH" = 1 ]; then
     launch torch-all-reduce "$PYTHON" benches/torch_all_reduce.py --sizes "$SIZES" --repeats "$REPEATS"
+    launch torch-all-gather "$PYTHON" benches/torch_all_reduce.py --all-gather --sizes "$SIZES" --repeats "$REPEATS"
 fi
 if [ "$BACKEND" = cuda ] && command -v all_reduce_perf >/dev/null; then
     run1 nccl-tests all_reduce_perf -b 1M -e 1G -f 16 -g "$NPROC" -n "$REPEATS"
 fi
+if [ "$BACKEND" = cuda ] && command -v all_gather_perf >/dev/null; then
+    run1 nccl-tests-all-gather all_gather_perf -b 1M -e 1G -f 16 -g "$NPROC" -n "$REPEATS"
+fi
 
 say "results"
-"$PYTHON" - "$OUT" "$MACHINE" "$EQUIV" "$MODE" <<'PY'
+"$PYTHON" - "$OUT" "$MACHINE" "$EQUIV" "$MODE" "$SHARDED" <<'PY'
 import glob, json, os, sys
-out, machine, equivalence, mode = sys.argv[1:5]
+out, machine, equivalence, mode, sharded = sys.argv[1:6]
 def rows(name):
     path = os.path.join(out, f"{name}.0.out")
     if not os.path.exists(path):
         return {}
     return {r["row"]["bytes"]: r["row"] for r in map(json.loads, filter(str.strip, open(path)))}
-kiln, torch = rows("kiln-all-reduce"), rows("torch-all-reduce")
-lines = [f"Data parallel on {machine}", "", f"- equivalence to one device: {equivalence}", "- overlap of the all-reduce with the backward pass: not measured (kiln reduces after it)", "",
-         "| bytes | kiln busbw GB/s | torch busbw GB/s | kiln / torch |", "|---:|---:|---:|---:|"]
-for size in sorted(set(kiln) | set(torch)):
-    k, t = kiln.get(size, {}).get("busbw_gb_s"), torch.get(size, {}).get("busbw_gb_s")
-    f = lambda v: f"{v:.2f}" if v is not None else "-"
-    lines.append(f"| {size:,} | {f(k)} | {f(t)} | {f'{k / t:.2f}x' if k and t else '-'} |")
+lines = [f"Data parallel on {machine}", "", f"- equivalence to one device: {equivalence}", f"- the same with shard_optimizer (ZeRO-1): {sharded}",
+         "- overlap of the all-reduce with the backward pass: not measured (kiln reduces after it)"]
+found = {}
+for op in ("all-reduce", "all-gather"):
+    kiln, torch = rows(f"kiln-{op}"), rows(f"torch-{op}")
+    found[op] = (kiln, torch)
+    lines += ["", f"| {op}, bytes | kiln busbw GB/s | torch busbw GB/s | kiln / torch |", "|---:|---:|---:|---:|"]
+    for size in sorted(set(kiln) | set(torch)):
+        k, t = kiln.get(size, {}).get("busbw_gb_s"), torch.get(size, {}).get("busbw_gb_s")
+        f = lambda v: f"{v:.2f}" if v is not None else "-"
+        lines.append(f"| {size:,} | {f(k)} | {f(t)} | {f'{k / t:.2f}x' if k and t else '-'} |")
 table = "\n".join(lines)
 print(table if mode == "run" else "(dry run: nothing was run)")
 open(os.path.join(out, "results.md"), "w").write(table + "\n")
-json.dump({"machine": machine, "equivalence": equivalence, "kiln": list(kiln.values()), "torch": list(torch.values())},
+(kiln, torch), (kiln_gather, torch_gather) = found["all-reduce"], found["all-gather"]
+json.dump({"machine": machine, "equivalence": equivalence, "sharded": sharded, "kiln": list(kiln.values()), "torch": list(torch.values()),
+           "kiln_all_gather": list(kiln_gather.values()), "torch_all_gather": list(torch_gather.values())},
           open(os.path.join(out, "results.json"), "w"), indent=1)
 PY
 [ "$FAILED" = 0 ] || die "some checks failed (see above and $OUT)"

@@ -351,6 +351,15 @@ fn bench_all_reduce_times_checked_sums_per_size() {
     };
     let out = kiln().args(["bench", "--all-reduce", "--devices", "cpu,cpu", "--sizes", "4096,1048576", "--repeats", "2"]).output().unwrap();
     check(&rows(&out));
+    // The all-gather (ZeRO-1's weights): checked shares, each link carrying half the buffer.
+    let out = kiln().args(["bench", "--all-gather", "--devices", "cpu,cpu", "--sizes", "4096,1048576", "--repeats", "2"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.iter().map(|l| l["row"]["bytes"].as_u64().unwrap()).collect::<Vec<_>>(), [4096, 1 << 20]);
+    for line in &lines {
+        let (alg, bus) = (line["row"]["algbw_gb_s"].as_f64().unwrap(), line["row"]["busbw_gb_s"].as_f64().unwrap());
+        assert!(line["mode"] == "all_gather" && line["row"]["world"] == 2 && alg > 0.0 && (bus - alg / 2.0).abs() <= 1e-12 * alg, "{line}");
+    }
     for _ in 0..3 {
         let port = free_port().to_string();
         let node = |rank: &str| {

@@ -125,8 +125,9 @@ fn gpu_check_small_runs_every_row_on_wgpu() {
 }
 
 /// `scripts/multi-gpu-check.sh` on CPU replicas (the TCP ring; its CUDA form takes NCCL): two
-/// processes placed by torchrun's environment train as one with twice the micro-batch, and
-/// `kiln bench --all-reduce` gives a figure per size. Its dry run plans the same on GPUs.
+/// processes placed by torchrun's environment train as one with twice the micro-batch, with and
+/// without ZeRO-1, and `kiln bench --all-reduce` and `--all-gather` give a figure per size. Its
+/// dry run plans the same on GPUs.
 #[test]
 fn multi_gpu_check_runs_on_cpu_replicas() {
     let out_dir = tempfile::tempdir().unwrap();
@@ -142,9 +143,12 @@ fn multi_gpu_check_runs_on_cpu_replicas() {
     assert!(out.status.success(), "{stdout}\n{stderr}");
     let results: Value = serde_json::from_str(&std::fs::read_to_string(out_dir.path().join("results.json")).unwrap()).unwrap();
     assert!(results["equivalence"].as_str().unwrap().starts_with("passed: weights within"), "{results}");
-    let kiln = results["kiln"].as_array().unwrap();
-    assert_eq!(kiln.len(), 2, "{results}");
-    assert!(kiln.iter().all(|r| r["world"] == 2 && r["busbw_gb_s"].as_f64().unwrap() > 0.0), "{results}");
+    assert!(results["sharded"].as_str().unwrap().starts_with("passed: weights within"), "{results}");
+    for op in ["kiln", "kiln_all_gather"] {
+        let rows = results[op].as_array().unwrap();
+        assert_eq!(rows.len(), 2, "{op}: {results}");
+        assert!(rows.iter().all(|r| r["world"] == 2 && r["busbw_gb_s"].as_f64().unwrap() > 0.0), "{op}: {results}");
+    }
 
     let dry = Command::new("bash")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/multi-gpu-check.sh"))
@@ -155,7 +159,7 @@ fn multi_gpu_check_runs_on_cpu_replicas() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&dry.stdout);
     assert!(dry.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&dry.stderr));
-    for expected in ["WORLD_SIZE=8 LOCAL_RANK=0..7", "pretrain --config", "--backend cuda", "bench --all-reduce --backend cuda --sizes 1048576,16777216,268435456,1073741824 --repeats 20"] {
+    for expected in ["WORLD_SIZE=8 LOCAL_RANK=0..7", "pretrain --config", "--backend cuda", "bench --all-reduce --backend cuda --sizes 1048576,16777216,268435456,1073741824 --repeats 20", "bench --all-gather --backend cuda", "sharded.toml"] {
         assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
     }
 }

@@ -63,12 +63,16 @@ pub struct BenchArgs {
     /// --collective; each result is checked.
     #[arg(long, conflicts_with_all = ["train", "rollout"])]
     all_reduce: bool,
+    /// Measure the all-gather that hands out ZeRO-1's updated weights instead (`[train]
+    /// shard_optimizer`; nccl-tests' `all_gather_perf` figures), as --all-reduce does.
+    #[arg(long, conflicts_with_all = ["train", "rollout", "all_reduce"])]
+    all_gather: bool,
     /// Measure the CPU's f32 matrix products instead, at the shapes of one training step of
     /// --config at --batch × --prompt-len tokens (forward and both backward products of every
     /// projection; compare `benches/torch_matmul.py`).
-    #[arg(long, conflicts_with_all = ["train", "rollout", "all_reduce"])]
+    #[arg(long, conflicts_with_all = ["train", "rollout", "all_reduce", "all_gather"])]
     matmul: bool,
-    /// With --all-reduce: buffer sizes in bytes [default: 1 MiB to 256 MiB by 4].
+    /// With --all-reduce or --all-gather: buffer sizes in bytes [default: 1 MiB to 256 MiB by 4].
     #[arg(long, value_delimiter = ',', value_parser = positive)]
     sizes: Vec<usize>,
     #[command(flatten)]
@@ -85,11 +89,13 @@ fn positive(text: &str) -> Result<usize, String> {
 
 pub fn run(args: BenchArgs) -> Result<()> {
     let backend = args.backend;
-    if args.all_reduce {
+    if args.all_reduce || args.all_gather {
+        use super::bench_all_reduce::{AllReduceJob, DEFAULT_SIZES, Mode};
         let devices = args.dist.devices(Some(backend), None)?;
         let nodes = args.dist.nodes()?;
-        let sizes = if args.sizes.is_empty() { super::bench_all_reduce::DEFAULT_SIZES.to_vec() } else { args.sizes };
-        let job = super::bench_all_reduce::AllReduceJob { sizes, repeats: args.repeats, nodes, backend: backend.to_string() };
+        let sizes = if args.sizes.is_empty() { DEFAULT_SIZES.to_vec() } else { args.sizes };
+        let mode = if args.all_gather { Mode::AllGather } else { Mode::AllReduce };
+        let job = AllReduceJob { mode, sizes, repeats: args.repeats, nodes, backend: backend.to_string() };
         return kiln::backends::run_replicas(&devices, job)?;
     }
     if args.matmul {

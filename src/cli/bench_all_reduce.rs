@@ -3,7 +3,9 @@
 //! run placed as training places them (`--devices`, `--nnodes`, or a launcher's environment) and
 //! through the same collective (`--collective`: NCCL on CUDA, kiln's TCP ring elsewhere). Every
 //! result is checked: rank r sends r + 1 everywhere, so every value must come back as
-//! world·(world + 1)/2.
+//! world·(world + 1)/2. `kiln bench --all-gather` times the all-gather that hands out ZeRO-1's
+//! updated weights instead, as `all_gather_perf` reports it (sizes are the gathered buffer's;
+//! rank r fills its share with r + 1, and every share is checked on every rank).
 
 use std::time::Instant;
 
@@ -17,7 +19,15 @@ use serde_json::json;
 /// The sizes (bytes of f32) when `--sizes` is not given: 1 MiB to 256 MiB by 4.
 pub const DEFAULT_SIZES: [usize; 5] = [1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28];
 
+/// Which collective `kiln bench` times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    AllReduce,
+    AllGather,
+}
+
 pub struct AllReduceJob {
+    pub mode: Mode,
     pub sizes: Vec<usize>,
     pub repeats: usize,
     pub nodes: Option<NodeSpec>,
@@ -33,14 +43,16 @@ impl ReplicaJob for AllReduceJob {
         }
         let parts: Vec<String> = self.sizes.iter().map(usize::to_string).chain([self.repeats.to_string()]).collect();
         let fingerprint = dist::fingerprint(&parts.iter().map(String::as_str).collect::<Vec<_>>());
-        let job = |replica: Replica, device: &B::Device| Ok((replica.rank(), measure::<B::InnerBackend>(&replica, device, &self.sizes, self.repeats)?));
+        let mode = self.mode;
+        let job = |replica: Replica, device: &B::Device| Ok((replica.rank(), measure::<B::InnerBackend>(&replica, device, mode, &self.sizes, self.repeats)?));
         let (rank, rows) = dist::launch(&devices, self.nodes.as_ref(), &fingerprint, job, job)?;
         // Rank 0 reports (another node's process ends quietly).
         if rank != 0 {
             return Ok(());
         }
         for row in &rows {
-            println!("{}", json!({"engine": "kiln", "mode": "all_reduce", "backend": self.backend, "collective": format!("{:?}", dist::collective()).to_lowercase(), "row": row}));
+            let mode = if self.mode == Mode::AllGather { "all_gather" } else { "all_reduce" };
+            println!("{}", json!({"engine": "kiln", "mode": mode, "backend": self.backend, "collective": format!("{:?}", dist::collective()).to_lowercase(), "row": row}));
         }
         eprintln!("{:>12} {:>8} {:>10} {:>10} {:>10}  (world {})", "bytes", "repeats", "time us", "algbw GB/s", "busbw GB/s", rows.first().map_or(0, |r| r.world));
         for r in &rows {
@@ -56,43 +68,61 @@ pub struct Row {
     bytes: usize,
     world: usize,
     repeats: usize,
-    /// Mean seconds per all-reduce.
+    /// Mean seconds per call.
     seconds: f64,
     /// Bytes / seconds, in GB/s.
     algbw_gb_s: f64,
-    /// algbw · 2(world − 1)/world: what each link carries in a ring (nccl-tests' busbw).
+    /// What each link carries in a ring (nccl-tests' busbw): algbw · 2(world − 1)/world for the
+    /// all-reduce, algbw · (world − 1)/world for the all-gather.
     busbw_gb_s: f64,
 }
 
-fn measure<B: Backend>(replica: &Replica, device: &B::Device, sizes: &[usize], repeats: usize) -> kiln::Result<Vec<Row>> {
-    let world = replica.world();
-    let expected = (world * (world + 1) / 2) as f32;
+fn measure<B: Backend>(replica: &Replica, device: &B::Device, mode: Mode, sizes: &[usize], repeats: usize) -> kiln::Result<Vec<Row>> {
+    let (world, rank) = (replica.world(), replica.rank());
     let mut rows = Vec::with_capacity(sizes.len());
     for &bytes in sizes {
         let n = bytes / 4;
-        let mine = Tensor::<B, 1>::full([n], (replica.rank() + 1) as f32, device);
-        // One untimed call (a communicator is made on the first), then the timed ones.
-        let check = replica.all_reduce(mine.clone(), Reduce::Sum)?;
-        let (low, high) = (check.clone().min().into_scalar(), check.max().into_scalar());
-        let (low, high): (f32, f32) = (num(low), num(high));
-        if low != expected || high != expected {
-            return Err(kiln::Error::Distributed(format!("all-reduce of {bytes} bytes on rank {}: values {low}..{high}, expected {expected}", replica.rank())));
+        // All-gather: each rank's share of the buffer (as `Replica::shard` cuts rows).
+        let parts: Vec<usize> = (0..world).map(|r| (n / world) + usize::from(r < n % world)).collect();
+        let ends: Vec<usize> = parts.iter().scan(0, |end, part| Some(std::mem::replace(end, *end + part) + part)).collect();
+        let mine = match mode {
+            Mode::AllReduce => Tensor::<B, 1>::full([n], (rank + 1) as f32, device),
+            Mode::AllGather => {
+                let start: usize = parts[..rank].iter().sum();
+                let values: Vec<f32> = (0..n).map(|i| if (start..start + parts[rank]).contains(&i) { (rank + 1) as f32 } else { 0.0 }).collect();
+                Tensor::from_data(burn::tensor::TensorData::new(values, [n]), device)
+            }
+        };
+        let call = |t: Tensor<B, 1>| match mode {
+            Mode::AllReduce => replica.all_reduce(t, Reduce::Sum),
+            Mode::AllGather => replica.all_gather(t, &parts),
+        };
+        // One untimed call (a communicator is made on the first), checked, then the timed ones.
+        let check = call(mine.clone())?.into_data().convert::<f32>().into_vec::<f32>().expect("f32 values");
+        let expected = |i: usize| match mode {
+            Mode::AllReduce => (world * (world + 1) / 2) as f32,
+            Mode::AllGather => (ends.partition_point(|&end| end <= i) + 1) as f32,
+        };
+        if let Some(i) = (0..n).find(|&i| check[i] != expected(i)) {
+            let what = if mode == Mode::AllGather { "all-gather" } else { "all-reduce" };
+            return Err(kiln::Error::Distributed(format!("{what} of {bytes} bytes on rank {rank}: value {i} is {}, expected {}", check[i], expected(i))));
         }
         replica.barrier()?;
         let began = Instant::now();
         for _ in 0..repeats {
-            let out = replica.all_reduce(mine.clone(), Reduce::Sum)?;
-            // Waits for the device (the ring and NCCL return finished sums; this is for others).
+            let out = call(mine.clone())?;
+            // Waits for the device (the ring and NCCL return finished results; this is for others).
             let _ = B::sync(device);
             drop(out);
         }
         let seconds = began.elapsed().as_secs_f64() / repeats as f64;
         let algbw = bytes as f64 / seconds / 1e9;
-        rows.push(Row { bytes, world, repeats, seconds, algbw_gb_s: algbw, busbw_gb_s: algbw * 2.0 * (world as f64 - 1.0) / world as f64 });
+        let links = match mode {
+            Mode::AllReduce => 2.0,
+            Mode::AllGather => 1.0,
+        } * (world as f64 - 1.0)
+            / world as f64;
+        rows.push(Row { bytes, world, repeats, seconds, algbw_gb_s: algbw, busbw_gb_s: algbw * links });
     }
     Ok(rows)
-}
-
-fn num<E: burn::tensor::ElementConversion>(value: E) -> f32 {
-    value.elem::<f32>()
 }

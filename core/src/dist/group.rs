@@ -117,10 +117,21 @@ impl Group {
         Ok(group)
     }
 
-    /// Sums `data` over all nodes (see [`Ring`]). When a neighbour's connection breaks, the
-    /// control connections usually say why (which node stopped) a moment later: that reason wins.
+    /// Sums `data` over all nodes (see [`Ring`]).
     pub fn all_reduce_sum(&self, data: &mut [f32]) -> Result<()> {
         let result = lock(&self.ring).all_reduce_sum(data, &self.abort);
+        self.ring_result(result)
+    }
+
+    /// Every node's chunk of `data` to every node (see [`Ring::all_gather`]).
+    pub fn all_gather(&self, data: &mut [f32], chunks: &[std::ops::Range<usize>]) -> Result<()> {
+        let result = lock(&self.ring).all_gather(data, chunks, &self.abort);
+        self.ring_result(result)
+    }
+
+    /// A ring call's result; when a neighbour's connection broke, the control connections usually
+    /// say why (which node stopped) a moment later: that reason wins.
+    fn ring_result(&self, result: Result<()>) -> Result<()> {
         if let Err(e) = &result {
             let until = Instant::now() + Duration::from_secs(2);
             while self.abort.reason().is_none() && Instant::now() < until {

@@ -1,9 +1,10 @@
 //! Data parallelism: one model replica per device, several devices per process, several
-//! processes (nodes) per run. Training uses it through [`Replica`] (all-reduce gradients, gather
-//! metrics, agree on the start); [`launch`] starts the replicas of a process.
+//! processes (nodes) per run. Training uses it through [`Replica`] (all-reduce gradients,
+//! all-gather ZeRO-1's updated weights, gather metrics, agree on the start); [`launch`] starts
+//! the replicas of a process.
 //!
 //! On CUDA devices every replica, in this process or another, is one rank of an NCCL
-//! communicator ([`nccl`], `nccl_cuda.rs`): tensors are summed device to device, and kiln's
+//! communicator ([`nccl`], `nccl_cuda.rs`): tensors are summed and gathered device to device, and kiln's
 //! rendezvous only hands out NCCL's id. Everywhere else (the CPU, wgpu, and CUDA under
 //! `--collective ring`) two levels, each behind one file, carry the sums, the CPU/test transport:
 //! - between the replicas (threads) of a process: burn-collective's local all-reduce
@@ -349,13 +350,93 @@ impl Replica {
         Ok(out)
     }
 
-    /// The sum of `tensor` over the replicas through this replica's NCCL communicator on CUDA
-    /// device `ordinal`, made on first use: every replica opens NCCL and readies its device, and
-    /// all learn every replica's status (a replica that could not, or two replicas of a node on
-    /// one GPU, stop the run with one line); then rank 0 makes the id and the rendezvous hands it
-    /// out.
+    /// `data` with every replica's part in its place: `parts` cut `data` end to end in rank
+    /// order (maybe with empty parts), each replica fills its own, and every replica gets all of
+    /// them, in `data`'s dtype. Values are copied, never summed, so the result is exact in any
+    /// dtype; ZeRO-1 hands out the updated weights this way, at half an all-reduce's traffic.
+    /// Through NCCL on CUDA devices (each part padded to the longest: `ncclAllGather` takes one
+    /// length), kiln's engine and ring elsewhere.
+    pub fn all_gather<B: Backend>(&self, data: Tensor<B, 1>, parts: &[usize]) -> Result<Tensor<B, 1>> {
+        let total: usize = parts.iter().sum();
+        if parts.len() != self.world || data.dims()[0] != total {
+            return Err(Error::Distributed(format!("all-gather: {} values cut into {parts:?} for {} replicas", data.dims()[0], self.world)));
+        }
+        let Some(shared) = &self.shared else { return Ok(data) };
+        let mine = parts[..self.rank].iter().sum::<usize>()..parts[..=self.rank].iter().sum::<usize>();
+        let (device, dtype) = (data.device(), data.dtype());
+        #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+        if let Some(ordinal) = nccl_device::<B>(&device) {
+            let longest = parts.iter().copied().max().unwrap_or_default();
+            if longest == 0 {
+                return Ok(data);
+            }
+            let short = longest - mine.len();
+            let padding = || crate::model::proj::to_dtype(Tensor::zeros([short], &device), dtype);
+            let padded = match mine.len() {
+                0 => padding(),
+                n if n == longest => data.slice(mine),
+                _ => Tensor::cat(vec![data.slice(mine), padding()], 0),
+            };
+            let all = self.nccl_gather(shared, padded, ordinal)?;
+            if parts.iter().all(|&n| n == longest) {
+                return Ok(all);
+            }
+            let pieces = parts.iter().enumerate().filter(|(_, n)| **n > 0).map(|(r, n)| all.clone().slice(r * longest..r * longest + n)).collect();
+            return Ok(Tensor::cat(pieces, 0));
+        }
+        if collective() == Collective::Nccl {
+            return Err(Error::Distributed("--collective nccl needs CUDA devices (this build or run has none); leave it out for kiln's TCP ring".into()));
+        }
+        // A node's replicas hold consecutive ranks (`node · local_size + local`), so their parts
+        // make one chunk, the node's.
+        let mut chunks = Vec::with_capacity(parts.len() / self.local_size);
+        let mut end = 0;
+        for node in parts.chunks(self.local_size) {
+            let start = end;
+            end += node.iter().sum::<usize>();
+            chunks.push(start..end);
+        }
+        if self.local_size == 1 {
+            // The buffer itself carries this replica's part, in place.
+            let mut all = host_f32(data);
+            if let Some(group) = &shared.group {
+                group.all_gather(&mut all, &chunks)?;
+            }
+            return Ok(crate::model::proj::to_dtype(Tensor::from_data(TensorData::new(all, [total]), &device), dtype));
+        }
+        // Several replicas in this process: the leader puts their parts together on its device
+        // (and, between nodes, gathers the nodes' chunks into its whole buffer over the ring).
+        let own = (!mine.is_empty()).then(|| data.clone().slice(mine));
+        let whole = (self.local == 0).then_some(data);
+        let (group, start) = (shared.group.clone(), chunks[self.node].start);
+        let all = shared.rounds.round(self.local, (own, whole), move |locals: Vec<GatherInput<B>>| {
+            let mut locals = locals.into_iter();
+            let (leader_part, whole) = locals.next().expect("the leader's input");
+            let whole = whole.expect("the leader's buffer");
+            let here = whole.device();
+            let owned = std::iter::once(leader_part).chain(locals.map(|l| l.0)).flatten();
+            let Some(group) = &group else {
+                return Ok(Tensor::cat(owned.map(|part| part.to_device(&here)).collect(), 0));
+            };
+            let mut all = host_f32(whole);
+            let mut at = start;
+            for part in owned {
+                let part = host_f32(part);
+                all[at..at + part.len()].copy_from_slice(&part);
+                at += part.len();
+            }
+            group.all_gather(&mut all, &chunks)?;
+            Ok(crate::model::proj::to_dtype(Tensor::from_data(TensorData::new(all, [total]), &here), dtype))
+        })?;
+        Ok(all.as_ref().clone().to_device(&device))
+    }
+
+    /// This replica's NCCL communicator on CUDA device `ordinal`, made on first use: every
+    /// replica opens NCCL and readies its device, and all learn every replica's status (a
+    /// replica that could not, or two replicas of a node on one GPU, stop the run with one
+    /// line); then rank 0 makes the id and the rendezvous hands it out.
     #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
-    fn nccl_sum<B: Backend>(&self, shared: &Shared, tensor: Tensor<B, 1>, ordinal: usize, reduce: ReduceDtype) -> Result<Tensor<B, 1>> {
+    fn nccl_communicator(&self, shared: &Shared, ordinal: usize) -> Result<std::cell::Ref<'_, (&'static nccl::Nccl, nccl_cuda::Communicator)>> {
         if self.nccl.borrow().is_none() {
             let ready = nccl::Nccl::load().and_then(|library| Ok((library, nccl_cuda::Prepared::new(ordinal)?)));
             let status = match &ready {
@@ -383,11 +464,25 @@ impl Replica {
             }
             *self.nccl.borrow_mut() = Some((library, comm));
         }
-        let nccl = self.nccl.borrow();
-        let (library, comm) = nccl.as_ref().expect("made above");
-        if comm.ordinal() != ordinal {
-            return Err(Error::Distributed(format!("NCCL: replica {} all-reduced on cuda:{ordinal} after joining on cuda:{}", self.rank, comm.ordinal())));
+        let nccl = std::cell::Ref::map(self.nccl.borrow(), |n| n.as_ref().expect("made above"));
+        if nccl.1.ordinal() != ordinal {
+            return Err(Error::Distributed(format!("NCCL: replica {} used cuda:{ordinal} after joining on cuda:{}", self.rank, nccl.1.ordinal())));
         }
+        Ok(nccl)
+    }
+
+    /// Every replica's `tensor` (all of one length) end to end through NCCL.
+    #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+    fn nccl_gather<B: Backend>(&self, shared: &Shared, tensor: Tensor<B, 1>, ordinal: usize) -> Result<Tensor<B, 1>> {
+        let nccl = self.nccl_communicator(shared, ordinal)?;
+        nccl.1.gather(tensor, self.world).unwrap_or_else(|| Err(Error::Distributed("NCCL all-gather: not a CUDA tensor of f32, f16 or bf16".into())))
+    }
+
+    /// The sum of `tensor` over the replicas through NCCL, in `reduce`.
+    #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+    fn nccl_sum<B: Backend>(&self, shared: &Shared, tensor: Tensor<B, 1>, ordinal: usize, reduce: ReduceDtype) -> Result<Tensor<B, 1>> {
+        let nccl = self.nccl_communicator(shared, ordinal)?;
+        let (library, comm) = (nccl.0, &nccl.1);
         if reduce == ReduceDtype::Bf16 && library.version < 21000 {
             return Err(Error::Distributed(format!("[train] grad_reduce_dtype = \"bf16\" needs NCCL 2.10 or later (this is {})", library.version_string())));
         }
@@ -416,6 +511,15 @@ impl Drop for Replica {
             finish();
         }
     }
+}
+
+/// What a local replica passes to its leader in [`Replica::all_gather`]: its own part (none when
+/// empty), and the leader its whole buffer.
+type GatherInput<B> = (Option<Tensor<B, 1>>, Option<Tensor<B, 1>>);
+
+/// `tensor`'s values as f32 on the host.
+fn host_f32<B: Backend>(tensor: Tensor<B, 1>) -> Vec<f32> {
+    crate::model::proj::to_dtype(tensor, burn::tensor::DType::F32).into_data().convert::<f32>().into_vec::<f32>().expect("f32 data")
 }
 
 /// One run with several replicas per process at a time (the engine's server is per process).

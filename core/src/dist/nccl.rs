@@ -51,6 +51,7 @@ type GetVersion = unsafe extern "C" fn(*mut c_int) -> NcclResult;
 type GetUniqueId = unsafe extern "C" fn(*mut UniqueId) -> NcclResult;
 type CommInitRank = unsafe extern "C" fn(*mut Comm, c_int, UniqueId, c_int) -> NcclResult;
 type AllReduce = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> NcclResult;
+type AllGather = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, *mut c_void) -> NcclResult;
 type CommDestroy = unsafe extern "C" fn(Comm) -> NcclResult;
 type CommAbort = unsafe extern "C" fn(Comm) -> NcclResult;
 type CommGetAsyncError = unsafe extern "C" fn(Comm, *mut NcclResult) -> NcclResult;
@@ -65,6 +66,7 @@ pub struct Nccl {
     get_unique_id: GetUniqueId,
     comm_init_rank: CommInitRank,
     all_reduce: AllReduce,
+    all_gather: AllGather,
     comm_destroy: CommDestroy,
     comm_abort: CommAbort,
     comm_get_async_error: CommGetAsyncError,
@@ -226,6 +228,7 @@ impl Nccl {
                 get_unique_id: sym(&lib, path, "ncclGetUniqueId")?,
                 comm_init_rank: sym(&lib, path, "ncclCommInitRank")?,
                 all_reduce: sym(&lib, path, "ncclAllReduce")?,
+                all_gather: sym(&lib, path, "ncclAllGather")?,
                 comm_destroy: sym(&lib, path, "ncclCommDestroy")?,
                 comm_abort: sym(&lib, path, "ncclCommAbort")?,
                 comm_get_async_error: sym(&lib, path, "ncclCommGetAsyncError")?,
@@ -279,6 +282,18 @@ impl Nccl {
     pub unsafe fn all_reduce(&self, send: u64, recv: u64, count: usize, dtype: i32, op: i32, comm: Comm, stream: *mut c_void) -> Result<()> {
         // SAFETY: the caller's guarantees.
         self.check("ncclAllReduce", unsafe { (self.all_reduce)(send as *const c_void, recv as *mut c_void, count, dtype, op, comm, stream) })
+    }
+
+    /// Enqueues the all-gather of `count` values of `dtype` per rank from `send` into `recv`
+    /// (rank `r`'s values at `r · count`) on `stream`.
+    ///
+    /// # Safety
+    /// `send` is a device buffer of `count` values of `dtype`, `recv` one of `count` times the
+    /// communicator's ranks, both on the communicator's device; `comm` is live, and `stream` is
+    /// a stream of that device's current context.
+    pub unsafe fn all_gather(&self, send: u64, recv: u64, count: usize, dtype: i32, comm: Comm, stream: *mut c_void) -> Result<()> {
+        // SAFETY: the caller's guarantees.
+        self.check("ncclAllGather", unsafe { (self.all_gather)(send as *const c_void, recv as *mut c_void, count, dtype, comm, stream) })
     }
 
     /// Frees a communicator (waiting for its unfinished operations).
@@ -383,6 +398,10 @@ int ncclAllReduce(const void *s, void *r, size_t n, int dt, int op, void *comm, 
     if (dt != 7 || op != 0 || comm != (void *)0x5eed || stream != (void *)0x77) return 4;
     memcpy(r, s, n * 4); return 0;
 }
+int ncclAllGather(const void *s, void *r, size_t n, int dt, void *comm, void *stream) {
+    if (dt != 9 || comm != (void *)0x5eed || stream != (void *)0x77) return 4;
+    memcpy(r, s, n * 2); return 0;
+}
 int ncclCommDestroy(void *comm) { return 0; }
 int ncclCommAbort(void *comm) { return 0; }
 int ncclCommGetAsyncError(void *comm, int *e) { *e = comm == (void *)0x5eed ? 0 : 6; return 0; }
@@ -413,6 +432,13 @@ const char *ncclGetErrorString(int r) { return r == 4 ? "invalid argument" : "un
         unsafe { nccl.all_reduce(send.as_ptr() as u64, recv.as_mut_ptr() as u64, 3, dtype::FLOAT32, op::SUM, comm, 0x77 as *mut c_void) }.unwrap();
         assert_eq!(recv, send);
         assert!(unsafe { nccl.all_reduce(send.as_ptr() as u64, recv.as_mut_ptr() as u64, 3, dtype::BFLOAT16, op::SUM, comm, 0x77 as *mut c_void) }.is_err());
+        // A one-rank all-gather of bf16 values is a copy (the stub takes bf16 only).
+        let (send, mut recv) = ([0x3fc0u16, 0xc000], [0u16; 2]);
+        // SAFETY: host buffers of two bf16 for the stub, which copies them.
+        unsafe { nccl.all_gather(send.as_ptr() as u64, recv.as_mut_ptr() as u64, 2, dtype::BFLOAT16, comm, 0x77 as *mut c_void) }.unwrap();
+        assert_eq!(recv, send);
+        let err = unsafe { nccl.all_gather(send.as_ptr() as u64, recv.as_mut_ptr() as u64, 2, dtype::FLOAT32, comm, 0x77 as *mut c_void) }.unwrap_err().to_string();
+        assert!(err.starts_with("NCCL ncclAllGather failed: invalid argument"), "{err}");
         // SAFETY: the stub's communicator; any other reports a remote error (6).
         unsafe { nccl.async_error(comm) }.unwrap();
         let remote = unsafe { nccl.async_error(0x1 as Comm) }.unwrap_err().to_string();

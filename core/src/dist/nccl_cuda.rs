@@ -1,4 +1,4 @@
-//! NCCL all-reduce of burn's CUDA tensors: each replica (a thread of this process or another
+//! NCCL all-reduce and all-gather of burn's CUDA tensors: each replica (a thread of this process or another
 //! process) is one NCCL rank on its own device, and a tensor never leaves the devices.
 //!
 //! The communicator is made on a replica's first all-reduce ([`super::Replica::all_reduce`]):
@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{DType, Shape, Tensor};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
@@ -134,12 +134,23 @@ impl Communicator {
     /// `tensor` summed over the communicator's ranks; `None` when `B` is not burn's CUDA
     /// backend or the dtype is not f32, f16 or bf16.
     pub(crate) fn sum<B: Backend>(&self, tensor: Tensor<B, 1>) -> Option<Result<Tensor<B, 1>>> {
+        self.collective(tensor, Call::AllReduce)
+    }
+
+    /// Every rank's `tensor` (all of one length), end to end in rank order (`ncclAllGather`);
+    /// `None` as for [`Communicator::sum`].
+    pub(crate) fn gather<B: Backend>(&self, tensor: Tensor<B, 1>, world: usize) -> Option<Result<Tensor<B, 1>>> {
+        self.collective(tensor, Call::AllGather { world })
+    }
+
+    fn collective<B: Backend>(&self, tensor: Tensor<B, 1>, call: Call) -> Option<Result<Tensor<B, 1>>> {
         let nccl_dtype = match tensor.dtype() {
             DType::F32 => dtype::FLOAT32,
             DType::F16 => dtype::FLOAT16,
             DType::BF16 => dtype::BFLOAT16,
             _ => return None,
         };
+        let what = call.name();
         if self.link.dead.load(Ordering::Acquire) {
             return Some(Err(Error::Distributed("the NCCL communicator was aborted after an earlier failure".into())));
         }
@@ -147,44 +158,76 @@ impl Communicator {
         let failure: Arc<Mutex<Option<Error>>> = Arc::default();
         let link = self.link.clone();
         let recorded = failure.clone();
-        let shape = (tensor.shape(), tensor.dtype());
-        let outputs = custom::<CudaRuntime, u8, 1>("nccl_all_reduce", vec![tensor], &[shape], move |inputs| {
+        let out = match call {
+            Call::AllReduce => tensor.dims()[0],
+            Call::AllGather { world } => tensor.dims()[0] * world,
+        };
+        let (shape, out_shape) = ((Shape::new([out]), tensor.dtype()), Shape::new([out]));
+        let name = match call {
+            Call::AllReduce => "nccl_all_reduce",
+            Call::AllGather { .. } => "nccl_all_gather",
+        };
+        let outputs = custom::<CudaRuntime, u8, 1>(name, vec![tensor], std::slice::from_ref(&shape), move |inputs| {
             let input = into_contiguous(inputs.into_iter().next().expect("one input"));
-            let output = empty_device_contiguous_dtype(input.client.clone(), input.device.clone(), input.meta.shape().clone(), input.dtype);
-            if let Err(e) = link.all_reduce(&input, &output, nccl_dtype) {
+            let output = empty_device_contiguous_dtype(input.client.clone(), input.device.clone(), out_shape.clone(), input.dtype);
+            if let Err(e) = link.launch(&input, &output, nccl_dtype, call) {
                 *recorded.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
             }
             vec![output]
         });
-        let reduced = wrap::<CudaRuntime, u8, 1>(outputs.into_iter().next().expect("one output"));
+        let result = wrap::<CudaRuntime, u8, 1>(outputs.into_iter().next().expect("one output"));
         // Run it now, so that a failure is this call's error (and the communicator's use ends
         // here).
-        if let Err(e) = Cuda::sync(&reduced.device()) {
-            return Some(Err(Error::Distributed(format!("the device failed during an NCCL all-reduce: {e:?}"))));
+        if let Err(e) = Cuda::sync(&result.device()) {
+            return Some(Err(Error::Distributed(format!("the device failed during an NCCL {what}: {e:?}"))));
         }
         if let Some(e) = failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
             return Some(Err(e));
         }
-        Some(retype::<Cuda, B, 1>(reduced).ok_or_else(|| Error::Distributed("NCCL all-reduce: backend mismatch".into())))
+        Some(retype::<Cuda, B, 1>(result).ok_or_else(|| Error::Distributed(format!("NCCL {what}: backend mismatch"))))
+    }
+}
+
+/// The NCCL collectives kiln runs.
+#[derive(Debug, Clone, Copy)]
+enum Call {
+    /// `ncclAllReduce` (sum) into a buffer of the input's length.
+    AllReduce,
+    /// `ncclAllGather` into a buffer of `world` times the input's length.
+    AllGather { world: usize },
+}
+
+impl Call {
+    fn name(self) -> &'static str {
+        match self {
+            Call::AllReduce => "all-reduce",
+            Call::AllGather { .. } => "all-gather",
+        }
     }
 }
 
 impl Link {
-    /// The sum of `input` (of NCCL dtype `dtype`) into `output`, inside the fusion stream.
-    fn all_reduce(&self, input: &CubeTensor<CudaRuntime>, output: &CubeTensor<CudaRuntime>, dtype: i32) -> Result<()> {
+    /// `call` from `input` (of NCCL dtype `dtype`) into `output`, inside the fusion stream.
+    fn launch(&self, input: &CubeTensor<CudaRuntime>, output: &CubeTensor<CudaRuntime>, dtype: i32, call: Call) -> Result<()> {
         let client = &input.client;
+        let what = call.name();
         // The buffers first (looking one up may queue a wait for its stream on cubecl's stream),
         // then wait for everything queued there: the input's kernels.
-        let resource = |t: &CubeTensor<CudaRuntime>| client.get_resource(t.handle.clone()).map_err(|e| Error::Distributed(format!("NCCL all-reduce: no device buffer ({e:?})")));
+        let resource = |t: &CubeTensor<CudaRuntime>| client.get_resource(t.handle.clone()).map_err(|e| Error::Distributed(format!("NCCL {what}: no device buffer ({e:?})")));
         let (src, dst) = (resource(input)?, resource(output)?);
-        cubecl::future::block_on(client.sync()).map_err(|e| Error::Distributed(format!("the device failed before an NCCL all-reduce: {e:?}")))?;
+        cubecl::future::block_on(client.sync()).map_err(|e| Error::Distributed(format!("the device failed before an NCCL {what}: {e:?}")))?;
         let count = input.meta.num_elements();
-        // SAFETY: `ctx` is the device's primary context; `src` and `dst` are live device buffers
-        // of `count` values of the tensor's dtype on it (their managed resources keep them
-        // allocated until the wait below has seen the operation finish).
+        // SAFETY: `ctx` is the device's primary context; `src` is a live device buffer of `count`
+        // values of the tensor's dtype on it and `dst` one of the call's output length (their
+        // managed resources keep them allocated until the wait below has seen the operation
+        // finish).
         unsafe {
             cu::ctx::set_current(self.ctx).map_err(|e| driver("cuCtxSetCurrent", e))?;
-            self.nccl.all_reduce(src.resource().ptr, dst.resource().ptr, count, dtype, op::SUM, self.comm, self.stream as *mut _)?;
+            let (src, dst, stream) = (src.resource().ptr, dst.resource().ptr, self.stream as *mut _);
+            match call {
+                Call::AllReduce => self.nccl.all_reduce(src, dst, count, dtype, op::SUM, self.comm, stream)?,
+                Call::AllGather { .. } => self.nccl.all_gather(src, dst, count, dtype, self.comm, stream)?,
+            }
         }
         self.wait()
     }

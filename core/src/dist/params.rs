@@ -101,6 +101,9 @@ pub fn sync_start<AB: AutodiffBackend, O: Objective<AB>>(replica: &Replica, star
 #[derive(Debug, Clone, PartialEq)]
 pub struct OptimizerShard {
     rank: usize,
+    /// Where each replica's values start in the parameters laid end to end, and the total:
+    /// replica `r` owns `bounds[r]..bounds[r + 1]`.
+    bounds: Vec<usize>,
     /// Per parameter: this replica's range of its flattened values (maybe empty), and its size.
     owned: HashMap<String, (Range<usize>, usize)>,
 }
@@ -112,8 +115,8 @@ impl OptimizerShard {
         order.sort_by(|a, b| a.0.cmp(&b.0));
         let total: usize = order.iter().map(|p| p.1).sum();
         let world = world.max(1);
-        let bound = |r: usize| ((r as u128 * total as u128) / world as u128) as usize;
-        let (mine_start, mine_end) = (bound(rank), bound(rank + 1));
+        let bounds: Vec<usize> = (0..=world).map(|r| ((r as u128 * total as u128) / world as u128) as usize).collect();
+        let (mine_start, mine_end) = (bounds[rank], bounds[rank + 1]);
         let mut offset = 0;
         let mut owned = HashMap::with_capacity(params.len());
         for (name, numel) in order {
@@ -122,7 +125,7 @@ impl OptimizerShard {
             owned.insert(name.clone(), (range, *numel));
             offset += numel;
         }
-        Self { rank, owned }
+        Self { rank, bounds, owned }
     }
 
     /// The shard of `model`'s parameters for `replica`.
@@ -177,18 +180,48 @@ impl OptimizerShard {
 }
 
 /// After an update where each replica stepped only its own values: every replica gets every
-/// owner's new values (an all-reduce in which the others contribute zeros, so each sum is
-/// exactly the owner's value).
+/// owner's new values ([`Replica::all_gather`], in buckets of whole parameters up to 2^24
+/// values, in the weights' dtype).
 pub fn gather_owned_weights<AB: AutodiffBackend, M: AutodiffModule<AB>>(
     replica: &Replica,
     model: M,
     names: &HashMap<ParamId, String>,
     shard: &OptimizerShard,
 ) -> Result<M> {
-    let flat = flatten::<AB, M>(&model, names, Source::Owned(shard));
-    let ids: Vec<ParamId> = flat.iter().map(|f| f.1).collect();
-    let reduced = replica.all_reduce_many(flat.into_iter().map(|f| f.2).collect(), Reduce::Sum)?;
-    Ok(model.map(&mut PutWeights { by_id: ids.into_iter().zip(reduced).collect() }))
+    let flat = flatten::<AB, M>(&model, names, Source::Values { zeros: false });
+    let total: usize = flat.iter().map(|f| f.2.dims()[0]).sum();
+    if Some(&total) != shard.bounds.last() {
+        return Err(Error::Distributed(format!("ZeRO-1: the model has {total} values, its optimizer's partition {:?}", shard.bounds.last())));
+    }
+    let mut by_id = HashMap::with_capacity(flat.len());
+    let mut flat = flat.into_iter().peekable();
+    let mut offset = 0;
+    while flat.peek().is_some() {
+        // Whole parameters, up to one bucket (at least one).
+        let mut bucket = Vec::new();
+        let mut filled = 0;
+        while let Some(next) = flat.peek() {
+            let numel = next.2.dims()[0];
+            if !bucket.is_empty() && filled + numel > super::BUCKET {
+                break;
+            }
+            filled += numel;
+            bucket.extend(flat.next());
+        }
+        // Each replica's part of the bucket: its range of the whole, cut to the bucket.
+        let parts: Vec<usize> = shard.bounds.windows(2).map(|b| b[1].clamp(offset, offset + filled) - b[0].clamp(offset, offset + filled)).collect();
+        let lengths: Vec<usize> = bucket.iter().map(|b| b.2.dims()[0]).collect();
+        let ids: Vec<ParamId> = bucket.iter().map(|b| b.1).collect();
+        let data = Tensor::cat(bucket.into_iter().map(|b| b.2).collect(), 0);
+        let gathered = replica.all_gather(data, &parts)?;
+        let mut at = 0;
+        for (id, numel) in ids.into_iter().zip(lengths) {
+            by_id.insert(id, gathered.clone().slice(at..at + numel));
+            at += numel;
+        }
+        offset += filled;
+    }
+    Ok(model.map(&mut PutWeights { by_id }))
 }
 
 /// Before a checkpoint of a sharded run (`optimizer.shard`; otherwise nothing): rank 0 gets every parameter's whole moments (each
@@ -268,9 +301,6 @@ enum Source<'a> {
     Grads(&'a mut GradientsParams),
     /// The parameters' values, or zeros of their size.
     Values { zeros: bool },
-    /// The values of the parameters this replica owns, zeros (in the parameter's dtype) for the
-    /// others.
-    Owned(&'a OptimizerShard),
 }
 
 /// Every parameter of `model` as `(name, id, flat tensor)` from `source`, in name order (the
@@ -304,11 +334,6 @@ impl<AB: AutodiffBackend> ModuleVisitor<AB> for Flatten<'_, AB::InnerBackend> {
             },
             Source::Values { zeros: true } => value.reshape([numel]).zeros_like(),
             Source::Values { zeros: false } => value.reshape([numel]),
-            Source::Owned(shard) => {
-                let (flat, range) = (value.reshape([numel]), shard.range(&name, numel));
-                let part = (!range.is_empty()).then(|| flat.clone().slice(range));
-                shard.spread(&name, &flat, part)
-            }
         };
         self.out.push((name, param.id, flat));
     }

@@ -1,9 +1,11 @@
-//! Ring all-reduce of f32 buffers between the processes of a run, over TCP.
+//! Ring all-reduce and all-gather of f32 buffers between the processes of a run, over TCP.
 //!
 //! Node `i` sends to node `i + 1` and receives from node `i − 1` (mod P). A buffer is cut into
 //! P chunks; P − 1 steps of reduce-scatter leave node `i` with the full sum of chunk `i + 1`,
 //! and P − 1 steps of all-gather copy every summed chunk to every node, so all nodes end with
 //! bitwise the same result. Each node sends and receives 2 (P − 1)/P of the buffer per call.
+//! The all-gather alone ([`Ring::all_gather`]) hands out chunks that each node already has
+//! (ZeRO-1's updated weights): (P − 1)/P of the buffer.
 //!
 //! Every read and write polls the run's abort flag, so a stopped run never leaves a thread
 //! blocked here; a peer that closes its connection is an error naming it.
@@ -79,42 +81,74 @@ impl Ring {
         if p == 1 {
             return Ok(());
         }
+        self.agree_on_length(data.len(), "reduces", abort)?;
         let chunks = chunk_ranges(data.len(), p);
         let (node, next_node, prev_node) = (self.node, (self.node + 1) % p, (self.node + p - 1) % p);
-        let (next, prev) = (&mut self.next, &mut self.prev);
-        // Both ends must agree on the length, or the chunks would not line up.
-        let length = (data.len() as u64).to_le_bytes();
+        let mut incoming: Vec<f32> = Vec::new();
+        for step in 0..p - 1 {
+            // Reduce-scatter: send chunk (i − s), add chunk (i − s − 1) into this node's.
+            let send = (node + p - step) % p;
+            let recv = (send + p - 1) % p;
+            let (sent, received) = (chunks[send].clone(), chunks[recv].clone());
+            // The chunks differ, but both live in `data`: receive aside, then add.
+            incoming.resize(received.len(), 0.0);
+            exchange(&mut self.next, &mut self.prev, wire(&data[sent]), wire_mut(&mut incoming), abort, (next_node, prev_node))?;
+            data[received].iter_mut().zip(&incoming).for_each(|(value, other)| *value += other);
+        }
+        // Node i now holds the whole sum of chunk i + 1: pass the sums round.
+        self.circulate(data, &chunks, (node + 1) % p, abort)
+    }
+
+    /// Every node's chunk of `data` to every node, in place: node `i` fills `data[chunks[i]]`
+    /// and ends with every other node's chunk in its place (`chunks` tile `data` in node order,
+    /// maybe with empty ones; every node passes the same). Each node sends and receives
+    /// (P − 1)/P of the buffer, half an all-reduce's traffic.
+    pub fn all_gather(&mut self, data: &mut [f32], chunks: &[Range<usize>], abort: &Abort) -> Result<()> {
+        let p = self.size;
+        let tiled = chunks.len() == p && chunks.first().is_some_and(|c| c.start == 0) && chunks.last().is_some_and(|c| c.end == data.len()) && chunks.windows(2).all(|w| w[0].end == w[1].start && w[0].start <= w[0].end);
+        if !tiled {
+            return Err(Error::Distributed(format!("all-gather: {chunks:?} do not cut {} values into {p} chunks in order", data.len())));
+        }
+        if p == 1 {
+            return Ok(());
+        }
+        self.agree_on_length(data.len(), "gathers", abort)?;
+        self.circulate(data, chunks, self.node, abort)
+    }
+
+    /// P − 1 steps in which each node passes on the chunk it got last, starting with chunk
+    /// `held`: afterwards every node has every chunk.
+    fn circulate(&mut self, data: &mut [f32], chunks: &[Range<usize>], held: usize, abort: &Abort) -> Result<()> {
+        let p = self.size;
+        let (next_node, prev_node) = ((self.node + 1) % p, (self.node + p - 1) % p);
+        for step in 0..p - 1 {
+            let send = (held + p - step) % p;
+            let recv = (send + p - 1) % p;
+            let (sent, received) = (chunks[send].clone(), chunks[recv].clone());
+            // Disjoint ranges of `data` (either may be empty): split between them.
+            let (outgoing, target) = if sent.end <= received.start {
+                let (head, tail) = data.split_at_mut(received.start);
+                (&head[sent], &mut tail[..received.len()])
+            } else {
+                let (head, tail) = data.split_at_mut(sent.start);
+                (&tail[..sent.len()], &mut head[received])
+            };
+            exchange(&mut self.next, &mut self.prev, wire(outgoing), wire_mut(target), abort, (next_node, prev_node))?;
+        }
+        Ok(())
+    }
+
+    /// Checks that the previous node passes `len` values too (or the chunks would not line up).
+    fn agree_on_length(&mut self, len: usize, verb: &str, abort: &Abort) -> Result<()> {
+        let (next_node, prev_node) = ((self.node + 1) % self.size, (self.node + self.size - 1) % self.size);
+        let length = (len as u64).to_le_bytes();
         let mut theirs = [0u8; 8];
-        exchange(next, prev, &length, &mut theirs, abort, (next_node, prev_node))?;
+        exchange(&mut self.next, &mut self.prev, &length, &mut theirs, abort, (next_node, prev_node))?;
         if theirs != length {
             return Err(Error::Distributed(format!(
-                "node {prev_node} reduces {} values where this node reduces {}: the nodes run different models or configs",
-                u64::from_le_bytes(theirs),
-                data.len()
+                "node {prev_node} {verb} {} values where this node {verb} {len}: the nodes run different models or configs",
+                u64::from_le_bytes(theirs)
             )));
-        }
-        let mut incoming: Vec<f32> = Vec::new();
-        for phase in 0..2 {
-            for step in 0..p - 1 {
-                // Reduce-scatter sends chunk (i − s), then all-gather sends chunk (i + 1 − s).
-                let send = (node + p * 2 + phase - step) % p;
-                let recv = (send + p - 1) % p;
-                let (sent, received) = (chunks[send].clone(), chunks[recv].clone());
-                if phase == 0 {
-                    // The chunks differ, but both live in `data`: receive aside, then add.
-                    incoming.resize(received.len(), 0.0);
-                    exchange(next, prev, wire(&data[sent]), wire_mut(&mut incoming), abort, (next_node, prev_node))?;
-                    data[received].iter_mut().zip(&incoming).for_each(|(value, other)| *value += other);
-                } else {
-                    let (head, tail) = data.split_at_mut(sent.start.max(received.start));
-                    let (outgoing, target) = if sent.start < received.start {
-                        (&head[sent.clone()], &mut tail[..received.len()])
-                    } else {
-                        (&tail[..sent.len()], &mut head[received.clone()])
-                    };
-                    exchange(next, prev, wire(outgoing), wire_mut(target), abort, (next_node, prev_node))?;
-                }
-            }
         }
         Ok(())
     }
@@ -225,6 +259,52 @@ mod tests {
     fn chunks_cover_the_buffer() {
         assert_eq!(chunk_ranges(10, 3), vec![0..4, 4..7, 7..10]);
         assert_eq!(chunk_ranges(2, 3), vec![0..1, 1..2, 2..2]);
+    }
+
+    /// Three nodes on 127.0.0.1 gather chunks of uneven sizes (empty ones first, between and
+    /// last: a bucket of ZeRO-1 weights that one replica owns alone) between two sums, and each
+    /// ends with every node's chunk in its place.
+    #[test]
+    fn three_nodes_gather_uneven_chunks_on_loopback() {
+        let cuts: [&[usize]; 5] = [&[0, 3, 5, 9], &[0, 0, 4, 4], &[0, 4, 4, 4], &[0, 0, 0, 6], &[0, 1000, 1001, 2001]];
+        let chunks = |cut: &[usize]| -> Vec<Range<usize>> { cut.windows(2).map(|w| w[0]..w[1]).collect() };
+        let listeners: Vec<TcpListener> = (0..3).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+        let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+        let results: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
+            let handles: Vec<_> = listeners
+                .iter()
+                .enumerate()
+                .map(|(node, listener)| {
+                    let addrs = addrs.clone();
+                    s.spawn(move || {
+                        let abort = Abort::default();
+                        let mut ring = Ring::connect(node, &addrs, listener, 9, Duration::from_secs(10), &abort).unwrap();
+                        let mut out = Vec::new();
+                        for cut in cuts {
+                            let chunks = chunks(cut);
+                            // Only this node's chunk holds its values; the rest is left over.
+                            let mut data = vec![-1.0f32; *cut.last().unwrap()];
+                            data[chunks[node].clone()].iter_mut().enumerate().for_each(|(j, v)| *v = (node * 10_000 + j) as f32);
+                            ring.all_gather(&mut data, &chunks, &abort).unwrap();
+                            out.push(data);
+                            let mut sum = vec![node as f32; 5];
+                            ring.all_reduce_sum(&mut sum, &abort).unwrap();
+                            assert_eq!(sum, vec![3.0; 5]);
+                        }
+                        let wrong = ring.all_gather(&mut [0.0; 4], &chunks(&[0, 2, 4]), &abort).unwrap_err().to_string();
+                        assert!(wrong.contains("do not cut 4 values into 3 chunks"), "{wrong}");
+                        out
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (k, cut) in cuts.iter().enumerate() {
+            let expected: Vec<f32> = (0..3).flat_map(|node| (0..cut[node + 1] - cut[node]).map(move |j| (node * 10_000 + j) as f32)).collect();
+            for (node, result) in results.iter().enumerate() {
+                assert_eq!(result[k], expected, "cut {k} on node {node}");
+            }
+        }
     }
 
     /// Three nodes on 127.0.0.1 (threads here) sum buffers back to back, lengths shorter than

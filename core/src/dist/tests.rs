@@ -116,6 +116,47 @@ fn local_replicas_reduce_and_gather() {
     assert_eq!(main[4], vec![3.0 + 6.0; 5]);
 }
 
+/// Three replicas (threads) hand each other their parts of a buffer ([`Replica::all_gather`]):
+/// uneven parts, an empty one first, between and last, and a buffer held in bf16 come back in
+/// place and exact, whatever the others left in their copies; a cut that does not fit is an
+/// error.
+#[test]
+fn local_replicas_gather_their_parts_in_place() {
+    let devices = vec![Default::default(); 3];
+    let cuts: [&[usize]; 4] = [&[3, 2, 4], &[0, 4, 0], &[5, 0, 0], &[0, 0, 6]];
+    let body = |replica: Replica, device: &burn::tensor::Device<Flex>| -> Result<Vec<Vec<f32>>> {
+        let rank = replica.rank();
+        let mut out = Vec::new();
+        for (k, parts) in cuts.iter().enumerate() {
+            let start: usize = parts[..rank].iter().sum();
+            // This replica's part holds its values; the rest, whatever it had.
+            let values: Vec<f32> = (0..parts.iter().sum()).map(|i| if (start..start + parts[rank]).contains(&i) { 1.0 + rank as f32 + i as f32 / 8.0 } else { -7.0 }).collect();
+            let mut data = Tensor::<Flex, 1>::from_data(TensorData::new(values.clone(), [values.len()]), device);
+            if k == 0 {
+                data = crate::model::proj::to_dtype(data, burn::tensor::DType::BF16);
+            }
+            let gathered = replica.all_gather(data, parts)?;
+            assert_eq!(gathered.dtype(), if k == 0 { burn::tensor::DType::BF16 } else { burn::tensor::DType::F32 });
+            out.push(crate::model::proj::to_dtype(gathered, burn::tensor::DType::F32).into_data().to_vec::<f32>().unwrap());
+        }
+        let wrong = replica.all_gather(Tensor::<Flex, 1>::zeros([4], device), &[2, 2]).unwrap_err().to_string();
+        assert!(wrong.contains("4 values cut into [2, 2] for 3 replicas"), "{wrong}");
+        Ok(out)
+    };
+    let main = launch(&devices, None, "t", |r, d| body(r, d), |r, d| body(r, d)).unwrap();
+    for (k, parts) in cuts.iter().enumerate() {
+        let mut at = 0;
+        for (rank, &n) in parts.iter().enumerate() {
+            for (i, value) in main[k].iter().enumerate().skip(at).take(n) {
+                // 1 + rank + i/8 is exact in bf16 at these sizes.
+                assert_eq!(*value, 1.0 + rank as f32 + i as f32 / 8.0, "cut {k}, value {i}");
+            }
+            at += n;
+        }
+        assert_eq!(main[k].len(), at);
+    }
+}
+
 /// A replica thread stopped by a device failure (a tensor too large for the device) ends the
 /// run with that failure, named, not with an anonymous panic.
 #[test]
