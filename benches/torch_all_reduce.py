@@ -33,14 +33,16 @@ def main():
     expected = world * (world + 1) / 2
     for size in (int(s) for s in args.sizes.split(",")):
         if args.all_gather:
-            # Equal shares (all_gather_into_tensor takes one length): the buffer rounded down.
+            # Equal shares (all_gather_into_tensor takes one length): the buffer rounded down to
+            # them (the row keeps the size asked for, as kiln's does, and times what was sent).
             share = size // 4 // world
-            size = share * world * 4
+            sent = share * world * 4
             x = torch.full((share,), float(rank + 1), device=device)
             y = torch.empty(share * world, device=device)
             call = lambda: dist.all_gather_into_tensor(y, x)
             want = torch.arange(1, world + 1, device=device, dtype=torch.float32).repeat_interleave(share)
         else:
+            sent = size
             x = torch.full((size // 4,), float(rank + 1), device=device)
             y = x.clone()
             call = lambda: dist.all_reduce(y)  # in place (the values grow; the time does not depend on them)
@@ -55,7 +57,7 @@ def main():
             call()
         sync()
         seconds = (time.perf_counter() - began) / args.repeats
-        algbw = size / seconds / 1e9
+        algbw = sent / seconds / 1e9
         links = (1 if args.all_gather else 2) * (world - 1) / world
         if rank == 0:
             row = {"bytes": size, "world": world, "repeats": args.repeats, "seconds": seconds, "algbw_gb_s": algbw, "busbw_gb_s": algbw * links}

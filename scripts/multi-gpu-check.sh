@@ -145,6 +145,19 @@ EQUIV="not run" SHARDED="not run"
 if [ "$MODE" = run ]; then
     EQUIV=$(compare "$E/single" "$E/multi")
     SHARDED=$(compare "$E/single" "$E/sharded")
+    # ZeRO-1 changes no value: the sharded run's weights and losses are the unsharded one's, byte
+    # for byte (every replica's optimizer step is elementwise; the weights are copied).
+    same=$("$PYTHON" - "$E/multi" "$E/sharded" <<'PY' 2>&1 || true
+import json, sys
+a, b = sys.argv[1:3]
+weights = lambda run: open(f"{run}/checkpoint-3/model.safetensors", "rb").read()
+losses = lambda run: [json.loads(l)["loss"] for l in open(f"{run}/metrics.jsonl") if '"loss"' in l]
+same = weights(a) == weights(b) and losses(a) == losses(b)
+print("and byte for byte the unsharded run's weights and losses" if same else "but NOT the unsharded run's weights and losses byte for byte")
+PY
+)
+    SHARDED="$SHARDED; $same"
+    case "$same" in and*) ;; *) SHARDED="FAILED: $SHARDED" ;; esac
     case "$EQUIV" in passed*) ;; *) FAILED=1 ;; esac
     case "$SHARDED" in passed*) ;; *) FAILED=1 ;; esac
     grep -h '^kiln: NCCL' "$OUT"/multi.*.err | head -1 || true

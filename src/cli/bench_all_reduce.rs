@@ -89,7 +89,8 @@ fn measure<B: Backend>(replica: &Replica, device: &B::Device, mode: Mode, sizes:
             Mode::AllReduce => Tensor::<B, 1>::full([n], (rank + 1) as f32, device),
             Mode::AllGather => {
                 let start: usize = parts[..rank].iter().sum();
-                let values: Vec<f32> = (0..n).map(|i| if (start..start + parts[rank]).contains(&i) { (rank + 1) as f32 } else { 0.0 }).collect();
+                // The others' shares hold -1 until gathered (a share left out shows).
+                let values: Vec<f32> = (0..n).map(|i| if (start..start + parts[rank]).contains(&i) { (rank + 1) as f32 } else { -1.0 }).collect();
                 Tensor::from_data(burn::tensor::TensorData::new(values, [n]), device)
             }
         };

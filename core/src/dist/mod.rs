@@ -353,15 +353,20 @@ impl Replica {
     /// `data` with every replica's part in its place: `parts` cut `data` end to end in rank
     /// order (maybe with empty parts), each replica fills its own, and every replica gets all of
     /// them, in `data`'s dtype. Values are copied, never summed, so the result is exact in any
-    /// dtype; ZeRO-1 hands out the updated weights this way, at half an all-reduce's traffic.
-    /// Through NCCL on CUDA devices (each part padded to the longest: `ncclAllGather` takes one
-    /// length), kiln's engine and ring elsewhere.
+    /// dtype; ZeRO-1 hands out the updated weights this way, at half an all-reduce's traffic
+    /// when the parts are even. Through NCCL on CUDA devices, in the tensor's dtype (each part
+    /// padded to the longest: `ncclAllGather` takes one length); elsewhere the leader of a
+    /// process's replicas puts their parts together and kiln's ring passes the processes' chunks
+    /// round, in f32.
     pub fn all_gather<B: Backend>(&self, data: Tensor<B, 1>, parts: &[usize]) -> Result<Tensor<B, 1>> {
         let total: usize = parts.iter().sum();
         if parts.len() != self.world || data.dims()[0] != total {
             return Err(Error::Distributed(format!("all-gather: {} values cut into {parts:?} for {} replicas", data.dims()[0], self.world)));
         }
         let Some(shared) = &self.shared else { return Ok(data) };
+        if total == 0 {
+            return Ok(data);
+        }
         let mine = parts[..self.rank].iter().sum::<usize>()..parts[..=self.rank].iter().sum::<usize>();
         let (device, dtype) = (data.device(), data.dtype());
         #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]

@@ -1,7 +1,8 @@
 //! NCCL all-reduce and all-gather of burn's CUDA tensors: each replica (a thread of this process or another
 //! process) is one NCCL rank on its own device, and a tensor never leaves the devices.
 //!
-//! The communicator is made on a replica's first all-reduce ([`super::Replica::all_reduce`]):
+//! The communicator is made on a replica's first collective ([`super::Replica::all_reduce`] or
+//! [`super::Replica::all_gather`]):
 //! rank 0 makes the NCCL id and kiln's rendezvous hands it to every rank, which then joins on
 //! its device's primary context (the one cubecl-cuda runs on). An all-reduce is one operation of
 //! burn's fusion stream: when the stream reaches it, it waits for the device's queued work, runs

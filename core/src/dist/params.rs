@@ -180,48 +180,96 @@ impl OptimizerShard {
 }
 
 /// After an update where each replica stepped only its own values: every replica gets every
-/// owner's new values ([`Replica::all_gather`], in buckets of whole parameters up to 2^24
-/// values, in the weights' dtype).
+/// owner's new values ([`Replica::all_gather`], in the weights' dtype). The rounds follow the
+/// partition, not the parameters: in round `k` every replica sends the `k`-th slice of its own
+/// range (2^24 / world values), so every round's parts are even whatever the parameters' sizes,
+/// and each link carries (world − 1)/world of the weights in all.
 pub fn gather_owned_weights<AB: AutodiffBackend, M: AutodiffModule<AB>>(
     replica: &Replica,
     model: M,
     names: &HashMap<ParamId, String>,
     shard: &OptimizerShard,
 ) -> Result<M> {
+    gather_owned_weights_by(replica, model, names, shard, super::BUCKET)
+}
+
+/// [`gather_owned_weights`] in rounds of `bucket` values (tests take small ones).
+pub(super) fn gather_owned_weights_by<AB: AutodiffBackend, M: AutodiffModule<AB>>(
+    replica: &Replica,
+    model: M,
+    names: &HashMap<ParamId, String>,
+    shard: &OptimizerShard,
+    bucket: usize,
+) -> Result<M> {
     let flat = flatten::<AB, M>(&model, names, Source::Values { zeros: false });
+    // Where each parameter starts in the parameters laid end to end (name order).
+    let starts: Vec<usize> = flat.iter().scan(0, |end, f| Some(std::mem::replace(end, *end + f.2.dims()[0]))).collect();
     let total: usize = flat.iter().map(|f| f.2.dims()[0]).sum();
-    if Some(&total) != shard.bounds.last() {
-        return Err(Error::Distributed(format!("ZeRO-1: the model has {total} values, its optimizer's partition {:?}", shard.bounds.last())));
+    let bounds = &shard.bounds;
+    if Some(&total) != bounds.last() || bounds.len() != replica.world() + 1 {
+        return Err(Error::Distributed(format!("ZeRO-1: the model has {total} values, its optimizer's partition {bounds:?} (for {} replicas)", replica.world())));
+    }
+    let Some((_, _, like)) = flat.first() else { return Ok(model) };
+    let (device, dtype) = (like.device(), like.dtype());
+    let sizes: Vec<usize> = flat.iter().map(|f| f.2.dims()[0]).collect();
+    let overlapping = |range: &Range<usize>| overlaps(&starts, &sizes, range);
+    let slice = bucket.div_ceil(replica.world()).max(1);
+    let longest = bounds.windows(2).map(|b| b[1] - b[0]).max().unwrap_or_default();
+    let mut pieces: Vec<Vec<(usize, Tensor<Inner<AB>, 1>)>> = vec![Vec::new(); flat.len()];
+    for round in 0..longest.div_ceil(slice) {
+        let ranges: Vec<Range<usize>> = bounds
+            .windows(2)
+            .map(|b| {
+                let start = (b[0] + round * slice).min(b[1]);
+                start..(start + slice).min(b[1])
+            })
+            .collect();
+        let parts: Vec<usize> = ranges.iter().map(Range::len).collect();
+        // This replica's slice in its place among the others' (zeros until gathered).
+        let (rank, zeros) = (replica.rank(), |n: usize| crate::model::proj::to_dtype(Tensor::<Inner<AB>, 1>::zeros([n], &device), dtype));
+        let before: usize = parts[..rank].iter().sum();
+        let after: usize = parts[rank + 1..].iter().sum();
+        let mut data: Vec<Tensor<Inner<AB>, 1>> = Vec::new();
+        if before > 0 {
+            data.push(zeros(before));
+        }
+        data.extend(overlapping(&ranges[rank]).into_iter().map(|(i, range)| flat[i].2.clone().slice(range.start - starts[i]..range.end - starts[i])));
+        if after > 0 {
+            data.push(zeros(after));
+        }
+        let gathered = replica.all_gather(Tensor::cat(data, 0), &parts)?;
+        let mut at = 0;
+        for range in &ranges {
+            for (i, part) in overlapping(range) {
+                let from = at + part.start - range.start;
+                pieces[i].push((part.start - starts[i], gathered.clone().slice(from..from + part.len())));
+            }
+            at += range.len();
+        }
     }
     let mut by_id = HashMap::with_capacity(flat.len());
-    let mut flat = flat.into_iter().peekable();
-    let mut offset = 0;
-    while flat.peek().is_some() {
-        // Whole parameters, up to one bucket (at least one).
-        let mut bucket = Vec::new();
-        let mut filled = 0;
-        while let Some(next) = flat.peek() {
-            let numel = next.2.dims()[0];
-            if !bucket.is_empty() && filled + numel > super::BUCKET {
-                break;
-            }
-            filled += numel;
-            bucket.extend(flat.next());
+    for ((_, id, _), mut pieces) in flat.iter().zip(pieces) {
+        if pieces.is_empty() {
+            continue;
         }
-        // Each replica's part of the bucket: its range of the whole, cut to the bucket.
-        let parts: Vec<usize> = shard.bounds.windows(2).map(|b| b[1].clamp(offset, offset + filled) - b[0].clamp(offset, offset + filled)).collect();
-        let lengths: Vec<usize> = bucket.iter().map(|b| b.2.dims()[0]).collect();
-        let ids: Vec<ParamId> = bucket.iter().map(|b| b.1).collect();
-        let data = Tensor::cat(bucket.into_iter().map(|b| b.2).collect(), 0);
-        let gathered = replica.all_gather(data, &parts)?;
-        let mut at = 0;
-        for (id, numel) in ids.into_iter().zip(lengths) {
-            by_id.insert(id, gathered.clone().slice(at..at + numel));
-            at += numel;
-        }
-        offset += filled;
+        pieces.sort_by_key(|p| p.0);
+        by_id.insert(*id, Tensor::cat(pieces.into_iter().map(|p| p.1).collect(), 0));
     }
+    drop(flat);
     Ok(model.map(&mut PutWeights { by_id }))
+}
+
+/// The parameters (starting at `starts`, of `sizes` values) that overlap `range` of the whole:
+/// `(index, the overlap in the whole)`, in order.
+fn overlaps(starts: &[usize], sizes: &[usize], range: &Range<usize>) -> Vec<(usize, Range<usize>)> {
+    let first = starts.partition_point(|&start| start <= range.start).saturating_sub(1);
+    (first..starts.len())
+        .take_while(|&i| starts[i] < range.end)
+        .filter_map(|i| {
+            let (lo, hi) = (range.start.max(starts[i]), range.end.min(starts[i] + sizes[i]));
+            (lo < hi).then_some((i, lo..hi))
+        })
+        .collect()
 }
 
 /// Before a checkpoint of a sharded run (`optimizer.shard`; otherwise nothing): rank 0 gets every parameter's whole moments (each

@@ -105,7 +105,7 @@ impl Ring {
     /// (P − 1)/P of the buffer, half an all-reduce's traffic.
     pub fn all_gather(&mut self, data: &mut [f32], chunks: &[Range<usize>], abort: &Abort) -> Result<()> {
         let p = self.size;
-        let tiled = chunks.len() == p && chunks.first().is_some_and(|c| c.start == 0) && chunks.last().is_some_and(|c| c.end == data.len()) && chunks.windows(2).all(|w| w[0].end == w[1].start && w[0].start <= w[0].end);
+        let tiled = chunks.len() == p && chunks.first().is_some_and(|c| c.start == 0) && chunks.last().is_some_and(|c| c.end == data.len()) && chunks.windows(2).all(|w| w[0].end == w[1].start) && chunks.iter().all(|c| c.start <= c.end);
         if !tiled {
             return Err(Error::Distributed(format!("all-gather: {chunks:?} do not cut {} values into {p} chunks in order", data.len())));
         }

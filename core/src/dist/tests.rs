@@ -137,7 +137,12 @@ fn local_replicas_gather_their_parts_in_place() {
             }
             let gathered = replica.all_gather(data, parts)?;
             assert_eq!(gathered.dtype(), if k == 0 { burn::tensor::DType::BF16 } else { burn::tensor::DType::F32 });
-            out.push(crate::model::proj::to_dtype(gathered, burn::tensor::DType::F32).into_data().to_vec::<f32>().unwrap());
+            let gathered = crate::model::proj::to_dtype(gathered, burn::tensor::DType::F32).into_data().to_vec::<f32>().unwrap();
+            // Every replica gets every part (1 + owner + i/8 is exact in bf16 at these sizes).
+            let owner = |i: usize| (0..3).find(|&r| i < parts[..=r].iter().sum()).unwrap();
+            let want: Vec<f32> = (0..gathered.len()).map(|i| 1.0 + owner(i) as f32 + i as f32 / 8.0).collect();
+            assert_eq!(gathered, want, "cut {k} on replica {rank}");
+            out.push(gathered);
         }
         let wrong = replica.all_gather(Tensor::<Flex, 1>::zeros([4], device), &[2, 2]).unwrap_err().to_string();
         assert!(wrong.contains("4 values cut into [2, 2] for 3 replicas"), "{wrong}");
@@ -155,6 +160,47 @@ fn local_replicas_gather_their_parts_in_place() {
         }
         assert_eq!(main[k].len(), at);
     }
+}
+
+/// ZeRO-1's weights after an update: three replicas, each holding only its own values right
+/// (the rest -1), gather in rounds of 4 values (slices of 2 per replica and round, so that
+/// parameters span rounds and replicas), and every replica ends with every value right.
+#[test]
+fn owned_weights_are_gathered_in_rounds_across_parameters() {
+    use burn::backend::Autodiff;
+    use burn::module::{Module, Param};
+    #[derive(Module, Debug)]
+    struct Three<B: Backend> {
+        wide: Param<Tensor<B, 2>>,
+        odd: Param<Tensor<B, 1>>,
+        long: Param<Tensor<B, 1>>,
+    }
+    type AB = Autodiff<Flex>;
+    let sizes = [("long", 11usize), ("odd", 7), ("wide", 15)];
+    let value = |name: &str, j: usize| (name.len() * 100 + j) as f32;
+    let devices = vec![Default::default(); 3];
+    let body = |replica: Replica, device: &burn::tensor::Device<Flex>| -> Result<()> {
+        let params: Vec<(String, usize)> = sizes.iter().map(|(n, v)| (n.to_string(), *v)).collect();
+        let shard = OptimizerShard::new(&params, replica.rank(), replica.world());
+        let mine = |name: &str, numel: usize| -> Vec<f32> {
+            let range = shard.range(name, numel);
+            (0..numel).map(|j| if range.contains(&j) { value(name, j) } else { -1.0 }).collect()
+        };
+        let model = Three::<AB> {
+            wide: Param::from_data(TensorData::new(mine("wide", 15), [3, 5]), device),
+            odd: Param::from_data(TensorData::new(mine("odd", 7), [7]), device),
+            long: Param::from_data(TensorData::new(mine("long", 11), [11]), device),
+        };
+        let names: std::collections::HashMap<_, _> = [(model.wide.id, "wide"), (model.odd.id, "odd"), (model.long.id, "long")].into_iter().map(|(id, n)| (id, n.to_string())).collect();
+        let model = params::gather_owned_weights_by::<AB, _>(&replica, model, &names, &shard, 4)?;
+        let got = [("wide", model.wide.val().into_data()), ("odd", model.odd.val().into_data()), ("long", model.long.val().into_data())];
+        for (name, data) in got {
+            let want: Vec<f32> = (0..data.num_elements()).map(|j| value(name, j)).collect();
+            assert_eq!(data.to_vec::<f32>().unwrap(), want, "{name} on replica {}", replica.rank());
+        }
+        Ok(())
+    };
+    launch(&devices, None, "t", |r, d| body(r, d), |r, d| body(r, d)).unwrap();
 }
 
 /// A replica thread stopped by a device failure (a tensor too large for the device) ends the
