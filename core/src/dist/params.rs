@@ -164,19 +164,6 @@ impl OptimizerShard {
             }
         }
     }
-
-    /// `part` (this replica's range of a parameter of `like`'s size) in place, zeros elsewhere,
-    /// all in `like`'s dtype (moments read back from a checkpoint are f32 until their next
-    /// update; every replica must send one dtype).
-    fn spread<B: Backend>(&self, name: &str, like: &Tensor<B, 1>, part: Option<Tensor<B, 1>>) -> Tensor<B, 1> {
-        let numel = like.dims()[0];
-        let range = self.range(name, numel);
-        match part.map(|part| crate::model::proj::to_dtype(part, like.dtype())) {
-            Some(part) if range.len() == numel => part,
-            Some(part) if !range.is_empty() => like.zeros_like().slice_assign(range, part),
-            _ => like.zeros_like(),
-        }
-    }
 }
 
 /// After an update where each replica stepped only its own values: every replica gets every
@@ -202,20 +189,47 @@ pub(super) fn gather_owned_weights_by<AB: AutodiffBackend, M: AutodiffModule<AB>
     bucket: usize,
 ) -> Result<M> {
     let flat = flatten::<AB, M>(&model, names, Source::Values { zeros: false });
-    // Where each parameter starts in the parameters laid end to end (name order).
-    let starts: Vec<usize> = flat.iter().scan(0, |end, f| Some(std::mem::replace(end, *end + f.2.dims()[0]))).collect();
-    let total: usize = flat.iter().map(|f| f.2.dims()[0]).sum();
-    let bounds = &shard.bounds;
+    let sizes: Vec<usize> = flat.iter().map(|f| f.2.dims()[0]).collect();
+    let Some((_, _, like)) = flat.first() else { return Ok(model) };
+    let like = (like.device(), like.dtype());
+    let own = |i: usize, range: Range<usize>| flat[i].2.clone().slice(range);
+    let pieces = gather_by_partition(replica, &shard.bounds, &sizes, bucket, like, true, own)?;
+    let mut by_id = HashMap::with_capacity(flat.len());
+    for ((_, id, _), pieces) in flat.iter().zip(pieces) {
+        if !pieces.is_empty() {
+            by_id.insert(*id, Tensor::cat(pieces, 0));
+        }
+    }
+    drop(flat);
+    Ok(model.map(&mut PutWeights { by_id }))
+}
+
+/// Values laid end to end in name order (parameter `i` has `sizes[i]`), of which replica `r`
+/// holds `bounds[r]..bounds[r + 1]`, all-gathered in rounds of about `bucket` values: in round
+/// `k` every replica sends the `k`-th slice of its range (`own(i, range)`: its values of
+/// parameter `i` at `range` of that parameter, in `like`'s dtype), so every round's parts are
+/// even. Returns each parameter's values as pieces in order (empty for a parameter of no
+/// values), or nothing when `keep` is false (the replica takes part for the others).
+fn gather_by_partition<B: Backend>(
+    replica: &Replica,
+    bounds: &[usize],
+    sizes: &[usize],
+    bucket: usize,
+    like: (B::Device, burn::tensor::DType),
+    keep: bool,
+    own: impl Fn(usize, Range<usize>) -> Tensor<B, 1>,
+) -> Result<Vec<Vec<Tensor<B, 1>>>> {
+    let total: usize = sizes.iter().sum();
     if Some(&total) != bounds.last() || bounds.len() != replica.world() + 1 {
         return Err(Error::Distributed(format!("ZeRO-1: the model has {total} values, its optimizer's partition {bounds:?} (for {} replicas)", replica.world())));
     }
-    let Some((_, _, like)) = flat.first() else { return Ok(model) };
-    let (device, dtype) = (like.device(), like.dtype());
-    let sizes: Vec<usize> = flat.iter().map(|f| f.2.dims()[0]).collect();
-    let overlapping = |range: &Range<usize>| overlaps(&starts, &sizes, range);
-    let slice = bucket.div_ceil(replica.world()).max(1);
+    // Where each parameter starts in the whole.
+    let starts: Vec<usize> = sizes.iter().scan(0, |end, size| Some(std::mem::replace(end, *end + size))).collect();
+    let (device, dtype) = like;
+    let zeros = |n: usize| crate::model::proj::to_dtype(Tensor::<B, 1>::zeros([n], &device), dtype);
+    let (rank, slice) = (replica.rank(), bucket.div_ceil(replica.world()).max(1));
     let longest = bounds.windows(2).map(|b| b[1] - b[0]).max().unwrap_or_default();
-    let mut pieces: Vec<Vec<(usize, Tensor<Inner<AB>, 1>)>> = vec![Vec::new(); flat.len()];
+    let mut pieces: Vec<Vec<(usize, Tensor<B, 1>)>> = vec![Vec::new(); sizes.len()];
     for round in 0..longest.div_ceil(slice) {
         let ranges: Vec<Range<usize>> = bounds
             .windows(2)
@@ -226,37 +240,37 @@ pub(super) fn gather_owned_weights_by<AB: AutodiffBackend, M: AutodiffModule<AB>
             .collect();
         let parts: Vec<usize> = ranges.iter().map(Range::len).collect();
         // This replica's slice in its place among the others' (zeros until gathered).
-        let (rank, zeros) = (replica.rank(), |n: usize| crate::model::proj::to_dtype(Tensor::<Inner<AB>, 1>::zeros([n], &device), dtype));
-        let before: usize = parts[..rank].iter().sum();
-        let after: usize = parts[rank + 1..].iter().sum();
-        let mut data: Vec<Tensor<Inner<AB>, 1>> = Vec::new();
+        let (before, after): (usize, usize) = (parts[..rank].iter().sum(), parts[rank + 1..].iter().sum());
+        let mut data: Vec<Tensor<B, 1>> = Vec::new();
         if before > 0 {
             data.push(zeros(before));
         }
-        data.extend(overlapping(&ranges[rank]).into_iter().map(|(i, range)| flat[i].2.clone().slice(range.start - starts[i]..range.end - starts[i])));
+        for (i, range) in overlaps(&starts, sizes, &ranges[rank]) {
+            data.push(crate::model::proj::to_dtype(own(i, range.start - starts[i]..range.end - starts[i]), dtype));
+        }
         if after > 0 {
             data.push(zeros(after));
         }
         let gathered = replica.all_gather(Tensor::cat(data, 0), &parts)?;
+        if !keep {
+            continue;
+        }
         let mut at = 0;
         for range in &ranges {
-            for (i, part) in overlapping(range) {
+            for (i, part) in overlaps(&starts, sizes, range) {
                 let from = at + part.start - range.start;
                 pieces[i].push((part.start - starts[i], gathered.clone().slice(from..from + part.len())));
             }
             at += range.len();
         }
     }
-    let mut by_id = HashMap::with_capacity(flat.len());
-    for ((_, id, _), mut pieces) in flat.iter().zip(pieces) {
-        if pieces.is_empty() {
-            continue;
-        }
-        pieces.sort_by_key(|p| p.0);
-        by_id.insert(*id, Tensor::cat(pieces.into_iter().map(|p| p.1).collect(), 0));
-    }
-    drop(flat);
-    Ok(model.map(&mut PutWeights { by_id }))
+    Ok(pieces
+        .into_iter()
+        .map(|mut pieces| {
+            pieces.sort_by_key(|p| p.0);
+            pieces.into_iter().map(|p| p.1).collect()
+        })
+        .collect())
 }
 
 /// The parameters (starting at `starts`, of `sizes` values) that overlap `range` of the whole:
@@ -272,43 +286,58 @@ fn overlaps(starts: &[usize], sizes: &[usize], range: &Range<usize>) -> Vec<(usi
         .collect()
 }
 
-/// Before a checkpoint of a sharded run (`optimizer.shard`; otherwise nothing): rank 0 gets every parameter's whole moments (each
-/// owner contributes its range, the others zeros), so the checkpoint holds an unsharded run's
-/// optimizer state; the other replicas keep their own ranges and hold at most one bucket (2^24
-/// values) more while it is reduced. Nothing to do before the first update.
+/// Before a checkpoint of a sharded run (`optimizer.shard`; otherwise nothing): rank 0 gets
+/// every parameter's whole moments (each owner sends its range, all-gathered in rounds as
+/// [`gather_owned_weights`] does, in the weights' dtype), so the checkpoint holds an unsharded
+/// run's optimizer state; the other replicas keep their own ranges and hold at most one round
+/// (2^24 values) more while it is gathered. Nothing to do before the first update.
 pub fn gather_owned_moments<AB: AutodiffBackend, M: AutodiffModule<AB>>(
     replica: &Replica,
     model: &M,
     names: &HashMap<ParamId, String>,
     optimizer: &mut AdamW<Inner<AB>>,
 ) -> Result<()> {
+    gather_owned_moments_by(replica, model, names, optimizer, super::BUCKET)
+}
+
+/// [`gather_owned_moments`] in rounds of `bucket` values (tests take small ones).
+pub(super) fn gather_owned_moments_by<AB: AutodiffBackend, M: AutodiffModule<AB>>(
+    replica: &Replica,
+    model: &M,
+    names: &HashMap<ParamId, String>,
+    optimizer: &mut AdamW<Inner<AB>>,
+    bucket: usize,
+) -> Result<()> {
     let AdamW { shard: Some(shard), moments, step, .. } = optimizer else { return Ok(()) };
     if *step == 0 {
         return Ok(());
     }
     let flat = flatten::<AB, M>(model, names, Source::Values { zeros: false });
-    let mut start = 0;
-    while start < flat.len() {
-        // Whole parameters, both moments, up to one bucket (at least one parameter).
-        let (mut end, mut filled) = (start, 0);
-        while end < flat.len() && (end == start || filled + 2 * flat[end].2.dims()[0] <= super::BUCKET) {
-            filled += 2 * flat[end].2.dims()[0];
-            end += 1;
-        }
-        let mut tensors = Vec::with_capacity(2 * (end - start));
-        for (name, _, value) in &flat[start..end] {
-            let (avg, sq) = moments.get(name).map_or((None, None), |m| (Some(m.exp_avg.clone()), Some(m.exp_avg_sq.clone())));
-            tensors.extend([shard.spread(name, value, avg), shard.spread(name, value, sq)]);
-        }
-        let reduced = replica.all_reduce_many(tensors, Reduce::Sum)?;
-        if replica.is_main() {
-            let mut reduced = reduced.into_iter();
-            for (name, _, _) in &flat[start..end] {
-                let (exp_avg, exp_avg_sq) = (reduced.next().expect("two per parameter"), reduced.next().expect("two per parameter"));
-                moments.insert(name.clone(), Moments { exp_avg, exp_avg_sq });
+    let sizes: Vec<usize> = flat.iter().map(|f| f.2.dims()[0]).collect();
+    let Some((_, _, like)) = flat.first() else { return Ok(()) };
+    let like = (like.device(), like.dtype());
+    let main = replica.is_main();
+    let mut whole: [Vec<Vec<Tensor<Inner<AB>, 1>>>; 2] = Default::default();
+    for (which, out) in whole.iter_mut().enumerate() {
+        // This replica's values of parameter `i` at `range`: its moments hold its own range
+        // (zeros for a parameter it never updated).
+        let own = |i: usize, range: Range<usize>| {
+            let (name, numel) = (&flat[i].0, sizes[i]);
+            let start = shard.range(name, numel).start;
+            match moments.get(name) {
+                Some(m) => [&m.exp_avg, &m.exp_avg_sq][which].clone().slice(range.start - start..range.end - start),
+                None => crate::model::proj::to_dtype(Tensor::zeros([range.len()], &like.0), like.1),
+            }
+        };
+        *out = gather_by_partition(replica, &shard.bounds, &sizes, bucket, like.clone(), main, own)?;
+    }
+    if main {
+        let [avg, sq] = whole;
+        for (((name, _, _), avg), sq) in flat.iter().zip(avg).zip(sq) {
+            if !avg.is_empty() {
+                moments.insert(name.clone(), Moments { exp_avg: Tensor::cat(avg, 0), exp_avg_sq: Tensor::cat(sq, 0) });
             }
         }
-        start = end;
     }
     Ok(())
 }

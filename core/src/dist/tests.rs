@@ -164,7 +164,9 @@ fn local_replicas_gather_their_parts_in_place() {
 
 /// ZeRO-1's weights after an update: three replicas, each holding only its own values right
 /// (the rest -1), gather in rounds of 4 values (slices of 2 per replica and round, so that
-/// parameters span rounds and replicas), and every replica ends with every value right.
+/// parameters span rounds and replicas), and every replica ends with every value right. The
+/// moments before a checkpoint the same way: rank 0 ends with every parameter's whole moments
+/// (zeros where an owner had none), the others with their own ranges.
 #[test]
 fn owned_weights_are_gathered_in_rounds_across_parameters() {
     use burn::backend::Autodiff;
@@ -192,6 +194,28 @@ fn owned_weights_are_gathered_in_rounds_across_parameters() {
             long: Param::from_data(TensorData::new(mine("long", 11), [11]), device),
         };
         let names: std::collections::HashMap<_, _> = [(model.wide.id, "wide"), (model.odd.id, "odd"), (model.long.id, "long")].into_iter().map(|(id, n)| (id, n.to_string())).collect();
+        // Moments of its own ranges, but none for `odd` (as for a parameter without gradient).
+        let mut optimizer = crate::train::adamw::AdamW::<Flex>::new(Default::default());
+        optimizer.step = 1;
+        for (name, numel) in [("wide", 15), ("long", 11)] {
+            let range = shard.range(name, numel);
+            let values = |scale: f32| Tensor::<Flex, 1>::from_data(TensorData::new(range.clone().map(|j| scale * value(name, j)).collect::<Vec<f32>>(), [range.len()]), device);
+            if !range.is_empty() {
+                optimizer.moments.insert(name.to_string(), crate::train::adamw::Moments { exp_avg: values(1.0), exp_avg_sq: values(2.0) });
+            }
+        }
+        optimizer.shard = Some(shard.clone());
+        params::gather_owned_moments_by::<AB, _>(&replica, &model, &names, &mut optimizer, 4)?;
+        for (name, numel) in sizes {
+            let (avg, sq) = match optimizer.moments.get(name) {
+                Some(m) => (m.exp_avg.clone().into_data().to_vec::<f32>().unwrap(), m.exp_avg_sq.clone().into_data().to_vec::<f32>().unwrap()),
+                None => (Vec::new(), Vec::new()),
+            };
+            let range = if replica.is_main() { 0..numel } else { shard.range(name, numel) };
+            let want = |scale: f32| -> Vec<f32> { range.clone().map(|j| if name == "odd" { 0.0 } else { scale * value(name, j) }).collect() };
+            let held = name != "odd" || replica.is_main();
+            assert_eq!((avg, sq), if held { (want(1.0), want(2.0)) } else { (Vec::new(), Vec::new()) }, "{name} moments on replica {}", replica.rank());
+        }
         let model = params::gather_owned_weights_by::<AB, _>(&replica, model, &names, &shard, 4)?;
         let got = [("wide", model.wide.val().into_data()), ("odd", model.odd.val().into_data()), ("long", model.long.val().into_data())];
         for (name, data) in got {
