@@ -14,7 +14,7 @@ pub fn threads() -> usize {
 /// pool a parallel loop of the fused kernels wakes at most the pool's other threads, not also a
 /// thread that waits outside it: a decoding step runs about 85 such loops, and `kiln bench`'s
 /// 100M decode went from about 480 context switches a step to 140. While the job runs, the
-/// pool's other threads stay awake ([`KeepAwake`]) rather than sleep between its loops: the
+/// pool's other threads stay awake ([`awake::KeepAwake`]) rather than sleep between its loops: the
 /// same benchmark's decoding went from 337 to 361 tokens/s (five alternating runs each, Intel
 /// Xeon, 2 cores) and its context switches from 48k to 13k a run with a first version that
 /// napped where this one returns (17k). Inline where already on the pool, and without the
@@ -27,12 +27,12 @@ pub fn on_pool<R: Send, E: Send>(job: impl FnOnce(&mut dyn FnMut(E)) -> R + Send
         let (tx, rx) = std::sync::mpsc::channel();
         let mut out = None;
         // Before the job exists, so that an idle thread takes its copy before any of the job's
-        // tasks (see `KeepAwake`). Dropped when the job has ended, however it ended.
-        let _awake = KeepAwake::start();
+        // tasks (see `awake::KeepAwake`). Dropped when the job has ended, however it ended.
+        let _awake = awake::KeepAwake::start();
         rayon::in_place_scope(|s| {
             let out = &mut out;
             s.spawn(move |_| {
-                let _job = InJob::enter();
+                let _job = awake::InJob::enter();
                 *out = Some(job(&mut |e| {
                     let _ = tx.send(e);
                 }));
@@ -43,108 +43,102 @@ pub fn on_pool<R: Send, E: Send>(job: impl FnOnce(&mut dyn FnMut(E)) -> R + Send
     }
     // Inline on a pool thread: a copy this thread takes while the job waits returns at once.
     #[cfg(feature = "flex")]
-    let _job = InJob::enter();
+    let _job = awake::InJob::enter();
     job(&mut on_event)
 }
 
-/// Keeps the pool's threads running its tasks while one [`on_pool`] job runs, instead of
-/// letting them fall asleep between the job's parallel loops: waking a sleeping thread costs a
-/// system call and a scheduler wake-up per loop, during which the job's thread works alone.
-///
-/// Every pool thread gets one copy of [`stay_awake`] (`rayon::spawn_broadcast`, queued before
-/// the job, so an idle thread takes its copy first and runs the job's tasks inside it, through
-/// `rayon::yield_now`). A copy holds up whatever lies below it on its thread's stack, so it
-/// returns at once on a thread that runs an `on_pool` job ([`InJob`]: the job's own thread, and
-/// a concurrent job's), when the job is done, after [`IDLE_LIMIT`] without a task, and after
-/// [`LIFETIME`] in all. The last two bound every other case: a thread that was already past its
-/// broadcast queue when the copies came, stole one of the job's tasks and then took its copy
-/// while waiting inside that task; or a copy taken while waiting inside other pool work. Such a
-/// copy lets that work go on once the pool has had nothing to run for [`IDLE_LIMIT`], or at the
-/// latest after [`LIFETIME`] (a stall, never a hang). Only one job at a time keeps the threads
-/// awake; a second [`on_pool`] while one runs goes without.
+/// Keeping the pool's threads awake during an [`on_pool`] job (the `flex` feature's pool).
 #[cfg(feature = "flex")]
-struct KeepAwake(std::sync::Arc<std::sync::atomic::AtomicBool>);
+mod awake {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
 
-/// Whether some [`on_pool`] job has the threads kept awake.
-#[cfg(feature = "flex")]
-static KEEPING_AWAKE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    /// Keeps the pool's threads running its tasks while one [`on_pool`](super::on_pool) job runs, instead of
+    /// letting them fall asleep between the job's parallel loops: waking a sleeping thread costs a
+    /// system call and a scheduler wake-up per loop, during which the job's thread works alone.
+    ///
+    /// Every pool thread gets one copy of [`stay_awake`] (`rayon::spawn_broadcast`, queued before
+    /// the job, so an idle thread takes its copy first and runs the job's tasks inside it, through
+    /// `rayon::yield_now`). A copy holds up whatever lies below it on its thread's stack, so it
+    /// returns at once on a thread that runs an `on_pool` job ([`InJob`]: the job's own thread, and
+    /// a concurrent job's), when the job is done, after [`IDLE_LIMIT`] without a task, and after
+    /// [`LIFETIME`] in all. The last two bound every other case: a thread that was already past its
+    /// broadcast queue when the copies came, stole one of the job's tasks and then took its copy
+    /// while waiting inside that task; or a copy taken while waiting inside other pool work. Such a
+    /// copy lets that work go on once the pool has had nothing to run for [`IDLE_LIMIT`], or at the
+    /// latest after [`LIFETIME`] (a stall, never a hang). Only one job at a time keeps the threads
+    /// awake; a second [`on_pool`](super::on_pool) while one runs goes without.
+    pub(super) struct KeepAwake(Arc<AtomicBool>);
 
-#[cfg(feature = "flex")]
-impl KeepAwake {
-    /// `None` while another job has the threads.
-    fn start() -> Option<Self> {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        if KEEPING_AWAKE.swap(true, Ordering::AcqRel) {
-            return None;
-        }
-        // Built first, so that a panic below still releases the flag.
-        let awake = Self(std::sync::Arc::new(AtomicBool::new(false)));
-        let done = awake.0.clone();
-        rayon::spawn_broadcast(move |_| stay_awake(&done));
-        Some(awake)
-    }
-}
+    /// Whether some [`on_pool`](super::on_pool) job has the threads kept awake.
+    static KEEPING_AWAKE: AtomicBool = AtomicBool::new(false);
 
-#[cfg(feature = "flex")]
-impl Drop for KeepAwake {
-    fn drop(&mut self) {
-        use std::sync::atomic::Ordering;
-        self.0.store(true, Ordering::Release);
-        KEEPING_AWAKE.store(false, Ordering::Release);
-    }
-}
-
-#[cfg(feature = "flex")]
-thread_local! {
-    /// Whether this thread is running an [`on_pool`] job (anywhere on its stack).
-    static IN_JOB: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Marks this thread as running an [`on_pool`] job until dropped.
-#[cfg(feature = "flex")]
-struct InJob(bool);
-
-#[cfg(feature = "flex")]
-impl InJob {
-    fn enter() -> Self {
-        Self(IN_JOB.with(|c| c.replace(true)))
-    }
-}
-
-#[cfg(feature = "flex")]
-impl Drop for InJob {
-    fn drop(&mut self) {
-        IN_JOB.with(|c| c.set(self.0));
-    }
-}
-
-/// Runs the pool's tasks on this thread until `done`, on the terms of [`KeepAwake`].
-#[cfg(feature = "flex")]
-fn stay_awake(done: &std::sync::atomic::AtomicBool) {
-    use std::sync::atomic::Ordering;
-    let started = std::time::Instant::now();
-    let mut idle_since = started;
-    while !done.load(Ordering::Acquire) && !IN_JOB.with(|c| c.get()) && started.elapsed() < LIFETIME {
-        match rayon::yield_now() {
-            Some(rayon::Yield::Executed) => idle_since = std::time::Instant::now(),
-            _ if idle_since.elapsed() > IDLE_LIMIT => return,
-            _ => std::hint::spin_loop(),
+    impl KeepAwake {
+        /// `None` while another job has the threads.
+        pub(super) fn start() -> Option<Self> {
+            if KEEPING_AWAKE.swap(true, Ordering::AcqRel) {
+                return None;
+            }
+            // Built first, so that a panic below still releases the flag.
+            let awake = Self(Arc::new(AtomicBool::new(false)));
+            let done = awake.0.clone();
+            rayon::spawn_broadcast(move |_| stay_awake(&done));
+            Some(awake)
         }
     }
+
+    impl Drop for KeepAwake {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Release);
+            KEEPING_AWAKE.store(false, Ordering::Release);
+        }
+    }
+
+    thread_local! {
+        /// Whether this thread is running an [`on_pool`](super::on_pool) job (anywhere on its stack).
+        static IN_JOB: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// Marks this thread as running an [`on_pool`](super::on_pool) job until dropped.
+    pub(super) struct InJob(bool);
+
+    impl InJob {
+        pub(super) fn enter() -> Self {
+            Self(IN_JOB.with(|c| c.replace(true)))
+        }
+    }
+
+    impl Drop for InJob {
+        fn drop(&mut self) {
+            IN_JOB.with(|c| c.set(self.0));
+        }
+    }
+
+    /// Runs the pool's tasks on this thread until `done`, on the terms of [`KeepAwake`].
+    fn stay_awake(done: &AtomicBool) {
+        let started = Instant::now();
+        let mut idle_since = started;
+        while !done.load(Ordering::Acquire) && !IN_JOB.with(|c| c.get()) && started.elapsed() < LIFETIME {
+            match rayon::yield_now() {
+                Some(rayon::Yield::Executed) => idle_since = Instant::now(),
+                _ if idle_since.elapsed() > IDLE_LIMIT => return,
+                _ => std::hint::spin_loop(),
+            }
+        }
+    }
+
+    /// How long a copy of [`stay_awake`] runs without finding a task before it returns: well over
+    /// a decoding step's gaps between loops and the few milliseconds a generation takes to set up
+    /// before its first loop (with 2 ms, `kiln bench`'s 100M decode had as many context switches
+    /// as without keeping awake, 47k a run; with 20 ms, 17k).
+    const IDLE_LIMIT: Duration = Duration::from_millis(20);
+
+    /// How long a copy of [`stay_awake`] runs at most: the bound on how long it can hold up what
+    /// lies below it while other pool work keeps it from ever idling for [`IDLE_LIMIT`] (another
+    /// caller's parallel loops). A longer generation goes on without being kept awake.
+    const LIFETIME: Duration = Duration::from_secs(10);
 }
-
-/// How long a copy of [`stay_awake`] runs without finding a task before it returns: well over
-/// a decoding step's gaps between loops and the few milliseconds a generation takes to set up
-/// before its first loop (with 2 ms, `kiln bench`'s 100M decode had as many context switches
-/// as without keeping awake, 47k a run; with 20 ms, 17k).
-#[cfg(feature = "flex")]
-const IDLE_LIMIT: std::time::Duration = std::time::Duration::from_millis(20);
-
-/// How long a copy of [`stay_awake`] runs at most: the bound on how long it can hold up what
-/// lies below it while other pool work keeps it from ever idling for [`IDLE_LIMIT`] (another
-/// caller's parallel loops). A longer generation goes on without being kept awake.
-#[cfg(feature = "flex")]
-const LIFETIME: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// `f` over `items`, in contiguous chunks on up to [`threads`] threads; results in `items`' order.
 pub fn map_in_order<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
