@@ -261,6 +261,28 @@ mod tests {
         assert_eq!(chunk_ranges(2, 3), vec![0..1, 1..2, 2..2]);
     }
 
+    /// `body(node, ring, abort)` on each of three nodes on 127.0.0.1 (threads here), ring
+    /// connected with `token`; their results in node order.
+    fn on_three_nodes<T: Send>(token: u64, body: impl Fn(usize, &mut Ring, &Abort) -> T + Sync) -> Vec<T> {
+        let listeners: Vec<TcpListener> = (0..3).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+        let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = listeners
+                .iter()
+                .enumerate()
+                .map(|(node, listener)| {
+                    let (addrs, body) = (&addrs, &body);
+                    s.spawn(move || {
+                        let abort = Abort::default();
+                        let mut ring = Ring::connect(node, addrs, listener, token, Duration::from_secs(10), &abort).unwrap();
+                        body(node, &mut ring, &abort)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
     /// Three nodes on 127.0.0.1 gather chunks of uneven sizes (empty ones first, between and
     /// last: a bucket of ZeRO-1 weights that one replica owns alone) between two sums, and each
     /// ends with every node's chunk in its place.
@@ -268,36 +290,22 @@ mod tests {
     fn three_nodes_gather_uneven_chunks_on_loopback() {
         let cuts: [&[usize]; 5] = [&[0, 3, 5, 9], &[0, 0, 4, 4], &[0, 4, 4, 4], &[0, 0, 0, 6], &[0, 1000, 1001, 2001]];
         let chunks = |cut: &[usize]| -> Vec<Range<usize>> { cut.windows(2).map(|w| w[0]..w[1]).collect() };
-        let listeners: Vec<TcpListener> = (0..3).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-        let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
-        let results: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
-            let handles: Vec<_> = listeners
-                .iter()
-                .enumerate()
-                .map(|(node, listener)| {
-                    let addrs = addrs.clone();
-                    s.spawn(move || {
-                        let abort = Abort::default();
-                        let mut ring = Ring::connect(node, &addrs, listener, 9, Duration::from_secs(10), &abort).unwrap();
-                        let mut out = Vec::new();
-                        for cut in cuts {
-                            let chunks = chunks(cut);
-                            // Only this node's chunk holds its values; the rest is left over.
-                            let mut data = vec![-1.0f32; *cut.last().unwrap()];
-                            data[chunks[node].clone()].iter_mut().enumerate().for_each(|(j, v)| *v = (node * 10_000 + j) as f32);
-                            ring.all_gather(&mut data, &chunks, &abort).unwrap();
-                            out.push(data);
-                            let mut sum = vec![node as f32; 5];
-                            ring.all_reduce_sum(&mut sum, &abort).unwrap();
-                            assert_eq!(sum, vec![3.0; 5]);
-                        }
-                        let wrong = ring.all_gather(&mut [0.0; 4], &chunks(&[0, 2, 4]), &abort).unwrap_err().to_string();
-                        assert!(wrong.contains("do not cut 4 values into 3 chunks"), "{wrong}");
-                        out
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        let results = on_three_nodes(9, |node, ring, abort| {
+            let mut out = Vec::new();
+            for cut in cuts {
+                let chunks = chunks(cut);
+                // Only this node's chunk holds its values; the rest is left over.
+                let mut data = vec![-1.0f32; *cut.last().unwrap()];
+                data[chunks[node].clone()].iter_mut().enumerate().for_each(|(j, v)| *v = (node * 10_000 + j) as f32);
+                ring.all_gather(&mut data, &chunks, abort).unwrap();
+                out.push(data);
+                let mut sum = vec![node as f32; 5];
+                ring.all_reduce_sum(&mut sum, abort).unwrap();
+                assert_eq!(sum, vec![3.0; 5]);
+            }
+            let wrong = ring.all_gather(&mut [0.0; 4], &chunks(&[0, 2, 4]), abort).unwrap_err().to_string();
+            assert!(wrong.contains("do not cut 4 values into 3 chunks"), "{wrong}");
+            out
         });
         for (k, cut) in cuts.iter().enumerate() {
             let expected: Vec<f32> = (0..3).flat_map(|node| (0..cut[node + 1] - cut[node]).map(move |j| (node * 10_000 + j) as f32)).collect();
@@ -311,30 +319,16 @@ mod tests {
     /// the node count included, and agree bit for bit.
     #[test]
     fn three_nodes_sum_back_to_back_on_loopback() {
-        let listeners: Vec<TcpListener> = (0..3).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-        let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
-        let results: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
-            let handles: Vec<_> = listeners
+        let results = on_three_nodes(7, |node, ring, abort| {
+            [1usize, 2, 1000, 7, 3]
                 .iter()
                 .enumerate()
-                .map(|(node, listener)| {
-                    let addrs = addrs.clone();
-                    s.spawn(move || {
-                        let abort = Abort::default();
-                        let mut ring = Ring::connect(node, &addrs, listener, 7, Duration::from_secs(10), &abort).unwrap();
-                        [1usize, 2, 1000, 7, 3]
-                            .iter()
-                            .enumerate()
-                            .map(|(k, &len)| {
-                                let mut data: Vec<f32> = (0..len).map(|j| (node * 100 + j + k) as f32 * 0.1).collect();
-                                ring.all_reduce_sum(&mut data, &abort).unwrap();
-                                data
-                            })
-                            .collect()
-                    })
+                .map(|(k, &len)| {
+                    let mut data: Vec<f32> = (0..len).map(|j| (node * 100 + j + k) as f32 * 0.1).collect();
+                    ring.all_reduce_sum(&mut data, abort).unwrap();
+                    data
                 })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+                .collect::<Vec<_>>()
         });
         for (k, &len) in [1usize, 2, 1000, 7, 3].iter().enumerate() {
             for (j, value) in results[0][k].iter().enumerate() {
