@@ -193,12 +193,15 @@ pub(super) fn gather_owned_weights_by<AB: AutodiffBackend, M: AutodiffModule<AB>
     let Some((_, _, like)) = flat.first() else { return Ok(model) };
     let like = (like.device(), like.dtype());
     let own = |i: usize, range: Range<usize>| flat[i].2.clone().slice(range);
-    let pieces = gather_by_partition(replica, &shard.bounds, &sizes, bucket, like, true, own)?;
+    let whole = gather_by_partition(replica, &shard.bounds, &sizes, bucket, like, true, own)?.expect("kept");
+    // Each parameter is a view of the gathered whole (no copy).
+    let mut start = 0;
     let mut by_id = HashMap::with_capacity(flat.len());
-    for ((_, id, _), pieces) in flat.iter().zip(pieces) {
-        if !pieces.is_empty() {
-            by_id.insert(*id, Tensor::cat(pieces, 0));
+    for ((_, id, _), size) in flat.iter().zip(&sizes) {
+        if *size > 0 {
+            by_id.insert(*id, whole.clone().slice(start..start + size));
         }
+        start += size;
     }
     drop(flat);
     Ok(model.map(&mut PutWeights { by_id }))
@@ -207,9 +210,10 @@ pub(super) fn gather_owned_weights_by<AB: AutodiffBackend, M: AutodiffModule<AB>
 /// Values laid end to end in name order (parameter `i` has `sizes[i]`), of which replica `r`
 /// holds `bounds[r]..bounds[r + 1]`, all-gathered in rounds of about `bucket` values: in round
 /// `k` every replica sends the `k`-th slice of its range (`own(i, range)`: its values of
-/// parameter `i` at `range` of that parameter, in `like`'s dtype), so every round's parts are
-/// even. Returns each parameter's values as pieces in order (empty for a parameter of no
-/// values), or nothing when `keep` is false (the replica takes part for the others).
+/// parameter `i` at `range` of that parameter), so every round's parts are even. Returns the
+/// whole, in `like`'s dtype, written round by round into one buffer (which holds the model once
+/// more, plus one round in flight), or `None` when `keep` is false (the replica takes part for
+/// the others).
 fn gather_by_partition<B: Backend>(
     replica: &Replica,
     bounds: &[usize],
@@ -218,7 +222,7 @@ fn gather_by_partition<B: Backend>(
     like: (B::Device, burn::tensor::DType),
     keep: bool,
     own: impl Fn(usize, Range<usize>) -> Tensor<B, 1>,
-) -> Result<Vec<Vec<Tensor<B, 1>>>> {
+) -> Result<Option<Tensor<B, 1>>> {
     let total: usize = sizes.iter().sum();
     if Some(&total) != bounds.last() || bounds.len() != replica.world() + 1 {
         return Err(Error::Distributed(format!("ZeRO-1: the model has {total} values, its optimizer's partition {bounds:?} (for {} replicas)", replica.world())));
@@ -229,7 +233,8 @@ fn gather_by_partition<B: Backend>(
     let zeros = |n: usize| crate::model::proj::to_dtype(Tensor::<B, 1>::zeros([n], &device), dtype);
     let (rank, slice) = (replica.rank(), bucket.div_ceil(replica.world()).max(1));
     let longest = bounds.windows(2).map(|b| b[1] - b[0]).max().unwrap_or_default();
-    let mut pieces: Vec<Vec<(usize, Tensor<B, 1>)>> = vec![Vec::new(); sizes.len()];
+    // Written in place (the buffer is this function's alone).
+    let mut whole = (keep && total > 0).then(|| zeros(total));
     for round in 0..longest.div_ceil(slice) {
         let ranges: Vec<Range<usize>> = bounds
             .windows(2)
@@ -252,25 +257,17 @@ fn gather_by_partition<B: Backend>(
             data.push(zeros(after));
         }
         let gathered = replica.all_gather(Tensor::cat(data, 0), &parts)?;
-        if !keep {
-            continue;
-        }
-        let mut at = 0;
-        for range in &ranges {
-            for (i, part) in overlaps(&starts, sizes, range) {
-                let from = at + part.start - range.start;
-                pieces[i].push((part.start - starts[i], gathered.clone().slice(from..from + part.len())));
+        if let Some(out) = whole.take() {
+            let mut out = out;
+            let mut at = 0;
+            for range in ranges.iter().filter(|r| !r.is_empty()) {
+                out = out.slice_assign(range.clone(), gathered.clone().slice(at..at + range.len()));
+                at += range.len();
             }
-            at += range.len();
+            whole = Some(out);
         }
     }
-    Ok(pieces
-        .into_iter()
-        .map(|mut pieces| {
-            pieces.sort_by_key(|p| p.0);
-            pieces.into_iter().map(|p| p.1).collect()
-        })
-        .collect())
+    Ok(whole)
 }
 
 /// The parameters (starting at `starts`, of `sizes` values) that overlap `range` of the whole:
@@ -316,11 +313,18 @@ pub(super) fn gather_owned_moments_by<AB: AutodiffBackend, M: AutodiffModule<AB>
     let sizes: Vec<usize> = flat.iter().map(|f| f.2.dims()[0]).collect();
     let Some((_, _, like)) = flat.first() else { return Ok(()) };
     let like = (like.device(), like.dtype());
+    // A replica's moments of a parameter cover its range of it (see `OptimizerShard::drop_others`).
+    for (name, numel) in flat.iter().map(|f| &f.0).zip(&sizes) {
+        let (held, owned) = (moments.get(name).map(|m| m.exp_avg.dims()[0]), shard.range(name, *numel).len());
+        if held.is_some_and(|held| held != owned) {
+            return Err(Error::Distributed(format!("ZeRO-1: replica {} holds {} moment values of {name}, its range {owned}", replica.rank(), held.unwrap_or_default())));
+        }
+    }
     let main = replica.is_main();
-    let mut whole: [Vec<Vec<Tensor<Inner<AB>, 1>>>; 2] = Default::default();
-    for (which, out) in whole.iter_mut().enumerate() {
-        // This replica's values of parameter `i` at `range`: its moments hold its own range
-        // (zeros for a parameter it never updated).
+    let mut wholes = Vec::with_capacity(2);
+    for which in 0..2 {
+        // This replica's values of parameter `i` at `range` (zeros for a parameter it never
+        // updated).
         let own = |i: usize, range: Range<usize>| {
             let (name, numel) = (&flat[i].0, sizes[i]);
             let start = shard.range(name, numel).start;
@@ -329,14 +333,17 @@ pub(super) fn gather_owned_moments_by<AB: AutodiffBackend, M: AutodiffModule<AB>
                 None => crate::model::proj::to_dtype(Tensor::zeros([range.len()], &like.0), like.1),
             }
         };
-        *out = gather_by_partition(replica, &shard.bounds, &sizes, bucket, like.clone(), main, own)?;
+        wholes.extend(gather_by_partition(replica, &shard.bounds, &sizes, bucket, like.clone(), main, own)?);
     }
-    if main {
-        let [avg, sq] = whole;
-        for (((name, _, _), avg), sq) in flat.iter().zip(avg).zip(sq) {
-            if !avg.is_empty() {
-                moments.insert(name.clone(), Moments { exp_avg: Tensor::cat(avg, 0), exp_avg_sq: Tensor::cat(sq, 0) });
+    // Rank 0: each parameter's moments, views of the gathered wholes.
+    if let [avg, sq] = &wholes[..] {
+        let mut start = 0;
+        for ((name, _, _), size) in flat.iter().zip(&sizes) {
+            if *size > 0 {
+                let (exp_avg, exp_avg_sq) = (avg.clone().slice(start..start + size), sq.clone().slice(start..start + size));
+                moments.insert(name.clone(), Moments { exp_avg, exp_avg_sq });
             }
+            start += size;
         }
     }
     Ok(())

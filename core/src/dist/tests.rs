@@ -116,6 +116,15 @@ fn local_replicas_reduce_and_gather() {
     assert_eq!(main[4], vec![3.0 + 6.0; 5]);
 }
 
+/// `Err` naming `what` unless `got == want`: a replica's failed check then stops the others
+/// (a panic would leave them waiting in their next collective).
+fn expect_eq<T: PartialEq + std::fmt::Debug>(got: T, want: T, what: impl std::fmt::Display) -> Result<()> {
+    match got == want {
+        true => Ok(()),
+        false => Err(Error::InvalidInput(format!("{what}: got {got:?}, expected {want:?}"))),
+    }
+}
+
 /// Three replicas (threads) hand each other their parts of a buffer ([`Replica::all_gather`]):
 /// uneven parts, an empty one first, between and last, and a buffer held in bf16 come back in
 /// place and exact, whatever the others left in their copies; a cut that does not fit is an
@@ -136,16 +145,16 @@ fn local_replicas_gather_their_parts_in_place() {
                 data = crate::model::proj::to_dtype(data, burn::tensor::DType::BF16);
             }
             let gathered = replica.all_gather(data, parts)?;
-            assert_eq!(gathered.dtype(), if k == 0 { burn::tensor::DType::BF16 } else { burn::tensor::DType::F32 });
+            expect_eq(gathered.dtype(), if k == 0 { burn::tensor::DType::BF16 } else { burn::tensor::DType::F32 }, "dtype")?;
             let gathered = crate::model::proj::to_dtype(gathered, burn::tensor::DType::F32).into_data().to_vec::<f32>().unwrap();
             // Every replica gets every part (1 + owner + i/8 is exact in bf16 at these sizes).
             let owner = |i: usize| (0..3).find(|&r| i < parts[..=r].iter().sum()).unwrap();
             let want: Vec<f32> = (0..gathered.len()).map(|i| 1.0 + owner(i) as f32 + i as f32 / 8.0).collect();
-            assert_eq!(gathered, want, "cut {k} on replica {rank}");
+            expect_eq(&gathered, &want, format!("cut {k} on replica {rank}"))?;
             out.push(gathered);
         }
         let wrong = replica.all_gather(Tensor::<Flex, 1>::zeros([4], device), &[2, 2]).unwrap_err().to_string();
-        assert!(wrong.contains("4 values cut into [2, 2] for 3 replicas"), "{wrong}");
+        expect_eq(wrong.contains("4 values cut into [2, 2] for 3 replicas"), true, &wrong)?;
         Ok(out)
     };
     let main = launch(&devices, None, "t", |r, d| body(r, d), |r, d| body(r, d)).unwrap();
@@ -163,10 +172,11 @@ fn local_replicas_gather_their_parts_in_place() {
 }
 
 /// ZeRO-1's weights after an update: three replicas, each holding only its own values right
-/// (the rest -1), gather in rounds of 4 values (slices of 2 per replica and round, so that
-/// parameters span rounds and replicas), and every replica ends with every value right. The
-/// moments before a checkpoint the same way: rank 0 ends with every parameter's whole moments
-/// (zeros where an owner had none), the others with their own ranges.
+/// (the rest -1), gather in rounds of 4 values and of 2 (slices of 2 and of 1 per replica and
+/// round: parameters span rounds and replicas, and the last round of 31 values over 3 replicas
+/// is uneven), and every replica ends with every value right. The moments before a checkpoint
+/// the same way: rank 0 ends with every parameter's whole moments (zeros where an owner had
+/// none), the others with their own ranges.
 #[test]
 fn owned_weights_are_gathered_in_rounds_across_parameters() {
     use burn::backend::Autodiff;
@@ -178,7 +188,7 @@ fn owned_weights_are_gathered_in_rounds_across_parameters() {
         long: Param<Tensor<B, 1>>,
     }
     type AB = Autodiff<Flex>;
-    let sizes = [("long", 11usize), ("odd", 7), ("wide", 15)];
+    let sizes = [("long", 11usize), ("odd", 5), ("wide", 15)];
     let value = |name: &str, j: usize| (name.len() * 100 + j) as f32;
     let devices = vec![Default::default(); 3];
     let body = |replica: Replica, device: &burn::tensor::Device<Flex>| -> Result<()> {
@@ -188,39 +198,42 @@ fn owned_weights_are_gathered_in_rounds_across_parameters() {
             let range = shard.range(name, numel);
             (0..numel).map(|j| if range.contains(&j) { value(name, j) } else { -1.0 }).collect()
         };
-        let model = Three::<AB> {
-            wide: Param::from_data(TensorData::new(mine("wide", 15), [3, 5]), device),
-            odd: Param::from_data(TensorData::new(mine("odd", 7), [7]), device),
-            long: Param::from_data(TensorData::new(mine("long", 11), [11]), device),
-        };
-        let names: std::collections::HashMap<_, _> = [(model.wide.id, "wide"), (model.odd.id, "odd"), (model.long.id, "long")].into_iter().map(|(id, n)| (id, n.to_string())).collect();
-        // Moments of its own ranges, but none for `odd` (as for a parameter without gradient).
-        let mut optimizer = crate::train::adamw::AdamW::<Flex>::new(Default::default());
-        optimizer.step = 1;
-        for (name, numel) in [("wide", 15), ("long", 11)] {
-            let range = shard.range(name, numel);
-            let values = |scale: f32| Tensor::<Flex, 1>::from_data(TensorData::new(range.clone().map(|j| scale * value(name, j)).collect::<Vec<f32>>(), [range.len()]), device);
-            if !range.is_empty() {
-                optimizer.moments.insert(name.to_string(), crate::train::adamw::Moments { exp_avg: values(1.0), exp_avg_sq: values(2.0) });
-            }
-        }
-        optimizer.shard = Some(shard.clone());
-        params::gather_owned_moments_by::<AB, _>(&replica, &model, &names, &mut optimizer, 4)?;
-        for (name, numel) in sizes {
-            let (avg, sq) = match optimizer.moments.get(name) {
-                Some(m) => (m.exp_avg.clone().into_data().to_vec::<f32>().unwrap(), m.exp_avg_sq.clone().into_data().to_vec::<f32>().unwrap()),
-                None => (Vec::new(), Vec::new()),
+        for bucket in [4, 2] {
+            let model = Three::<AB> {
+                wide: Param::from_data(TensorData::new(mine("wide", 15), [3, 5]), device),
+                odd: Param::from_data(TensorData::new(mine("odd", 5), [5]), device),
+                long: Param::from_data(TensorData::new(mine("long", 11), [11]), device),
             };
-            let range = if replica.is_main() { 0..numel } else { shard.range(name, numel) };
-            let want = |scale: f32| -> Vec<f32> { range.clone().map(|j| if name == "odd" { 0.0 } else { scale * value(name, j) }).collect() };
-            let held = name != "odd" || replica.is_main();
-            assert_eq!((avg, sq), if held { (want(1.0), want(2.0)) } else { (Vec::new(), Vec::new()) }, "{name} moments on replica {}", replica.rank());
-        }
-        let model = params::gather_owned_weights_by::<AB, _>(&replica, model, &names, &shard, 4)?;
-        let got = [("wide", model.wide.val().into_data()), ("odd", model.odd.val().into_data()), ("long", model.long.val().into_data())];
-        for (name, data) in got {
-            let want: Vec<f32> = (0..data.num_elements()).map(|j| value(name, j)).collect();
-            assert_eq!(data.to_vec::<f32>().unwrap(), want, "{name} on replica {}", replica.rank());
+            let names: std::collections::HashMap<_, _> = [(model.wide.id, "wide"), (model.odd.id, "odd"), (model.long.id, "long")].into_iter().map(|(id, n)| (id, n.to_string())).collect();
+            // Moments of its own ranges, but none for `odd` (as for a parameter without gradient).
+            let mut optimizer = crate::train::adamw::AdamW::<Flex>::new(Default::default());
+            optimizer.step = 1;
+            for (name, numel) in [("wide", 15), ("long", 11)] {
+                let range = shard.range(name, numel);
+                let values = |scale: f32| Tensor::<Flex, 1>::from_data(TensorData::new(range.clone().map(|j| scale * value(name, j)).collect::<Vec<f32>>(), [range.len()]), device);
+                if !range.is_empty() {
+                    optimizer.moments.insert(name.to_string(), crate::train::adamw::Moments { exp_avg: values(1.0), exp_avg_sq: values(2.0) });
+                }
+            }
+            optimizer.shard = Some(shard.clone());
+            params::gather_owned_moments_by::<AB, _>(&replica, &model, &names, &mut optimizer, bucket)?;
+            for (name, numel) in sizes {
+                let (avg, sq) = match optimizer.moments.get(name) {
+                    Some(m) => (m.exp_avg.clone().into_data().to_vec::<f32>().unwrap(), m.exp_avg_sq.clone().into_data().to_vec::<f32>().unwrap()),
+                    None => (Vec::new(), Vec::new()),
+                };
+                let range = if replica.is_main() { 0..numel } else { shard.range(name, numel) };
+                let want = |scale: f32| -> Vec<f32> { range.clone().map(|j| if name == "odd" { 0.0 } else { scale * value(name, j) }).collect() };
+                let held = name != "odd" || replica.is_main();
+                let expected = if held { (want(1.0), want(2.0)) } else { (Vec::new(), Vec::new()) };
+                expect_eq((avg, sq), expected, format!("{name} moments on replica {}, bucket {bucket}", replica.rank()))?;
+            }
+            let model = params::gather_owned_weights_by::<AB, _>(&replica, model, &names, &shard, bucket)?;
+            let got = [("wide", model.wide.val().into_data()), ("odd", model.odd.val().into_data()), ("long", model.long.val().into_data())];
+            for (name, data) in got {
+                let want: Vec<f32> = (0..data.num_elements()).map(|j| value(name, j)).collect();
+                expect_eq(data.to_vec::<f32>().unwrap(), want, format!("{name} on replica {}, bucket {bucket}", replica.rank()))?;
+            }
         }
         Ok(())
     };
