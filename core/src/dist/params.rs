@@ -193,16 +193,8 @@ pub(super) fn gather_owned_weights_by<AB: AutodiffBackend, M: AutodiffModule<AB>
     let Some((_, _, like)) = flat.first() else { return Ok(model) };
     let like = (like.device(), like.dtype());
     let own = |i: usize, range: Range<usize>| flat[i].2.clone().slice(range);
-    let whole = gather_by_partition(replica, &shard.bounds, &sizes, bucket, like, true, own)?.expect("kept");
-    // Each parameter is a view of the gathered whole (no copy).
-    let mut start = 0;
-    let mut by_id = HashMap::with_capacity(flat.len());
-    for ((_, id, _), size) in flat.iter().zip(&sizes) {
-        if *size > 0 {
-            by_id.insert(*id, whole.clone().slice(start..start + size));
-        }
-        start += size;
-    }
+    let gathered = gather_by_partition(replica, &shard.bounds, &sizes, bucket, like, true, own)?;
+    let by_id: HashMap<ParamId, Tensor<Inner<AB>, 1>> = flat.iter().zip(gathered).filter_map(|((_, id, _), value)| Some((*id, value?))).collect();
     drop(flat);
     Ok(model.map(&mut PutWeights { by_id }))
 }
@@ -210,10 +202,11 @@ pub(super) fn gather_owned_weights_by<AB: AutodiffBackend, M: AutodiffModule<AB>
 /// Values laid end to end in name order (parameter `i` has `sizes[i]`), of which replica `r`
 /// holds `bounds[r]..bounds[r + 1]`, all-gathered in rounds of about `bucket` values: in round
 /// `k` every replica sends the `k`-th slice of its range (`own(i, range)`: its values of
-/// parameter `i` at `range` of that parameter), so every round's parts are even. Returns the
-/// whole, in `like`'s dtype, written round by round into one buffer (which holds the model once
-/// more, plus one round in flight), or `None` when `keep` is false (the replica takes part for
-/// the others).
+/// parameter `i` at `range` of that parameter), so every round's parts are even. Returns every
+/// parameter's values in `like`'s dtype (`None` for a parameter of no values), each written
+/// round by round into its own buffer (so they hold the model once more, plus one round in
+/// flight, and a parameter's later updates touch only its own buffer), or nothing when `keep`
+/// is false (the replica takes part for the others).
 fn gather_by_partition<B: Backend>(
     replica: &Replica,
     bounds: &[usize],
@@ -222,7 +215,7 @@ fn gather_by_partition<B: Backend>(
     like: (B::Device, burn::tensor::DType),
     keep: bool,
     own: impl Fn(usize, Range<usize>) -> Tensor<B, 1>,
-) -> Result<Option<Tensor<B, 1>>> {
+) -> Result<Vec<Option<Tensor<B, 1>>>> {
     let total: usize = sizes.iter().sum();
     if Some(&total) != bounds.last() || bounds.len() != replica.world() + 1 {
         return Err(Error::Distributed(format!("ZeRO-1: the model has {total} values, its optimizer's partition {bounds:?} (for {} replicas)", replica.world())));
@@ -233,8 +226,8 @@ fn gather_by_partition<B: Backend>(
     let zeros = |n: usize| crate::model::proj::to_dtype(Tensor::<B, 1>::zeros([n], &device), dtype);
     let (rank, slice) = (replica.rank(), bucket.div_ceil(replica.world()).max(1));
     let longest = bounds.windows(2).map(|b| b[1] - b[0]).max().unwrap_or_default();
-    // Written in place (the buffer is this function's alone).
-    let mut whole = (keep && total > 0).then(|| zeros(total));
+    // Written in place (each buffer is this function's alone).
+    let mut out: Vec<Option<Tensor<B, 1>>> = sizes.iter().map(|&size| (keep && size > 0).then(|| zeros(size))).collect();
     for round in 0..longest.div_ceil(slice) {
         let ranges: Vec<Range<usize>> = bounds
             .windows(2)
@@ -257,17 +250,20 @@ fn gather_by_partition<B: Backend>(
             data.push(zeros(after));
         }
         let gathered = replica.all_gather(Tensor::cat(data, 0), &parts)?;
-        if let Some(out) = whole.take() {
-            let mut out = out;
-            let mut at = 0;
-            for range in ranges.iter().filter(|r| !r.is_empty()) {
-                out = out.slice_assign(range.clone(), gathered.clone().slice(at..at + range.len()));
-                at += range.len();
+        if !keep {
+            continue;
+        }
+        let mut at = 0;
+        for range in &ranges {
+            for (i, part) in overlaps(&starts, sizes, range) {
+                let from = at + part.start - range.start;
+                let value = gathered.clone().slice(from..from + part.len());
+                out[i] = out[i].take().map(|param| param.slice_assign(part.start - starts[i]..part.end - starts[i], value));
             }
-            whole = Some(out);
+            at += range.len();
         }
     }
-    Ok(whole)
+    Ok(if keep { out } else { Vec::new() })
 }
 
 /// The parameters (starting at `starts`, of `sizes` values) that overlap `range` of the whole:
@@ -321,7 +317,7 @@ pub(super) fn gather_owned_moments_by<AB: AutodiffBackend, M: AutodiffModule<AB>
         }
     }
     let main = replica.is_main();
-    let mut wholes = Vec::with_capacity(2);
+    let mut wholes: Vec<Vec<Option<Tensor<Inner<AB>, 1>>>> = Vec::with_capacity(2);
     for which in 0..2 {
         // This replica's values of parameter `i` at `range` (zeros for a parameter it never
         // updated).
@@ -333,17 +329,13 @@ pub(super) fn gather_owned_moments_by<AB: AutodiffBackend, M: AutodiffModule<AB>
                 None => crate::model::proj::to_dtype(Tensor::zeros([range.len()], &like.0), like.1),
             }
         };
-        wholes.extend(gather_by_partition(replica, &shard.bounds, &sizes, bucket, like.clone(), main, own)?);
+        wholes.push(gather_by_partition(replica, &shard.bounds, &sizes, bucket, like.clone(), main, own)?);
     }
-    // Rank 0: each parameter's moments, views of the gathered wholes.
-    if let [avg, sq] = &wholes[..] {
-        let mut start = 0;
-        for ((name, _, _), size) in flat.iter().zip(&sizes) {
-            if *size > 0 {
-                let (exp_avg, exp_avg_sq) = (avg.clone().slice(start..start + size), sq.clone().slice(start..start + size));
-                moments.insert(name.clone(), Moments { exp_avg, exp_avg_sq });
-            }
-            start += size;
+    // Rank 0: every parameter's whole moments (the others got none).
+    let [avg, sq] = <[_; 2]>::try_from(wholes).expect("two moments");
+    for ((name, _, _), (avg, sq)) in flat.iter().zip(avg.into_iter().zip(sq)) {
+        if let (Some(exp_avg), Some(exp_avg_sq)) = (avg, sq) {
+            moments.insert(name.clone(), Moments { exp_avg, exp_avg_sq });
         }
     }
     Ok(())
