@@ -258,12 +258,24 @@ fn gather_by_partition<B: Backend>(
             for (i, part) in overlaps(&starts, sizes, range) {
                 let from = at + part.start - range.start;
                 let value = gathered.clone().slice(from..from + part.len());
-                out[i] = out[i].take().map(|param| param.slice_assign(part.start - starts[i]..part.end - starts[i], value));
+                out[i] = out[i].take().map(|param| write_into(param, part.start - starts[i], value));
             }
             at += range.len();
         }
     }
     Ok(if keep { out } else { Vec::new() })
+}
+
+/// `buffer[start..start + value's length] = value`, in `buffer`'s own memory where it can be
+/// (burn-flex's `slice_assign` copies the whole buffer first, which for a parameter written in
+/// many pieces would copy it once per piece; see [`crate::model::fused::write_in_place`]: Flex,
+/// f32), else by `slice_assign` (in place on CubeCL when nothing else holds the buffer).
+fn write_into<B: Backend>(buffer: Tensor<B, 1>, start: usize, value: Tensor<B, 1>) -> Tensor<B, 1> {
+    let (n, len) = (buffer.dims()[0], value.dims()[0]);
+    match crate::model::fused::write_in_place(buffer.reshape([1, 1, n, 1]), 2, start, value.reshape([1, 1, len, 1])) {
+        Ok(written) => written.reshape([n]),
+        Err((buffer, value)) => buffer.reshape([n]).slice_assign(start..start + len, value.reshape([len])),
+    }
 }
 
 /// The parameters (starting at `starts`, of `sizes` values) that overlap `range` of the whole:
