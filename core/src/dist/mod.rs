@@ -371,10 +371,8 @@ impl Replica {
         let (device, dtype) = (data.device(), data.dtype());
         #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
         if let Some(ordinal) = nccl_device::<B>(&device) {
+            // At least 1: an all-empty gather returned above.
             let longest = parts.iter().copied().max().unwrap_or_default();
-            if longest == 0 {
-                return Ok(data);
-            }
             let short = longest - mine.len();
             let padding = || crate::model::proj::to_dtype(Tensor::zeros([short], &device), dtype);
             let padded = match mine.len() {
