@@ -268,14 +268,10 @@ fn gather_by_partition<B: Backend>(
 
 /// `buffer[start..start + value's length] = value`, in `buffer`'s own memory where it can be
 /// (burn-flex's `slice_assign` copies the whole buffer first, which for a parameter written in
-/// many pieces would copy it once per piece; see [`crate::model::fused::write_in_place`]: Flex,
-/// f32), else by `slice_assign` (in place on CubeCL when nothing else holds the buffer).
+/// many pieces would copy it once per piece; see [`crate::model::fused::assign`]).
 fn write_into<B: Backend>(buffer: Tensor<B, 1>, start: usize, value: Tensor<B, 1>) -> Tensor<B, 1> {
     let (n, len) = (buffer.dims()[0], value.dims()[0]);
-    match crate::model::fused::write_in_place(buffer.reshape([1, 1, n, 1]), 2, start, value.reshape([1, 1, len, 1])) {
-        Ok(written) => written.reshape([n]),
-        Err((buffer, value)) => buffer.reshape([n]).slice_assign(start..start + len, value.reshape([len])),
-    }
+    crate::model::fused::assign(buffer.reshape([1, 1, n, 1]), 2, start, value.reshape([1, 1, len, 1])).reshape([n])
 }
 
 /// The parameters (starting at `starts`, of `sizes` values) that overlap `range` of the whole:

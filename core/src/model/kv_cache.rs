@@ -90,18 +90,7 @@ impl<B: Backend> LayerCache<B> {
         } else {
             (kb, vb)
         };
-        let ranges = |t: &Tensor<B, 4>| {
-            let mut r = t.dims().map(|n| 0..n);
-            r[dim] = len..needed;
-            r
-        };
-        let write = |buffer: Tensor<B, 4>, new: Tensor<B, 4>| match crate::model::fused::write_in_place(buffer, dim, len, new) {
-            Ok(written) => written,
-            Err((buffer, new)) => {
-                let range = ranges(&buffer);
-                buffer.slice_assign(range, new)
-            }
-        };
+        let write = |buffer: Tensor<B, 4>, new: Tensor<B, 4>| crate::model::fused::assign(buffer, dim, len, new);
         self.kv = Some((write(kb, k), write(vb, v)));
         self.len = needed;
         match self.kv.as_ref() {

@@ -74,6 +74,20 @@ pub fn write_in_place<B: Backend>(buffer: Tensor<B, 4>, dim: usize, start: usize
     }
 }
 
+/// [`write_in_place`] where it applies, else burn's `slice_assign` of the same range (in place
+/// on CubeCL when nothing else holds the buffer): `buffer[.., start..start + n, ..] = value`
+/// along axis `dim`.
+pub fn assign<B: Backend>(buffer: Tensor<B, 4>, dim: usize, start: usize, value: Tensor<B, 4>) -> Tensor<B, 4> {
+    match write_in_place(buffer, dim, start, value) {
+        Ok(written) => written,
+        Err((buffer, value)) => {
+            let mut ranges = buffer.dims().map(|n| 0..n);
+            ranges[dim] = start..start + value.dims()[dim];
+            buffer.slice_assign(ranges, value)
+        }
+    }
+}
+
 /// One row of [`gather_rows`]: positions `from..` of batch row `row` of source `source`,
 /// written from position `at` of the output row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
