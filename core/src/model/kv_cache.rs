@@ -382,7 +382,10 @@ mod tests {
 
         let selected = a.clone().select_rows(index(&[1, 1, 0]));
         same(filled(&selected), filled(&a).into_iter().map(|(k, v)| (k.select(0, index(&[1, 1, 0])), v.select(0, index(&[1, 1, 0])))).collect());
-        assert!(selected.layers[0].kv.as_ref().unwrap().0.dims()[1] > 5, "room to grow");
+        // Flex's row gather leaves room to grow; plain burn ops select the filled positions only.
+        let fast = fused::is_flex::<Flex>();
+        let room = selected.layers[0].kv.as_ref().unwrap().0.dims()[1];
+        assert!(if fast { room > 5 } else { room == 5 }, "capacity {room} after selecting (fast path: {fast})");
 
         let stacked = KvCache::stack(vec![a.clone(), b.clone()]);
         let pad = |t: Tensor<Flex, 4>| Tensor::cat(vec![Tensor::zeros([1, 2, 2, 4], &device), t], 1);
@@ -400,10 +403,13 @@ mod tests {
         let mut trimmed = a.clone().trim();
         assert_eq!(trimmed.len(), 4);
         same(filled(&trimmed), filled(&a).into_iter().map(|(k, v)| (k.narrow(1, 1, 4), v.narrow(1, 1, 4))).collect());
-        // The next position is written into the gathered buffer, not a grown copy.
+        // On the fast path the next position is written into the gathered buffer, not a grown copy.
         let capacity = trimmed.layers[0].kv.as_ref().unwrap().0.dims()[1];
         trimmed.layers[0].append_along(chunk([2, 1, 2, 4]), chunk([2, 1, 2, 4]), 1);
-        assert_eq!(trimmed.layers[0].kv.as_ref().unwrap().0.dims()[1], capacity);
+        // (Plain burn ops trimmed to the filled positions, so the append grows the buffer.)
+        let grown = trimmed.layers[0].kv.as_ref().unwrap().0.dims()[1];
+        assert!(if fast { grown == capacity } else { grown > capacity }, "capacity {capacity} → {grown} (fast path: {fast})");
+        assert_eq!(trimmed.layers[0].len, 5);
     }
 
     #[test]
