@@ -1,7 +1,10 @@
 //! Criterion benches of the CPU kernels, each next to the plain burn ops it replaces, at the
 //! 100M config's sizes (hidden 768, 12 heads on 2 KV heads of 64, MLP 3072; batch 8):
 //! decode projection (8 rows; also with bf16 weights and the tied LM head), prefill GEMM (8 × 64 rows), attention (8 × 64 queries), RoPE,
-//! RMSNorm, SwiGLU gating and one AdamW step of a 768 × 3072 weight.
+//! RMSNorm, SwiGLU gating and one AdamW step of a 768 × 3072 weight; and a decoding step's
+//! weight stream: every projection of the 12 layers (406 MB of distinct f32 weights, far more
+//! than the caches) at batch 1 and 8, in GB/s of weights read, to set beside the machine's read
+//! bandwidth measured at the same time (`python benches/memory_bandwidth.py`).
 //!
 //! `cargo bench --bench kernels` (`-- attention` for one group). The kernels dispatch on CPU
 //! features at run time; `KILN_SIMD=avx2` or `plain` caps them to compare the paths.
@@ -38,6 +41,34 @@ fn projections(c: &mut Criterion) {
         g.bench_function("burn", |b| b.iter(|| linear(x.clone(), w.clone(), None).into_data()));
         g.finish();
     }
+}
+
+/// The projections of one decoding step of the 100M config, as the model calls them (q, k and v
+/// in one call, gate and up in one, o and down alone), each layer with weights of its own, at 1
+/// and 8 rows; throughput in bytes of weights read. On the pool with its threads kept awake, as
+/// generation runs ([`kiln::par::on_pool`]).
+fn decode_weights(c: &mut Criterion) {
+    use kiln::model::cpu_decode::{matmul, matmul_many};
+    const LAYERS: usize = 12;
+    const KV_DIM: usize = KV * HEAD;
+    let w = |k: usize, n: usize| normal([k, n]) * 0.02;
+    let layers: Vec<[Tensor<Cpu, 2>; 7]> = (0..LAYERS).map(|_| [w(D, D), w(D, KV_DIM), w(D, KV_DIM), w(D, D), w(D, FF), w(D, FF), w(FF, D)]).collect();
+    let bytes = LAYERS * 4 * (2 * D * D + 2 * D * KV_DIM + 3 * D * FF);
+    let mut g = c.benchmark_group("decode_weights_100M_12_layers");
+    g.throughput(Throughput::Bytes(bytes as u64));
+    g.sample_size(20);
+    for rows in [1, 8] {
+        let (x, h) = (normal([rows, D]), normal([rows, FF]));
+        let step = || {
+            for [q, k, v, o, gate, up, down] in &layers {
+                let none = "the decoding kernel applies (Flex, AVX-512 or AVX2)";
+                std::hint::black_box((matmul_many(&x, &[q, k, v]).expect(none), matmul(&x, o).expect(none)));
+                std::hint::black_box((matmul_many(&x, &[gate, up]).expect(none), matmul(&h, down).expect(none)));
+            }
+        };
+        g.bench_function(format!("kiln_{rows}_rows"), |b| b.iter(|| kiln::par::on_pool(|_| step(), |_: ()| {})));
+    }
+    g.finish();
 }
 
 /// bf16 weights (a bf16 model): the decode projection (row-major `[768, 3072]`) and the tied LM
@@ -183,5 +214,5 @@ fn adamw(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, projections, bf16_projections, training_products, attention_bench, rowwise, adamw);
+criterion_group!(benches, projections, decode_weights, bf16_projections, training_products, attention_bench, rowwise, adamw);
 criterion_main!(benches);

@@ -234,7 +234,7 @@ pub mod generate;
 pub mod io;
 pub mod metrics;
 pub mod model;
-pub(crate) mod par;
+pub mod par;
 pub mod plan;
 #[cfg(feature = "plot")]
 pub mod plot;

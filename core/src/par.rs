@@ -14,8 +14,8 @@ pub fn threads() -> usize {
 /// pool a parallel loop of the fused kernels wakes at most the pool's other threads, not also a
 /// thread that waits outside it: a decoding step runs about 85 such loops, and `kiln bench`'s
 /// 100M decode went from about 480 context switches a step to 140. While the job runs, the
-/// pool's other threads stay awake ([`awake::KeepAwake`]) rather than sleep between its loops: the
-/// same benchmark's decoding went from 337 to 361 tokens/s (five alternating runs each, Intel
+/// pool's other threads stay awake (`awake::KeepAwake` in this file) rather than sleep between
+/// its loops: the same benchmark's decoding went from 337 to 361 tokens/s (five alternating runs each, Intel
 /// Xeon, 2 cores) and its context switches from 48k to 13k a run with a first version that
 /// napped where this one returns (17k). Inline where already on the pool, and without the
 /// `flex` feature (no pool). The job runs on another thread: keep thread-bound
