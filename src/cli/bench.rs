@@ -106,10 +106,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         return super::bench_matmul::run(&Qwen2Config::from_file(config)?, args.batch * args.prompt_len, args.repeats, &cpu_model());
     }
     if args.train {
-        return kiln::backends::run_training_with(backend, args.recompute, TrainBenchJob(args))?;
+        let recompute = args.recompute;
+        return super::on_cpu_pool(&[backend], || kiln::backends::run_training_with(backend, recompute, TrainBenchJob(args)))?;
     }
     if args.rollout {
-        return kiln::backends::run_training(backend, RolloutBenchJob(args))?;
+        return super::on_cpu_pool(&[backend], || kiln::backends::run_training(backend, RolloutBenchJob(args)))?;
     }
     kiln::backends::run(backend, BenchJob(args))?
 }

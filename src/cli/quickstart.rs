@@ -64,7 +64,7 @@ const TIMED_STEPS: u64 = 3;
 
 pub fn run(args: QuickstartArgs) -> Result<()> {
     let backend = args.backend;
-    kiln::backends::run_training(backend, QuickstartJob(args))?
+    super::on_cpu_pool(&[backend], || kiln::backends::run_training(backend, QuickstartJob(args)))?
 }
 
 struct QuickstartJob(QuickstartArgs);

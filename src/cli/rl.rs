@@ -60,7 +60,7 @@ pub fn run(method: Method, args: RlArgs) -> Result<()> {
     let note = super::config::legacy_note(&args.config, &text, run_kind);
     let recompute = config.train.recompute;
     let job = RlJob { config, method, resume: args.resume, path: args.config, nodes, note };
-    kiln::backends::run_replicas_with(&devices, recompute, job)?
+    super::on_cpu_pool(&devices, || kiln::backends::run_replicas_with(&devices, recompute, job))?
 }
 
 /// `--sandbox-without` and `--sandbox-landlock-abi` into the code task's config (an error for

@@ -79,7 +79,7 @@ pub fn run(args: StepArgs) -> Result<()> {
         bail!("--out {} exists and is not empty", args.out.display());
     }
     let backend = args.backend;
-    kiln::backends::run_training(backend, StepJob(args))?
+    super::on_cpu_pool(&[backend], || kiln::backends::run_training(backend, StepJob(args)))?
 }
 
 struct StepJob(StepArgs);

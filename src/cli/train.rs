@@ -57,7 +57,8 @@ pub fn run(kind: Kind, args: TrainArgs) -> Result<()> {
     };
     let note = super::config::legacy_note(&args.config, &text, run_kind);
     let recompute = config.train.recompute;
-    kiln::backends::run_replicas_with(&devices, recompute, RunJob { config, resume: args.resume, nodes, note })?
+    let job = RunJob { config, resume: args.resume, nodes, note };
+    super::on_cpu_pool(&devices, || kiln::backends::run_replicas_with(&devices, recompute, job))?
 }
 
 struct RunJob {
