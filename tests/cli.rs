@@ -240,4 +240,16 @@ fn step_matches_pytorch_and_refuses_bad_input() {
     std::fs::write(&data, "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [4]}\n").unwrap();
     let err = one_line_error(&Command::new(env!("CARGO_BIN_EXE_kiln")).args(args(&tmp.path().join("b"), &data)).output().unwrap());
     assert!(err.contains("data.jsonl line 2"), "{err}");
+    // Token ids outside the vocabulary and sequences past the context, named by their line (they
+    // reached the embedding and the RoPE tables and panicked there), writing nothing.
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(model.join("config.json")).unwrap()).unwrap();
+    let (vocab, context) = (config["vocab_size"].as_u64().unwrap(), config["max_position_embeddings"].as_u64().unwrap());
+    let long: Vec<u64> = (0..=context).map(|i| i % vocab).collect();
+    for (line, expected) in [(serde_json::json!({ "input_ids": [1, vocab] }), "outside the model's vocabulary"), (serde_json::json!({ "input_ids": long }), "more than the model's context")] {
+        std::fs::write(&data, format!("{{\"input_ids\": [1, 2, 3]}}\n{line}\n")).unwrap();
+        let out = tmp.path().join("c");
+        let err = one_line_error(&Command::new(env!("CARGO_BIN_EXE_kiln")).args(args(&out, &data)).output().unwrap());
+        assert!(err.contains("data.jsonl line 2") && err.contains(expected), "{err}");
+        assert!(!out.exists(), "nothing written");
+    }
 }

@@ -594,3 +594,15 @@ fn rl_with_code_rewards_records_the_sandbox_layers_left_off() {
     assert!(!refused.status.success() && stderr.trim().lines().count() == 1, "{stderr}");
     assert!(stderr.starts_with("error: ") && stderr.contains("--sandbox-without") && stderr.contains("interplay.toml"), "{stderr}");
 }
+
+/// Per-test time limits are positive and at most 1e9 s (`--timeout`, `[task] timeout_s`,
+/// `[reward] per_test_timeout_s`): a huge one panicked in `Duration::from_secs_f64`, and the
+/// sandbox adds a grace to it and sets deadlines from the time now.
+#[test]
+fn per_test_time_limits_are_bounded() {
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e20] {
+        let err = limits(bad, true).err().unwrap_or_else(|| panic!("{bad} s is refused")).to_string();
+        assert!(err.contains("per-test time limit") && err.contains("at most 1e9"), "{bad}: {err}");
+    }
+    assert_eq!(limits(6.0, true).unwrap().per_test, std::time::Duration::from_secs(6));
+}

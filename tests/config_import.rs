@@ -344,6 +344,13 @@ fn trl_grpo_config_is_imported_with_trl_names() {
     let text_bad = text.replace("\"top_k\": 50,", "\"top_k\": 50,\n  \"min_p\": 1.5,");
     let err = config_import::trl::import(&path, &text_bad, &overrides, None).err().expect("min_p 1.5 is refused").to_string();
     assert!(err.contains("min_p") && err.contains("trl"), "{err}");
+
+    // Zero counts in the step's shape are refused by name (they divided by zero).
+    for (key, zero) in [("num_generations", "num_generations=0"), ("per_device_train_batch_size", "per_device_train_batch_size=0"), ("gradient_accumulation_steps", "gradient_accumulation_steps=0")] {
+        let overrides = [overrides[0].clone(), overrides[1].clone(), zero.to_string()];
+        let err = config_import::trl::import(&path, &text, &overrides, None).err().unwrap_or_else(|| panic!("{zero} is refused")).to_string();
+        assert!(err.contains(key) && err.contains("at least 1") && err.contains("grpo_config.json"), "{zero}: {err}");
+    }
 }
 
 #[test]

@@ -192,6 +192,27 @@ fn finished_rows_are_replaced_by_waiting_prompts() {
     }
 }
 
+/// A tokenizer whose pad token lies outside the model's vocabulary (a `[PAD]` added without
+/// resizing the model): prompts of different lengths still generate together, each as it does
+/// alone (the padding never reaches a result; it panicked in the embedding lookup).
+#[test]
+fn a_pad_token_outside_the_vocabulary_still_pads() {
+    let (model, paper) = setup();
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::copy(fixture("interplay/qwen2_100M").join("tokenizer.json"), tmp.path().join("tokenizer.json")).unwrap();
+    // `<special_token_4>` is id 2200, one past the model's vocabulary.
+    std::fs::write(tmp.path().join("tokenizer_config.json"), r#"{"pad_token": "<special_token_4>"}"#).unwrap();
+    let tokenizer = Tokenizer::from_file(tmp.path()).unwrap();
+    assert_eq!(tokenizer.pad_id(), Some(2200));
+    let prompts = vec![prompt(&paper), vec![12, 13, 14]];
+    let params = SamplingParams { sampler: Sampler::greedy(), max_new_tokens: 12, ignore_eos: true, ..Default::default() };
+    let together = run(&model, &tokenizer, &prompts, &params);
+    for (i, p) in prompts.iter().enumerate() {
+        let alone = run(&model, &tokenizer, std::slice::from_ref(p), &params);
+        assert_eq!(alone[0][0].token_ids, together[i][0].token_ids, "prompt {i}");
+    }
+}
+
 /// Same seed, same samples on the CPU (host sampling, f64) and on wgpu (sampling on the device,
 /// `generate::device_sampler`): temperature 1, top-p 0.9, n = 4, and on wgpu the same samples
 /// again with another batch size (rows join and leave the batch at other steps).

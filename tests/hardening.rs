@@ -103,6 +103,14 @@ fn counts_and_time_budgets() {
         std::fs::write(&run, text).unwrap();
         fails_with(&["sft", "--config", s(&run)], &[s(&run), "time_budget_s must be a finite number of seconds >= 0"]);
     }
+    // Finite, but more seconds than a duration holds (they panicked in `Duration::from_secs_f64`).
+    let text = |budget: &str| format!(
+        "[model]\ninit = \"c.json\"\n\n[data]\nkind = \"sft\"\npath = \"sft.jsonl\"\n\n[train]\nsteps = 1\nmicro_batch = 1\n\n[optimizer]\nlr = 1e-3\n\n[output]\ndir = \"o\"\ntime_budget_s = {budget}\n"
+    );
+    std::fs::write(&run, text("1e20")).unwrap();
+    fails_with(&["sft", "--config", s(&run)], &[s(&run), "time_budget_s", "more seconds than a duration holds"]);
+    std::fs::write(&run, text("10")).unwrap();
+    fails_with(&["sft", "--config", s(&run), "--dist-timeout", "1e20"], &["--dist-timeout", "at most 1e9"]);
 }
 
 /// A chat tokenizer, a small model written for it (`vocab_size`, context and width as given) and
@@ -506,11 +514,12 @@ fn a_second_writer_of_an_output_directory_is_refused() {
 #[test]
 fn models_too_large_for_memory_and_benchmarks_past_the_context_are_refused() {
     let tmp = tempfile::tempdir().unwrap();
+    // (Heads of 8: RoPE's tables stay small however wide the model.)
     let config = |name: &str, hidden: u64, positions: u64| {
         let path = tmp.path().join(name);
         let json = serde_json::json!({
             "vocab_size": 97, "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": positions, "tie_word_embeddings": true,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": positions, "tie_word_embeddings": true,
         });
         std::fs::write(&path, json.to_string()).unwrap();
         path
@@ -518,6 +527,18 @@ fn models_too_large_for_memory_and_benchmarks_past_the_context_are_refused() {
     let huge = config("huge.json", 1 << 40, 64);
     fails_with(&["bench", "--config", s(&huge)], &["the model's weights need", "PiB in f32", "of memory available"]);
     fails_with(&["init", "--config", s(&huge), "--out", s(&tmp.path().join("m"))], &["the model's weights need"]);
+    assert!(!tmp.path().join("m").exists());
+    // RoPE's tables past 2^32 values (a capacity overflow, or an allocation failure that aborted).
+    for positions in [100_000_000_000_000_000u64, 10_000_000_000] {
+        let long = config("long.json", 32, positions);
+        fails_with(&["bench", "--config", s(&long)], &["long.json", "`max_position_embeddings` 1", "is too large"]);
+    }
+    // An initializer_range that is not finite in f32 (rand's Normal refused it: a panic).
+    let wide = tmp.path().join("wide.json");
+    let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(config("w.json", 32, 64)).unwrap()).unwrap();
+    json["initializer_range"] = serde_json::json!(1e39);
+    std::fs::write(&wide, json.to_string()).unwrap();
+    fails_with(&["init", "--config", s(&wide), "--out", s(&tmp.path().join("m"))], &["`initializer_range` 1", "must be a finite number"]);
     assert!(!tmp.path().join("m").exists());
     let short = config("short.json", 32, 64);
     fails_with(&["bench", "--config", s(&short), "--prompt-len", "60", "--new-tokens", "32"], &["--prompt-len 60 + --new-tokens 32", "64 positions"]);

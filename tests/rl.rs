@@ -498,6 +498,24 @@ fn opd_distils_and_refuses_a_teacher_with_another_tokenizer() {
     assert!(err.to_string().contains("needs a [teacher]"), "{err}");
 }
 
+/// A tokenizer whose pad token lies outside the model's vocabulary (a `[PAD]` added without
+/// resizing the model) is one error naming the tokenizer's directory before anything runs, as in
+/// pretraining and SFT (it panicked in the embedding lookup once a batch was padded).
+#[test]
+fn a_pad_token_outside_the_vocabulary_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path();
+    let tokenizer = work.join("padded_tokenizer");
+    std::fs::create_dir_all(&tokenizer).unwrap();
+    std::fs::copy(paper_tokenizer().join("tokenizer.json"), tokenizer.join("tokenizer.json")).unwrap();
+    // `<special_token_4>` is id 2200, one past the tiny model's vocabulary.
+    std::fs::write(tokenizer.join("tokenizer_config.json"), r#"{"pad_token": "<special_token_4>"}"#).unwrap();
+    tiny_model(&work.join("base"), 1, Some(&tokenizer));
+    let err = run(work, &config_text(work, "out", None, ""), Method::Grpo, false).unwrap_err().to_string();
+    assert!(err.contains("pad id 2200") && err.contains("vocab_size 2200") && err.contains("base"), "{err}");
+    assert!(!work.join("out").exists(), "nothing written");
+}
+
 #[test]
 fn bad_configs_are_errors_naming_the_file() {
     let tmp = tempfile::tempdir().unwrap();

@@ -111,8 +111,9 @@ impl DistArgs {
             CollectiveArg::Nccl => Collective::Nccl,
             CollectiveArg::Ring => Collective::Ring,
         });
-        if !(self.dist_timeout > 0.0 && self.dist_timeout.is_finite()) {
-            bail!("--dist-timeout must be a positive number of seconds");
+        // (Bounded: deadlines are the time now plus it.)
+        if !(self.dist_timeout > 0.0 && self.dist_timeout <= 1e9) {
+            bail!("--dist-timeout must be a positive number of seconds, at most 1e9 (got {})", self.dist_timeout);
         }
         let timeout = Duration::from_secs_f64(self.dist_timeout);
         let spec = if let Some(launched) = self.launched()? {

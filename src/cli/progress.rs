@@ -12,8 +12,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 fn plain_every() -> Duration {
     static EVERY: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
     *EVERY.get_or_init(|| {
-        let seconds = std::env::var("KILN_PROGRESS_EVERY").ok().and_then(|s| s.parse::<f64>().ok()).filter(|s| s.is_finite() && *s >= 0.0);
-        Duration::from_secs_f64(seconds.unwrap_or(30.0))
+        // (Any number a duration holds: a huge one means never; others mean the default.)
+        let every = std::env::var("KILN_PROGRESS_EVERY").ok().and_then(|s| s.parse::<f64>().ok()).and_then(|s| Duration::try_from_secs_f64(s).ok());
+        every.unwrap_or(Duration::from_secs(30))
     })
 }
 

@@ -10,6 +10,7 @@ use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
 use kiln::backends::{DeviceSpec, TrainJob};
 use kiln::data::Sample;
+use kiln::model::Qwen2Config;
 use kiln::model::hf::{self, SaveDtype};
 use kiln::train::{AdamWConfig, LoopConfig, NextTokenLoss, Precision, SavePolicy, Start, train};
 use serde::Deserialize;
@@ -54,7 +55,10 @@ struct Line {
     input_ids: Vec<u32>,
 }
 
-fn read_sequences(path: &Path) -> Result<Vec<Vec<u32>>> {
+/// The sequences of `path`, each checked against the model (`config`, read from `model`): ids
+/// inside its vocabulary, lengths within its context.
+fn read_sequences(path: &Path, config: &Qwen2Config, model: &Path) -> Result<Vec<Vec<u32>>> {
+    let (vocab, context) = (config.vocab_size, config.max_position_embeddings);
     let file = std::fs::File::open(path).with_context(|| path.display().to_string())?;
     let mut sequences = Vec::new();
     for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
@@ -65,6 +69,12 @@ fn read_sequences(path: &Path) -> Result<Vec<Vec<u32>>> {
         let parsed: Line = serde_json::from_str(&line).with_context(|| format!("{} line {}", path.display(), i + 1))?;
         if parsed.input_ids.len() < 2 {
             bail!("{} line {}: a sequence needs at least 2 tokens (one target)", path.display(), i + 1);
+        }
+        if let Some(&bad) = parsed.input_ids.iter().find(|&&id| id as usize >= vocab) {
+            bail!("{} line {}: token id {bad} is outside the model's vocabulary ({} has vocab_size {vocab})", path.display(), i + 1, model.join("config.json").display());
+        }
+        if parsed.input_ids.len() > context {
+            bail!("{} line {}: {} tokens, more than the model's context ({context})", path.display(), i + 1, parsed.input_ids.len());
         }
         sequences.push(parsed.input_ids);
     }
@@ -89,7 +99,8 @@ impl TrainJob for StepJob {
 
     fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<()> {
         let args = self.0;
-        let sequences = read_sequences(&args.data)?;
+        let config = Qwen2Config::from_file(args.model.join("config.json"))?;
+        let sequences = read_sequences(&args.data, &config, &args.model)?;
         let batch = sequences.len();
         let scratch = tempfile_dir()?;
         let config = LoopConfig {

@@ -318,6 +318,13 @@ pub fn import(path: &Path, text: &str, overrides: &[String], kind: Option<RunKin
 
     // GRPO: the step's shape (one process: TRL's world size 1).
     let n = c.usize("num_generations")?;
+    // Counts the step's shape divides by (TRL refuses 0 too, in its own checks).
+    for (key, value) in [("per_device_train_batch_size", per_device), ("gradient_accumulation_steps", accum), ("num_generations", n)] {
+        if value == 0 {
+            let v = c.get(key);
+            return Err(c.refuse(key, &v, "must be at least 1"));
+        }
+    }
     c.carry("num_generations", "rollout.n", n);
     let per_update = per_device * accum;
     let generation = match (c.tree.get("generation_batch_size").and_then(Value::as_u64), c.tree.get("steps_per_generation").and_then(Value::as_u64)) {

@@ -119,8 +119,14 @@ pub struct Take {
 /// The reference's shard selection for `preset` at `token_budget` tokens. `shards[op]` must be
 /// sorted as the reference sorts (case-insensitive by name; see [`sort_shards`]).
 pub fn select(preset: &Preset, token_budget: f64, shards: &BTreeMap<u32, Vec<Shard>>) -> Result<Vec<Take>> {
+    if !(token_budget.is_finite() && token_budget >= 0.0) {
+        return Err(Error::InvalidInput(format!("[data] tokens must be a finite number of tokens >= 0, not {token_budget}")));
+    }
     let mut takes = Vec::new();
     for (&op, &p) in preset.ops.iter().zip(&preset.probs) {
+        if !(p.is_finite() && p >= 0.0) {
+            return Err(Error::InvalidInput(format!("preset `{}`: op {op}'s probability must be a finite number >= 0, not {p}", preset.name)));
+        }
         let files = shards.get(&op).filter(|f| !f.is_empty()).ok_or_else(|| {
             Error::InvalidInput(format!("preset `{}` needs op {op}, but there are no shards for it", preset.name))
         })?;
@@ -131,7 +137,8 @@ pub fn select(preset: &Preset, token_budget: f64, shards: &BTreeMap<u32, Vec<Sha
         let want = p * token_budget;
         let n_full = (want / size).floor() as usize;
         let frac = (want % size) / size;
-        let mut chosen: Vec<&Shard> = files.iter().take(n_full + 1).collect();
+        // (A budget past every shard takes them all, as the reference's slice does.)
+        let mut chosen: Vec<&Shard> = files.iter().take(n_full.saturating_add(1)).collect();
         let last = chosen.pop().expect("at least one shard");
         takes.extend(chosen.into_iter().map(|s| Take { op, path: s.path.clone(), fraction: 1.0, tokens: s.tokens }));
         if frac > 0.0 {
@@ -230,6 +237,25 @@ mod tests {
         let total: f64 = takes.iter().map(|t| t.tokens).sum();
         assert!((total / 1e9 - 9.67).abs() < 0.02, "total {total:e}");
         assert_eq!(preset(setting, TypoPolicy::Fix), preset(setting, TypoPolicy::Reproduce));
+    }
+
+    /// A budget past every shard takes them all but each op's last, which the reference's
+    /// selection keeps for the remainder (`files[:n_full + 1]`, the last popped); budgets and
+    /// probabilities that are not finite numbers >= 0 are errors (an infinite or huge budget
+    /// overflowed the shard count and panicked).
+    #[test]
+    fn huge_and_bad_budgets() {
+        let shards = release_shards();
+        let all = select(&preset(TYPO_SETTING, TypoPolicy::Reproduce), 1e30, &shards).unwrap();
+        let every: usize = shards.values().map(Vec::len).sum();
+        assert!(all.len() + shards.len() >= every, "{} takes of {every} shards", all.len());
+        for budget in [f64::INFINITY, f64::NAN, -1.0] {
+            let err = select(&preset(TYPO_SETTING, TypoPolicy::Reproduce), budget, &shards).unwrap_err().to_string();
+            assert!(err.contains("[data] tokens must be a finite number"), "{budget}: {err}");
+        }
+        let inline = Preset { name: "inline".into(), ops: vec![2, 3], probs: vec![0.5, f64::INFINITY] };
+        let err = select(&inline, 1e9, &shards).unwrap_err().to_string();
+        assert!(err.contains("op 3's probability"), "{err}");
     }
 
     #[test]

@@ -136,7 +136,11 @@ struct Sequence {
 impl<'a, B: Backend> Engine<'a, B> {
     /// An engine over `model`; `tokenizer` is needed for stop strings and returned text.
     pub fn new(model: &'a Qwen2<B>, tokenizer: Option<&'a Tokenizer>) -> Self {
-        let pad_id = tokenizer.and_then(Tokenizer::pad_id).unwrap_or(0);
+        // Padding never reaches a result (its keys are masked; a finished row's next token is
+        // dropped) but is looked up in the embedding: a tokenizer's pad id outside the model's
+        // vocabulary (a `[PAD]` added without resizing the model) pads with id 0 instead.
+        let vocab = model.config().vocab_size;
+        let pad_id = tokenizer.and_then(Tokenizer::pad_id).filter(|&id| (id as usize) < vocab).unwrap_or(0);
         let mut eos_ids = model.eos_token_ids().to_vec();
         eos_ids.extend(tokenizer.and_then(Tokenizer::eos_id));
         eos_ids.sort_unstable();

@@ -37,7 +37,9 @@ pub fn read_parquet_columns(path: &Path, columns: &[&str]) -> Result<Vec<Map<Str
         .build()
         .map_err(|e| error(e.to_string()))?;
     let rows = reader.get_row_iter(Some(projection)).map_err(|e| error(e.to_string()))?;
-    let mut out = Vec::with_capacity(reader.metadata().file_metadata().num_rows().max(0) as usize);
+    // The footer's row count reserves room, up to a bound: a corrupt footer must not ask for more
+    // memory than the rows it holds (the rows themselves then fail to read, naming the file).
+    let mut out = Vec::with_capacity(reader.metadata().file_metadata().num_rows().clamp(0, 1 << 20) as usize);
     for (i, row) in rows.enumerate() {
         let row = row.map_err(|e| error(format!("row {}: {e}", i + 1)))?;
         match row.to_json_value() {

@@ -151,6 +151,20 @@ impl Qwen2Config {
         if !(self.rope_theta() > 0.0) {
             return Err("`rope_theta` must be positive".into());
         }
+        // RoPE's cos and sin tables hold `max_position_embeddings × head_dim` f32 values each
+        // (their memory is counted with the weights'); 2^32 values is 16 GiB a table.
+        if (self.max_position_embeddings as u64).checked_mul(self.head_dim() as u64).is_none_or(|n| n > 1 << 32) {
+            return Err(format!(
+                "`max_position_embeddings` {} is too large: RoPE's tables would hold {} × {} values each (at most 2^32)",
+                self.max_position_embeddings,
+                self.max_position_embeddings,
+                self.head_dim()
+            ));
+        }
+        // Random initialisation draws from N(0, initializer_range) in f32.
+        if !((self.initializer_range as f32).is_finite() && self.initializer_range >= 0.0) {
+            return Err(format!("`initializer_range` {} must be a finite number >= 0", self.initializer_range));
+        }
         Ok(())
     }
 

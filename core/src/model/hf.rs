@@ -359,7 +359,7 @@ pub fn write_model_files<B: Backend>(model: &Qwen2<B>, dir: &Path, dtype: SaveDt
 pub fn save_random(config: &Qwen2Config, seed: u64, dir: impl AsRef<Path>, dtype: Dtype, companions: Option<&Path>) -> Result<()> {
     config.validate().map_err(|m| Error::InvalidInput(format!("invalid config: {m}")))?;
     let specs = expected_tensors(config);
-    super::weights::fits_in_memory(&specs, dtype)?;
+    super::weights::fits_in_memory(config, &specs, dtype)?;
     let mut source = RandomInit::new(config.initializer_range, seed);
     let tensors = specs
         .into_iter()

@@ -266,7 +266,7 @@ impl<B: Backend> Qwen2<B> {
         let specs = expected_tensors(config);
         match kiln_backends::device::max_buffer::<B>(device) {
             // Host memory (the CPU backends): all the weights.
-            None => fits_in_memory(&specs, dtype)?,
+            None => fits_in_memory(config, &specs, dtype)?,
             // A device's largest buffer: the largest weight (saturating: a huge config is refused,
             // not overflowed).
             Some(_) => {
@@ -372,14 +372,18 @@ impl<B: Backend> ModuleVisitor<B> for Export {
 /// Refuses weights `specs` that cannot fit in the memory available, in `dtype`, before any is
 /// built, with the size `kiln plan` counts for them (a config with `hidden_size` 2^40 is an
 /// error line, not an abort on a petabyte allocation).
-pub(crate) fn fits_in_memory(specs: &[TensorSpec], dtype: Dtype) -> Result<()> {
-    let needed: f64 = specs.iter().map(|s| s.shape.iter().map(|&d| d as f64).product::<f64>()).sum::<f64>() * dtype.size() as f64;
+pub(crate) fn fits_in_memory(config: &Qwen2Config, specs: &[TensorSpec], dtype: Dtype) -> Result<()> {
+    let weights: f64 = specs.iter().map(|s| s.shape.iter().map(|&d| d as f64).product::<f64>()).sum::<f64>() * dtype.size() as f64;
+    // RoPE's cos and sin tables, f32 (`model::rope`).
+    let rope = 2.0 * 4.0 * config.max_position_embeddings as f64 * config.head_dim() as f64;
+    let text = kiln_backends::device::bytes_text;
     match available_memory() {
-        Some(available) if needed > available as f64 => Err(Error::InvalidInput(format!(
-            "the model's weights need {} in {} (as `kiln plan` counts them), more than the {} of memory available",
-            kiln_backends::device::bytes_text(needed),
+        Some(available) if weights + rope > available as f64 => Err(Error::InvalidInput(format!(
+            "the model's weights need {} in {} (as `kiln plan` counts them) and its RoPE tables {}, more than the {} of memory available",
+            text(weights),
             dtype.name(),
-            kiln_backends::device::bytes_text(available as f64)
+            text(rope),
+            text(available as f64)
         ))),
         _ => Ok(()),
     }

@@ -214,6 +214,11 @@ struct Scored {
     reference: Option<Vec<f32>>,
 }
 
+/// The id responses and prompts are padded with: the tokenizer's pad token, else its EOS, else 0.
+pub(crate) fn pad_id(tokenizer: &Tokenizer) -> u32 {
+    tokenizer.pad_id().or_else(|| tokenizer.eos_id()).unwrap_or(0)
+}
+
 impl<B: AutodiffBackend> PolicyGradient<B> {
     /// The objective over `prompts`. `reference` is the frozen initial policy (required when
     /// `settings.kl` is set, and not loaded otherwise).
@@ -233,7 +238,7 @@ impl<B: AutodiffBackend> PolicyGradient<B> {
         if prompts.steps_per_epoch(s.prompts_per_step) == 0 {
             return Err(Error::InvalidInput(format!("{} prompts do not fill one step of {}", prompts.len(), s.prompts_per_step)));
         }
-        let pad_id = tokenizer.pad_id().or_else(|| tokenizer.eos_id()).unwrap_or(0);
+        let pad_id = pad_id(&tokenizer);
         Ok(Self { settings, prompts, signal, reference, tokenizer, eos_ids, pad_id, step_metrics: Map::new(), rank: 0, world: 1 })
     }
 

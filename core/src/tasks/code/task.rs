@@ -104,8 +104,9 @@ impl CodeTaskConfig {
 
 /// Limits of one graded test: LiveCodeBench's, with `timeout_s` per test.
 pub fn limits(timeout_s: f64, stop_at_first_failure: bool) -> Result<Limits> {
-    if !(timeout_s.is_finite() && timeout_s > 0.0) {
-        return Err(Error::InvalidInput(format!("a per-test time limit must be positive, not {timeout_s}")));
+    // (Bounded: the sandbox adds a start-up grace to it and sets deadlines from the time now.)
+    if !(timeout_s > 0.0 && timeout_s <= 1e9) {
+        return Err(Error::InvalidInput(format!("a per-test time limit must be positive and at most 1e9 seconds, not {timeout_s}")));
     }
     Ok(Limits { per_test: Duration::from_secs_f64(timeout_s), stop_at_first_failure, ..Limits::default() })
 }

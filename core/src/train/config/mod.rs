@@ -223,7 +223,10 @@ impl OutputSection {
     pub fn time_budget(&self) -> std::result::Result<Option<std::time::Duration>, String> {
         match self.time_budget_s {
             None => Ok(None),
-            Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(std::time::Duration::from_secs_f64(s))),
+            // (`try_from`: a huge finite budget is an error, not `from_secs_f64`'s panic.)
+            Some(s) if s.is_finite() && s >= 0.0 => std::time::Duration::try_from_secs_f64(s)
+                .map(Some)
+                .map_err(|_| format!("[output] time_budget_s = {s} is more seconds than a duration holds; leave it out for no budget")),
             Some(s) => Err(format!("[output] time_budget_s must be a finite number of seconds >= 0 (got {s})")),
         }
     }
