@@ -268,6 +268,19 @@ fn values_kiln_cannot_run_are_refused_naming_file_and_key() {
     assert!(!out.status.success() && stderr.lines().count() == 1, "{stderr}");
     assert!(stderr.starts_with(&format!("error: {}: algorithm.use_kl_in_reward", path.display())), "{stderr}");
     assert!(!out_path.exists());
+    // Written once; the same import again leaves it; over another file (a hand-edited config)
+    // it is refused and the file kept.
+    let args: Vec<String> = args.into_iter().filter(|a| a != "algorithm.use_kl_in_reward=True").collect();
+    for _ in 0..2 {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln")).args(&args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert!(String::from_utf8(Command::new(env!("CARGO_BIN_EXE_kiln")).args(&args).output().unwrap().stderr).unwrap().contains("run.toml: unchanged"));
+    std::fs::write(&out_path, "# mine\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln")).args(&args).output().unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(!out.status.success() && stderr.lines().count() == 1 && stderr.contains("run.toml: exists and differs"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&out_path).unwrap(), "# mine\n");
 
     // TRL: a second optimisation pass per generation is refused.
     let trl = fixture("config/trl/grpo_config.json");

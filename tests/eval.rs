@@ -357,6 +357,24 @@ fn bad_data_names_file_and_line_and_leaves_outputs_alone() {
     assert!(!out.join("m_metrics.json").exists() && !out.join(".shards/m").exists());
 }
 
+/// `--out` the folder a checkpoint is in, the model named like the checkpoint (as a lone model
+/// is): the scores would replace `<out>/<name>`, the checkpoint itself. Refused before anything
+/// is generated, and the checkpoint is left as it was.
+#[test]
+fn an_out_whose_model_directory_is_a_checkpoint_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = EvalData::load(&test_split(tmp.path(), &[2, 3], 1), THRESHOLD).unwrap();
+    let runs = tmp.path().join("runs");
+    let checkpoint = runs.join("checkpoint-1");
+    random_model(&checkpoint, 3);
+    let before = snapshot(&checkpoint);
+    let models = [ModelEntry { name: "checkpoint-1".into(), path: checkpoint.clone() }];
+    let e = evaluate::<Cpu>(&models, &data, &runs, &settings(1, 4), &Default::default(), |_| {}).unwrap_err().to_string();
+    assert!(e.contains("checkpoint-1") && e.contains("choose another --out"), "{e}");
+    assert_eq!(snapshot(&checkpoint), before, "the checkpoint is untouched");
+    assert!(!runs.join(".shards").exists() && !runs.join("checkpoint-1_metrics.json").exists(), "nothing generated");
+}
+
 fn kiln(args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().unwrap()
 }

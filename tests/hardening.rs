@@ -94,6 +94,16 @@ fn counts_and_time_budgets() {
     }
     fails_with(&["quickstart", "--out", s(&out), "--steps", "0"], &["--steps"]);
     assert!(!out.exists(), "nothing is written for bad arguments");
+    // Another model, or a config the quickstart did not write, where it writes its own: refused
+    // before anything is written, and left as they were.
+    std::fs::create_dir_all(out.join("model")).unwrap();
+    std::fs::write(out.join("model/config.json"), "{\"mine\": 1}").unwrap();
+    fails_with(&["quickstart", "--out", s(&out)], &[s(&out.join("model/config.json")), "exists with other contents"]);
+    std::fs::remove_dir_all(out.join("model")).unwrap();
+    std::fs::write(out.join("pretrain.toml"), "# mine\n").unwrap();
+    fails_with(&["quickstart", "--out", s(&out)], &[s(&out.join("pretrain.toml")), "not written by `kiln quickstart`"]);
+    assert_eq!(std::fs::read_to_string(out.join("pretrain.toml")).unwrap(), "# mine\n");
+    assert_eq!(listing(&out), ["pretrain.toml"], "nothing else written");
 
     let run = tmp.path().join("run.toml");
     for budget in ["-5.0", "nan", "inf", "-inf"] {
@@ -302,6 +312,24 @@ fn resuming_with_optimizer_state_of_another_model() {
 
     // Nothing already written was touched by the failed resumes.
     assert_eq!(listing(), written);
+}
+
+/// A run that died before its first checkpoint leaves only its `metrics.jsonl`: starting the run
+/// again (fresh, there being no checkpoint) keeps those records as `metrics.jsonl.prev` rather
+/// than deleting them.
+#[test]
+fn a_fresh_start_keeps_the_earlier_metrics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = two_step_sft_run(tmp.path(), 2);
+    let out = tmp.path().join("out");
+    std::fs::remove_dir_all(out.join("checkpoint-2")).unwrap();
+    let earlier = std::fs::read(out.join("metrics.jsonl")).unwrap();
+    assert!(!earlier.is_empty());
+    ok(&["sft", "--config", s(&run)]);
+    assert_eq!(listing(&out), [".kiln.lock", "checkpoint-2", "metrics.jsonl", "metrics.jsonl.prev"]);
+    assert_eq!(std::fs::read(out.join("metrics.jsonl.prev")).unwrap(), earlier, "the earlier records are kept as they were");
+    let steps: Vec<u64> = losses(&out.join("metrics.jsonl")).iter().map(|(step, _)| *step).collect();
+    assert_eq!(steps, [1, 2], "the new run's log holds its own steps");
 }
 
 /// A latest checkpoint that cannot be loaded is kept aside (renamed, not deleted) and the run

@@ -201,15 +201,20 @@ fn trim_number(x: f64) -> String {
 
 type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;
 
-/// Creates the SVG at `path`, runs `body` on its white drawing area and writes it.
+/// Draws the SVG in memory (`body` on its white drawing area), then writes it to `path`
+/// atomically: a failed or killed plot leaves the earlier file as it was.
 fn draw(path: &Path, body: impl FnOnce(&DrawingArea<SVGBackend, Shift>) -> DrawResult) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| plot_error(path, e))?;
-    body(&root).map_err(|e| plot_error(path, e))?;
-    root.present().map_err(|e| plot_error(path, e))
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| plot_error(path, e))?;
+        body(&root).map_err(|e| plot_error(path, e))?;
+        root.present().map_err(|e| plot_error(path, e))?;
+    }
+    crate::io::write_atomic(path, &svg)
 }
 
 #[cfg(test)]

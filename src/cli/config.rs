@@ -54,7 +54,8 @@ enum ConfigCommand {
         /// TRL: rl (GRPOConfig) or sft (SFTConfig); default: from the keys.
         #[arg(long, value_parser = parse_kind)]
         kind: Option<RunKind>,
-        /// Where to write the TOML (default: stdout).
+        /// Where to write the TOML (default: stdout); a file already there is never overwritten
+        /// (the same import again leaves it as it is).
         #[arg(long)]
         out: Option<PathBuf>,
     },
@@ -112,6 +113,16 @@ pub fn run(args: ConfigArgs) -> Result<()> {
                 Source::Verl => "verl 0.9.1",
                 Source::Trl => "TRL 1.16",
             });
+            let toml = imported.to_toml(&source);
+            // Never over another file (a hand-edited config, or the source itself); the same
+            // import again finds the same text and leaves it.
+            let unchanged = match &out {
+                Some(path) if path.exists() => match std::fs::read_to_string(path) {
+                    Ok(existing) if existing == toml => true,
+                    _ => bail!("{}: exists and differs; `kiln config import` never overwrites (give a new --out, or remove it first)", path.display()),
+                },
+                _ => false,
+            };
             let r = &imported.report;
             for (key, why) in &r.ignored {
                 eprintln!("ignored: {key} ({why})");
@@ -130,9 +141,9 @@ pub fn run(args: ConfigArgs) -> Result<()> {
                 r.unknown.len(),
                 r.at_defaults
             );
-            let toml = imported.to_toml(&source);
             match out {
-                Some(path) => std::fs::write(&path, toml).with_context(|| format!("{}", path.display()))?,
+                Some(path) if unchanged => eprintln!("{}: unchanged", path.display()),
+                Some(path) => kiln::io::write_atomic(&path, &toml)?,
                 None => print!("{toml}"),
             }
             Ok(())

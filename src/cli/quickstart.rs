@@ -75,6 +75,12 @@ impl TrainJob for QuickstartJob {
     fn run<B: AutodiffBackend>(self, device: B::Device) -> Result<()> {
         let args = self.0;
         let out = &args.out;
+        // What is already in `out` and not the quickstart's is refused before anything is written.
+        kiln::tasks::interplay::tiny_model::check_tiny_model(&out.join("model"))?;
+        let config_path = out.join("pretrain.toml");
+        if std::fs::read_to_string(&config_path).is_ok_and(|text| !text.starts_with(CONFIG_HEADER)) {
+            anyhow::bail!("{}: exists and was not written by `kiln quickstart`; choose another --out", config_path.display());
+        }
         std::fs::create_dir_all(out).with_context(|| out.display().to_string())?;
 
         eprintln!("[1/4] data: Interplay problems, op 2-4, in {}", out.join("data").display());
@@ -93,9 +99,8 @@ impl TrainJob for QuickstartJob {
 
         let budget = args.minutes.map(|m| format!(" or {m} minutes")).unwrap_or_default();
         eprintln!("[3/4] pre-training ({} steps{budget}) into {}", args.steps, out.join("release/pretrain").display());
-        let config_path = out.join("pretrain.toml");
         let toml = pretrain_toml(args.steps, args.minutes);
-        std::fs::write(&config_path, &toml)?;
+        kiln::io::write_atomic(&config_path, &toml)?;
         let config = RunConfig::from_toml(&config_path, &toml)?;
         let bar = progress::steps(args.steps);
         bar.set_message("loss -");
@@ -214,6 +219,9 @@ fn pretrain_toml(steps: u64, minutes: Option<f64>) -> String {
         None => toml.lines().filter(|l| !l.starts_with("time_budget_s")).map(|l| format!("{l}\n")).collect(),
     }
 }
+
+/// The first line of the quickstart's `pretrain.toml` (a rerun rewrites only such a file).
+const CONFIG_HEADER: &str = "# Written by `kiln quickstart`";
 
 fn pretrain_template(steps: u64, minutes: f64) -> String {
     format!(

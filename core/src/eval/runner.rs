@@ -202,6 +202,10 @@ fn run_replica<B: Backend>(
     if settings.samples == 0 || settings.shard_prompts == 0 {
         return Err(Error::InvalidInput("samples and shard size must be at least 1".into()));
     }
+    // Every replica, so that all of them stop (read-only: a directory another node lacks is fine).
+    for entry in models {
+        evaluation.check_out(out, &entry.name)?;
+    }
     let main = replica.is_main();
     if main {
         std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;

@@ -63,6 +63,13 @@ pub trait Evaluation {
     /// model is skipped, and re-evaluating one removes it first.
     fn finished_marker(&self, out: &Path, model: &str) -> PathBuf;
 
+    /// Called for every model before anything is evaluated: refuses an `out` where `model`'s files
+    /// would replace something the task did not write (Interplay: a checkpoint directory named
+    /// like the model).
+    fn check_out(&self, _out: &Path, _model: &str) -> Result<()> {
+        Ok(())
+    }
+
     /// Called once per run before the first model is finished (Interplay: the gold graphs).
     fn prepare(&self, _out: &Path) -> Result<()> {
         Ok(())

@@ -128,9 +128,15 @@ pub fn all_named(dir: &Path, run: Option<&str>) -> Result<Vec<(u64, PathBuf)>> {
 /// Moves a checkpoint that cannot be loaded out of the run's way, to `<name>.corrupt` (or
 /// `<name>.corrupt-2`, …), keeping it for inspection; returns where it went.
 pub fn set_aside(path: &Path) -> Result<PathBuf> {
+    set_aside_as(path, "corrupt")
+}
+
+/// Moves `path` to `<name>.<tag>` (or `<name>.<tag>-2`, …, the first that is free); returns
+/// where it went.
+pub fn set_aside_as(path: &Path, tag: &str) -> Result<PathBuf> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let aside = (1..)
-        .map(|i| path.with_file_name(if i == 1 { format!("{name}.corrupt") } else { format!("{name}.corrupt-{i}") }))
+        .map(|i| path.with_file_name(if i == 1 { format!("{name}.{tag}") } else { format!("{name}.{tag}-{i}") }))
         .find(|p| !p.exists())
         .expect("an unused name");
     std::fs::rename(path, &aside).map_err(|e| Error::io(path, e))?;

@@ -85,7 +85,9 @@ pub struct MetricsLog {
 
 impl MetricsLog {
     /// Opens `path` for appending. Records of steps after `resume_step` (left by a run that died
-    /// after its last checkpoint) are dropped first, so a resumed run's log reads as one run.
+    /// after its last checkpoint) are dropped first, so a resumed run's log reads as one run. A
+    /// fresh start (`None`) keeps an earlier run's records beside it, at `<name>.prev` (or
+    /// `.prev-2`, …): a run that died before its first checkpoint leaves nothing else.
     pub fn open(path: &Path, resume_step: Option<u64>) -> Result<Self> {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
@@ -103,6 +105,9 @@ impl MetricsLog {
                     }
                 }
                 crate::io::write_atomic(path, &kept)?;
+            }
+            None if path.metadata().is_ok_and(|m| m.is_file() && m.len() > 0) => {
+                super::checkpoint::set_aside_as(path, "prev")?;
             }
             None if path.is_file() => std::fs::remove_file(path).map_err(|e| Error::io(path, e))?,
             _ => {}

@@ -37,14 +37,41 @@ pub const PAPER_TOKENIZER_FILES: [(&str, &str); 3] = [
     ("special_tokens_map.json", include_str!("../../../data/interplay/qwen2_100M/special_tokens_map.json")),
 ];
 
-/// Writes [`TINY_CONFIG`] and the paper's tokenizer files into `dir` (created if missing).
+/// Writes [`TINY_CONFIG`] and the paper's tokenizer files into `dir` (created if missing). Files
+/// already there with the same contents (an earlier run's) are left; see [`check_tiny_model`].
 pub fn write_tiny_model(dir: &Path) -> Result<()> {
+    check_tiny_model(dir)?;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    for (name, text) in [("config.json", TINY_CONFIG)].into_iter().chain(PAPER_TOKENIZER_FILES) {
+    for (name, text) in tiny_model_files() {
         let path = dir.join(name);
-        std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
+        if !path.exists() {
+            crate::io::write_atomic(&path, text)?;
+        }
     }
     Ok(())
+}
+
+/// Refuses a `dir` whose model files differ from [`write_tiny_model`]'s (another model's, which
+/// it would replace); nothing there, or the same files, is fine.
+pub fn check_tiny_model(dir: &Path) -> Result<()> {
+    for (name, text) in tiny_model_files() {
+        let path = dir.join(name);
+        match std::fs::read_to_string(&path) {
+            Ok(existing) if existing != text => {
+                return Err(Error::InvalidInput(format!(
+                    "{}: exists with other contents (another model's?), which the tiny model's would replace; choose another output directory",
+                    path.display()
+                )));
+            }
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io(&path, e)),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn tiny_model_files() -> impl Iterator<Item = (&'static str, &'static str)> {
+    [("config.json", TINY_CONFIG)].into_iter().chain(PAPER_TOKENIZER_FILES)
 }
 
 #[cfg(test)]

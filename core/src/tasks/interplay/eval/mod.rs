@@ -45,6 +45,25 @@ fn gold_dir(out: &Path) -> PathBuf {
     out.join(".gold")
 }
 
+/// Refuses a `<out>/<model>` that holds anything but the strict scores this module writes there
+/// (`*.graph_results.jsonl`, `*_score_report.jsonl`, `results.json`; hidden files aside: partial
+/// writes), since scoring replaces that directory: `--out` the folder of the checkpoint being
+/// evaluated made it the checkpoint itself.
+fn check_results_dir(dir: &Path) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(()) };
+    for entry in entries {
+        let name = entry.map_err(|e| Error::io(dir, e))?.file_name().to_string_lossy().into_owned();
+        let ours = name.starts_with('.') || name == "results.json" || name.ends_with(".graph_results.jsonl") || name.ends_with("_score_report.jsonl");
+        if !ours {
+            return Err(Error::InvalidInput(format!(
+                "{}: holds {name}, which kiln's scores did not write, and the model's scores would replace the directory; choose another --out (or name the model otherwise)",
+                dir.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl Evaluation for EvalData {
     fn parts(&self) -> Vec<Part<'_>> {
         Subset::BOTH.iter().map(|s| Part { name: s.name(), items: &self.items[s.index()] }).collect()
@@ -70,6 +89,10 @@ impl Evaluation for EvalData {
 
     fn finished_marker(&self, out: &Path, model: &str) -> PathBuf {
         metrics_path(out, model)
+    }
+
+    fn check_out(&self, out: &Path, model: &str) -> Result<()> {
+        check_results_dir(&out.join(model))
     }
 
     fn prepare(&self, out: &Path) -> Result<()> {
@@ -135,6 +158,7 @@ impl ModelFiles<'_> {
         let files: Vec<PathBuf> = Subset::BOTH.iter().map(|&s| self.out.join(generations_name(self.name, s))).collect();
         stage("scoring");
         let results_dir = self.out.join(self.name);
+        check_results_dir(&results_dir)?;
         remove_dir(&results_dir)?;
         let options = ScoreOptions { overwrite: true, ..ScoreOptions::default() };
         for file in &files {
