@@ -149,11 +149,14 @@ impl TrainJob for TrainBenchJob {
         let mut step_times = Vec::new();
         let mut rss = Vec::new();
         let mut memory = DeviceMemory::default();
+        let bar = super::progress::with_eta(steps, "steps");
         train(start, &mut objective, &loop_config, |_| Ok(Default::default()), |record| {
+            bar.inc(1);
             step_times.push(kiln::train::metrics::STEP_S.get(record).unwrap_or(f64::NAN));
             rss.extend(kiln::train::metrics::RSS_MIB.get(record));
             memory.sample::<B>(&device);
         })?;
+        bar.finish_and_clear();
         std::fs::remove_dir_all(&out).ok();
         let mut timed = step_times[2..].to_vec();
         timed.sort_by(f64::total_cmp);
@@ -249,10 +252,13 @@ fn generation_figures<B: Backend>(model: &Qwen2<B>, args: &BenchArgs, sampler: S
     let sequences = prompts.len() * samples;
     let mut engine = Engine::new(model, None);
     engine.max_batch_size = sequences;
+    // A warm-up, then a prefill-only and a whole generation per repeat.
+    let bar = super::progress::with_eta(1 + 2 * args.repeats.max(1) as u64, "runs");
     let time = |new_tokens: usize| -> Result<(f64, StepTimes)> {
         let params = SamplingParams { n: samples, sampler, max_new_tokens: new_tokens, ignore_eos: true, ..Default::default() };
         let start = Instant::now();
         let out = engine.generate(&prompts, &params, |_| {})?;
+        bar.inc(1);
         assert!(out.iter().flatten().all(|c| c.token_ids.len() == new_tokens));
         Ok((start.elapsed().as_secs_f64(), engine.step_times()))
     };
@@ -265,6 +271,7 @@ fn generation_figures<B: Backend>(model: &Qwen2<B>, args: &BenchArgs, sampler: S
             (total, steps) = (t, s);
         }
     }
+    bar.finish_and_clear();
     // On the CPU backend the host does everything; elsewhere, the share of a decoding step the
     // host was busy (not waiting for the device's sampled tokens): the goal is under 10%.
     let host_share = (args.backend != DeviceSpec::Cpu).then(|| steps.host_share());

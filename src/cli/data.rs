@@ -97,7 +97,7 @@ fn interplay(args: InterplayArgs) -> Result<()> {
     if args.per_op == 0 {
         bail!("--per-op must be at least 1");
     }
-    let bar = progress::bar((args.ops.0.len() * args.per_op) as u64, "rows");
+    let bar = progress::with_eta((args.ops.0.len() * args.per_op) as u64, "rows");
     let start = Instant::now();
     let report = write_split(
         &args.out,

@@ -249,13 +249,14 @@ impl ReplicaJob for EvalJob {
                     }
                     progress::counter(total as u64, "samples")
                 });
-                bar.set_position(done as u64);
                 let seconds = started.elapsed().as_secs_f64().max(1e-9);
-                bar.set_message(format!(
-                    "{:.1} samples/s, {:.0} tokens/s",
-                    new_samples as f64 / seconds,
-                    new_tokens as f64 / seconds
-                ));
+                // The rates count this run's samples only (not those resumed from disk); on a
+                // terminal the time left from them too (without one, the plain line has it).
+                let rate = new_samples as f64 / seconds;
+                let left = std::time::Duration::try_from_secs_f64(total.saturating_sub(done) as f64 / rate).ok().filter(|_| bar.on_terminal());
+                let eta = left.map(|d| format!(", ETA {}", progress::clock(d))).unwrap_or_default();
+                bar.set_message(format!("{rate:.1} samples/s, {:.0} tokens/s{eta}", new_tokens as f64 / seconds));
+                bar.set_position(done as u64);
             }
             EvalEvent::Stage { name, stage } => {
                 if let Some(bar) = bar.take() {

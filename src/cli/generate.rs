@@ -179,7 +179,7 @@ impl Job for GenerateJob {
             true => Some(prompts_logprobs(&model, &prompt_ids, engine.max_batch_size)?),
             false => None,
         };
-        let bar = progress::bar((prompt_ids.len() * args.n) as u64, "samples");
+        let bar = progress::with_eta((prompt_ids.len() * args.n) as u64, "samples");
         let results = engine.generate(&prompt_ids, &params, |p| {
             bar.set_position(p.finished as u64);
             bar.set_message(format!("{} tokens", p.tokens));

@@ -43,11 +43,6 @@ fn styled(total: u64, template: &str) -> Bar {
     Bar { bar, unit, plain: Arc::new(Mutex::new(Plain { started: (now, 0), first: None, last_line: now })) }
 }
 
-/// A bar counting `total` items of `unit`, showing throughput.
-pub fn bar(total: u64, unit: &str) -> Bar {
-    styled(total, &format!("{{elapsed_precise}} [{{bar:30}}] {{pos}}/{{len}} {unit} ({{per_sec}}) {{msg}}"))
-}
-
 /// A bar counting `total` items of `unit` whose message carries the rates (for work that resumes,
 /// where indicatif's own rate would count the resumed part).
 pub fn counter(total: u64, unit: &str) -> Bar {
@@ -55,7 +50,6 @@ pub fn counter(total: u64, unit: &str) -> Bar {
 }
 
 /// A bar counting `total` items of `unit`, with the rate and the time left.
-#[cfg_attr(not(feature = "code"), allow(dead_code))]
 pub fn with_eta(total: u64, unit: &str) -> Bar {
     styled(total, &format!("{{elapsed_precise}} [{{bar:30}}] {{pos}}/{{len}} {unit} ({{per_sec}}, ETA {{eta}}) {{msg}}"))
 }
@@ -80,11 +74,18 @@ impl Bar {
         self.bar.set_length(total);
     }
 
-    /// Starts counting again at `position` (the ETA measured afresh).
+    /// Starts counting again at `position` (the ETA measured afresh: a resumed run's jump, or
+    /// the setup before the first unit, does not count).
     pub fn restart_at(&self, position: u64) {
         self.bar.set_position(position);
+        self.bar.reset_eta();
         let now = Instant::now();
         *self.plain.lock().unwrap_or_else(|e| e.into_inner()) = Plain { started: (now, position), first: None, last_line: now };
+    }
+
+    /// Whether the bar is drawn on a terminal (without one, its plain lines carry an ETA).
+    pub fn on_terminal(&self) -> bool {
+        !self.bar.is_hidden()
     }
 
     pub fn set_position(&self, position: u64) {
@@ -161,7 +162,7 @@ mod tests {
 
     #[test]
     fn the_unit_comes_from_the_template() {
-        assert_eq!(bar(3, "rows").unit, "rows");
+        assert_eq!(counter(3, "rows").unit, "rows");
         assert_eq!(steps(3).unit, "steps");
         assert_eq!(with_eta(3, "completions").unit, "completions");
     }

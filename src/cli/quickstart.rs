@@ -87,7 +87,7 @@ impl TrainJob for QuickstartJob {
         let data = out.join("data");
         for (split, per_op) in [(Split::Train, 2000), (Split::Val, 40), (Split::Test, 30)] {
             if !data.join(split.name()).is_dir() {
-                let bar = progress::bar((3 * per_op) as u64, "rows");
+                let bar = progress::with_eta((3 * per_op) as u64, "rows");
                 let report = write_split(&data, split, &[2, 3, 4], per_op, 1, || bar.inc(1))?;
                 bar.finish_and_clear();
                 eprintln!("      {}: {} rows", split.name(), report.rows);
@@ -158,7 +158,7 @@ impl TrainJob for QuickstartJob {
             batch_size: 128,
             ..EvalSettings::default()
         };
-        let bar = progress::bar((data.id.len() * settings.samples) as u64, "samples");
+        let bar = progress::with_eta((data.id.len() * settings.samples) as u64, "samples");
         let outcomes = evaluate::<B::InnerBackend>(&models, &data, &evals, &settings, &device, |event| {
             if let kiln::eval::EvalEvent::Generating { done, .. } = event {
                 bar.set_position(done as u64);

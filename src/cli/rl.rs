@@ -102,7 +102,10 @@ impl ReplicaJob for RlJob {
     type Output = Result<()>;
 
     fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<()> {
-        let bar = progress::bar(0, "steps");
+        let bar = progress::with_eta(0, "steps");
+        // The ETA is measured from the first step reported (not the setup and the first
+        // validation, nor a resumed run's earlier steps).
+        let mut first = true;
         let mut validation = String::new();
         let summary = kiln::rl::run::run_replicated::<B>(
             &self.config,
@@ -127,8 +130,10 @@ impl ReplicaJob for RlJob {
             },
             |record| {
                 let number = |m: Metric| m.get(record);
-                if let Some(step) = record.get(metric::STEP.key()).and_then(Value::as_u64) {
-                    bar.set_position(step);
+                match record.get(metric::STEP.key()).and_then(Value::as_u64) {
+                    Some(step) if std::mem::take(&mut first) => bar.restart_at(step),
+                    Some(step) => bar.set_position(step),
+                    None => {}
                 }
                 if let (Some(id), ood) = (number(metric::VAL_ACCURACY_ID), number(metric::VAL_ACCURACY_OOD)) {
                     validation = format!("val id {id:.3}{} ", ood.map(|o| format!(" ood {o:.3}")).unwrap_or_default());

@@ -73,7 +73,10 @@ impl ReplicaJob for RunJob {
     type Output = Result<()>;
 
     fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<()> {
-        let bar = progress::bar(0, "steps");
+        let bar = progress::with_eta(0, "steps");
+        // The ETA is measured from the first step reported (not the setup, nor a resumed run's
+        // earlier steps).
+        let mut first = true;
         // The latest held-out loss stays on the line until the next evaluation: `eval 1.2345@60`.
         let mut last_eval: Option<(f64, u64)> = None;
         let summary = kiln::train::run::run_replicated::<B>(
@@ -92,8 +95,10 @@ impl ReplicaJob for RunJob {
             },
             |record| {
                 let step = record.get(metric::STEP.key()).and_then(Value::as_u64);
-                if let Some(step) = step {
-                    bar.set_position(step);
+                match step {
+                    Some(step) if std::mem::take(&mut first) => bar.restart_at(step),
+                    Some(step) => bar.set_position(step),
+                    None => {}
                 }
                 let number = |m: Metric| m.get(record);
                 let mut message = String::new();
