@@ -82,14 +82,7 @@ fn prepare<'a, B: AutodiffBackend>(
     let tokenizer = Tokenizer::from_file(&tokenizer_dir)?;
     let model_config = Qwen2Config::from_file(from.join("config.json"))?;
     let eos_ids = model_eos_ids(from, &model_config, Some(&tokenizer))?;
-    // As pretraining and SFT check their pad id (`train::run`): it is looked up in the embedding.
-    let (pad, vocab) = (super::objective::pad_id(&tokenizer), model_config.vocab_size);
-    if pad as usize >= vocab {
-        return Err(Error::config(&tokenizer_dir, format!(
-            "the tokenizer's pad id {pad} is outside the model's vocabulary ({} has vocab_size {vocab}); name a pad_token inside it in tokenizer_config.json",
-            from.join("config.json").display()
-        )));
-    }
+    crate::train::run::check_pad_id(super::objective::pad_id(&tokenizer), &model_config, &from.join("config.json"))?;
 
     let task = config.task.build()?;
     let files = task.files(data.dir.as_deref(), &data.ops, &data.files)?;

@@ -296,6 +296,18 @@ fn fit_cutoff(data: &DataSection, (model, path): &(Qwen2Config, PathBuf)) -> Res
     }
 }
 
+/// The pad id is looked up in the embedding: it must lie inside the model's vocabulary (`model`,
+/// read from `path`); pretraining, SFT and RL check it before anything runs.
+pub(crate) fn check_pad_id(pad_id: u32, model: &Qwen2Config, path: &Path) -> Result<()> {
+    let vocab = model.vocab_size;
+    if pad_id as usize >= vocab {
+        return Err(Error::config(path, format!(
+            "the tokenizer's pad id {pad_id} is outside the model's vocabulary (vocab_size {vocab}); name a pad_token inside it in tokenizer_config.json"
+        )));
+    }
+    Ok(())
+}
+
 /// Every training sample fits the model: ids (and the pad id) below its `vocab_size`, at most
 /// its context long (SFT rows without `max_length`).
 fn check_samples<'a>(samples: impl IntoIterator<Item = &'a Sample>, data: &DataSection, (model, path): &(Qwen2Config, PathBuf), pad_id: u32) -> Result<()> {
@@ -309,9 +321,7 @@ fn check_samples<'a>(samples: impl IntoIterator<Item = &'a Sample>, data: &DataS
         DataSection::Sft(_) => format!("row {}", i + 1),
         _ => format!("packed block {}", i + 1),
     };
-    if pad_id as usize >= vocab {
-        return Err(Error::config(path, format!("the tokenizer's pad id {pad_id} is outside the model's vocabulary (vocab_size {vocab})")));
-    }
+    check_pad_id(pad_id, model, path)?;
     for (i, sample) in samples.into_iter().enumerate() {
         if let Some(&bad) = sample.ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(Error::data(&source, None, format!(
