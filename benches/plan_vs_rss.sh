@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `kiln plan` against measured peak memory on the CPU: for each case, one fresh
-# `kiln bench --train` process (its peak RSS, the kernel's high-water mark, minus the RSS of the
+# `kiln bench --train` process (its peak RSS, the kernel's high-water mark, less the pages that map
+# files such as the binary, whose residency depends on the page cache, minus the same figure of the
 # same process with a model of a few hundred parameters) next to the plan's training peak.
 # Usage: benches/plan_vs_rss.sh [KILN_BIN] [CONFIG...]   (defaults: target/release/kiln, the
 # tiny and 100M configs). Takes minutes for the 100M model; run on a quiet machine.
@@ -18,7 +19,7 @@ open(sys.argv[1] + "/empty.json", "w").write('{"vocab_size": 16, "hidden_size": 
 PY
 CONFIGS=("$@")
 [ ${#CONFIGS[@]} -gt 0 ] || CONFIGS=("$TMP/tiny.json" tests/fixtures/interplay/qwen2_100M/config.json)
-peak() { MIMALLOC_PURGE_DELAY=0 RAYON_NUM_THREADS=1 "$KILN" bench --train --repeats 1 --config "$1" --batch "$2" --prompt-len "$3" --precision "$4" ${5:+--recompute} | python3 -c 'import json,sys; print(json.load(sys.stdin)["peak_rss_mib"])'; }
+peak() { MIMALLOC_PURGE_DELAY=0 RAYON_NUM_THREADS=1 "$KILN" bench --train --repeats 1 --config "$1" --batch "$2" --prompt-len "$3" --precision "$4" ${5:+--recompute} | python3 -c 'import json,sys; d = json.load(sys.stdin); print(d["peak_rss_mib"] - d["file_rss_mib"])'; }
 planned() { "$KILN" plan --json --backend cpu --config "$1" --batch "$2" --seq "$3" --precision "$4" ${5:+--recompute} | python3 -c 'import json,sys; print(json.load(sys.stdin)["training_peak"] / 2**20)'; }
 BASE=$(peak "$TMP/empty.json" 1 4 f32 "")
 printf 'process without a model: %.1f MiB\n' "$BASE"

@@ -109,16 +109,18 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
     let t = request.seq as f64;
     let tokens = batch as f64 * t;
 
-    // The CPU's fused f32 kernels keep no T × T scores: q, k, v after RoPE, the attention output
-    // and one log-sum-exp per head; the MLP's gate, up and product (≈ 14 · i measured); and
-    // ≈ 17 hidden-sized f32 tensors (the norms' inputs and outputs, residual sums, projection
-    // outputs; 68 · h). The i and h terms were fitted on training steps of the tiny model with
-    // 4 and 8 layers and 512 and 1024 intermediate sizes (peak RSS, one thread).
+    // The CPU's fused f32 kernels keep no T × T scores: per token and layer about three
+    // hidden-sized, 3.4 intermediate-sized and 3.75 query-sized f32 tensors (the norms' inputs and
+    // outputs, the MLP's gate, up and product, q before and after RoPE, attention's output) and
+    // K and V: 12.5 · h + 13.5 · i + 15 · q + 4 · kv bytes, fitted by `benches/plan_fit.py` on
+    // 24 shapes from 1.3M to 100M parameters (peak RSS, one thread; each within ±6.5%).
     // bf16-mixed on a CPU with bf16 products keeps f32 activations (`Qwen2::with_compute_dtype`)
-    // and no bf16 weight copies: the products read the f32 weights.
+    // and no bf16 weight copies: the products read the f32 weights, and their backward passes
+    // round the logits' gradient and the MLP's product to bf16 (2 · (v + i) bytes a token,
+    // fitted the same way; each within ±7.5%).
     let fused = request.cpu_kernels && (p.compute() == Dtype::F32 || (p == Precision::Bf16Mixed && crate::model::fused::cpu_bf16_products()));
     let per_token_layer = if fused {
-        68.0 * h + 14.0 * i + 4.0 * (q + 2.0 * kv) + 4.0 * q + 4.0 * heads
+        12.5 * h + 13.5 * i + 15.0 * q + 4.0 * kv
     } else if request.recompute {
         // (Recomputation keeps no RoPE input either way.)
         let half = if p.compute().is_half() { 4.0 * (q + 2.0 * kv) } else { 0.0 };
@@ -128,10 +130,13 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
         2.0 * (4.0 * h + s * h) + rope + 4.0 * (q + 2.0 * kv) + 4.0 * (q + heads) + s * q + 5.0 * s * i
     };
     let activations_per_layer = per_token_layer * tokens;
-    // The head: on the fused CPU path the final norm's input and output, the logits and one
-    // log-sum-exp per token; elsewhere the chunked head (`model::head_loss`) keeps no logits,
-    // only the norm's input and output and one log-sum-exp per token.
-    let head = if fused { tokens * (8.0 * h + 4.0 * v + 4.0) } else { tokens * (4.0 * h + s * h + 4.0) };
+    // The head: on the fused CPU path the final norm's input and output, the logits and what
+    // their loss keeps (28 · h + 6 · v bytes a token, fitted as above; with the logits' gradient
+    // below, 10 · v), plus the bf16 rounding of the backward products; elsewhere the chunked head
+    // (`model::head_loss`) keeps no logits, only the norm's input and output and one log-sum-exp
+    // per token.
+    let bf16_rounding = if fused && p.compute() != Dtype::F32 { 2.0 * (v + i) } else { 0.0 };
+    let head = if fused { tokens * (28.0 * h + 6.0 * v + bf16_rounding) } else { tokens * (4.0 * h + s * h + 4.0) };
     let weights = params * p.weights().size() as f64;
     let copy = if p.compute() != p.weights() && !fused { params * p.compute().size() as f64 } else { 0.0 };
     let state = 2.0 * params * p.weights().size() as f64;

@@ -176,6 +176,7 @@ impl TrainJob for TrainBenchJob {
             "rss_mib_first_last": [rss.first(), rss.last()],
             "recompute": args.recompute,
             "peak_rss_mib": kiln::train::metrics::peak_rss_mib(),
+            "file_rss_mib": kiln::train::metrics::file_rss_mib(),
             "device_memory": memory.figures(),
             "autotune": autotune(args.backend),
         });

@@ -42,10 +42,12 @@ pub fn k_values(max_samples: u64, max_k: Option<u64>) -> Vec<u64> {
     }
     let target = max_k.filter(|&k| k > 0).unwrap_or(max_samples).max(1);
     let mut ks = vec![1];
-    let mut cur = 2;
+    let mut cur: u64 = 2;
     while cur < target {
         ks.push(cur);
-        cur *= 2;
+        // Python's ints do not overflow: past 2^63 no further power of two is below a u64 target.
+        let Some(next) = cur.checked_mul(2) else { break };
+        cur = next;
     }
     if *ks.last().expect("non-empty") != target {
         ks.push(target);
@@ -129,6 +131,10 @@ mod tests {
         assert_eq!(k_values(5, Some(5)), vec![1, 2, 4, 5]);
         assert_eq!(k_values(5, Some(128)), vec![1, 2, 4]);
         assert_eq!(k_values(128, Some(128)), vec![1, 2, 4, 8, 16, 32, 64, 128]);
+        // `--sample-k` near 2^64: the doubling stops at 2^63 (it wrapped to 0 and never ended).
+        assert_eq!(k_values(5, Some(u64::MAX)), vec![1, 2, 4]);
+        let all = k_values(u64::MAX, Some(u64::MAX));
+        assert_eq!((all.len(), all[63], all[64]), (65, 1 << 63, u64::MAX));
         let series = pass_series(&[(5, 1), (4, 4)], Some(5));
         assert_eq!(
             series.iter().map(|s| s.0).collect::<Vec<_>>(),

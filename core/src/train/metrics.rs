@@ -138,6 +138,13 @@ pub fn peak_rss_mib() -> Option<f64> {
     status_mib("VmHWM:")
 }
 
+/// The part of this process's resident set that maps files (its binary and libraries) rather
+/// than memory it allocated, in MiB (Linux; `None` elsewhere). How much of a large binary is
+/// resident depends on the page cache, so peaks compare better without it.
+pub fn file_rss_mib() -> Option<f64> {
+    status_mib("RssFile:")
+}
+
 fn status_mib(key: &str) -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with(key))?;
