@@ -29,6 +29,7 @@ fn main() {
     keep_freed_memory();
     // A failing device thread is reported once, as the command's error (kiln::backends::device).
     kiln::backends::device::watch();
+    cli::progress::report_library_stages();
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) if matches!(err.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => err.exit(),

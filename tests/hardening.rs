@@ -521,6 +521,8 @@ fn progress_without_a_terminal_is_plain_lines_with_an_eta() {
     let lines: Vec<&str> = stderr.lines().filter(|l| l.contains(" steps after ") && l.contains(", ETA ")).collect();
     assert!(lines.iter().any(|l| l.trim_start().starts_with("3/3 steps after")), "{stderr}");
     assert!(lines.iter().any(|l| l.contains("ETA 0s")), "the last step's ETA is nothing left: {stderr}");
+    // Data preparation, which has no step, reports as a stage of its own.
+    assert!(stderr.lines().any(|l| l.trim_start().starts_with("6/6 rows after") && l.ends_with("rendering chat rows")), "{stderr}");
 }
 
 #[test]

@@ -358,6 +358,39 @@ fn run(work: &Path, text: &str, method: Method, resume: bool) -> kiln::Result<ki
     kiln::rl::run::<B>(&config, method, &Default::default(), resume, |_| {}, |_| {})
 }
 
+/// The library's progress stages, recorded (the reporter is global: other tests' stages land
+/// here too, so each test picks its own by name).
+#[derive(Clone, Default)]
+struct Stages(std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>, String);
+
+impl Stages {
+    fn install() -> Self {
+        let stages = Self::default();
+        kiln::progress::set_reporter(Some(std::sync::Arc::new(stages.clone())));
+        stages
+    }
+
+    fn of(&self, what: &str) -> Vec<String> {
+        self.0.lock().unwrap().iter().filter(|(w, _)| w == what).map(|(_, e)| e.clone()).collect()
+    }
+}
+
+impl kiln::progress::Reporter for Stages {
+    fn start(&self, what: &str, total: u64, unit: &str) -> Box<dyn kiln::progress::StageSink> {
+        self.0.lock().unwrap().push((what.to_owned(), format!("start {total} {unit}")));
+        Box::new(Stages(self.0.clone(), what.to_owned()))
+    }
+}
+
+impl kiln::progress::StageSink for Stages {
+    fn set_position(&self, position: u64) {
+        self.0.lock().unwrap().push((self.1.clone(), format!("at {position}")));
+    }
+    fn finish(&self) {
+        self.0.lock().unwrap().push((self.1.clone(), "finish".to_owned()));
+    }
+}
+
 /// Metrics without wall-clock measurements.
 fn deterministic(records: Vec<Record>) -> Vec<Record> {
     records
@@ -372,8 +405,15 @@ fn grpo_end_to_end_writes_release_checkpoints_and_resumes_bit_identically() {
     let work = tmp.path();
     tiny_model(&work.join("base"), 1, Some(&paper_tokenizer()));
 
+    let stages = Stages::install();
     let summary = run(work, &config_text(work, "whole", None, ""), Method::Grpo, false).unwrap();
     assert_eq!(summary.steps, 3);
+    // Validation (before step 1 and after step 2) reports its completions as they finish, to
+    // the end (`kiln::progress`; the CLI draws it as a bar with an ETA).
+    let events = stages.of("validation");
+    assert!(events.iter().filter(|e| e.starts_with("start ")).count() >= 2, "{events:?}");
+    let total = events[0].strip_prefix("start ").and_then(|e| e.split(' ').next()).unwrap().to_owned();
+    assert!(total != "0" && events.contains(&format!("at {total}")) && events.contains(&"finish".to_owned()), "{events:?}");
     let whole = work.join("whole");
     for step in 1..=3 {
         hf::load::<Cpu>(whole.join(format!("op2_3_step{step}")), &Default::default()).expect("an HF model directory");

@@ -236,6 +236,7 @@ pub mod metrics;
 pub mod model;
 pub mod par;
 pub mod plan;
+pub mod progress;
 #[cfg(feature = "plot")]
 pub mod plot;
 #[cfg(feature = "eval")]

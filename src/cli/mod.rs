@@ -21,7 +21,7 @@ mod logprobs;
 mod plan;
 mod plot;
 mod plot_train;
-mod progress;
+pub(crate) mod progress;
 mod quickstart;
 mod release;
 mod rl;

@@ -5,7 +5,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use kiln::progress::{Reporter, StageSink};
 
 /// How often a bar without a terminal prints its plain line: 30 s, or `KILN_PROGRESS_EVERY`
 /// seconds.
@@ -35,8 +36,42 @@ struct Plain {
     last_line: Instant,
 }
 
+/// Every bar is drawn through one `MultiProgress`: a library stage's bar (validation during
+/// training) then sits below the bar of the command that runs it rather than over it.
+fn multi() -> &'static MultiProgress {
+    static MULTI: std::sync::OnceLock<MultiProgress> = std::sync::OnceLock::new();
+    MULTI.get_or_init(MultiProgress::new)
+}
+
+/// Shows the library's stages ([`kiln::progress`]: validation and held-out generation during
+/// training, data preparation) as bars with an ETA.
+pub fn report_library_stages() {
+    kiln::progress::set_reporter(Some(Arc::new(Stages)));
+}
+
+struct Stages;
+
+impl Reporter for Stages {
+    fn start(&self, what: &str, total: u64, unit: &str) -> Box<dyn StageSink> {
+        let bar = with_eta(total, unit);
+        bar.set_message(what.to_owned());
+        Box::new(bar)
+    }
+}
+
+impl StageSink for Bar {
+    fn set_position(&self, position: u64) {
+        Bar::set_position(self, position);
+    }
+
+    fn finish(&self) {
+        self.finish_and_clear();
+        multi().remove(&self.bar);
+    }
+}
+
 fn styled(total: u64, template: &str) -> Bar {
-    let bar = ProgressBar::new(total);
+    let bar = multi().add(ProgressBar::new(total));
     bar.set_style(ProgressStyle::with_template(template).expect("valid template").progress_chars("=> "));
     let unit = template.split("{len} ").nth(1).and_then(|t| t.split([' ', ',']).next()).unwrap_or("").to_owned();
     let now = Instant::now();

@@ -194,7 +194,11 @@ pub struct SftReport {
 pub fn render_examples(examples: &[SftExample], tokenizer: &Tokenizer, system: Option<&str>, max_length: Option<usize>) -> Result<(Vec<Sample>, SftReport)> {
     let mut samples = Vec::with_capacity(examples.len());
     let mut report = SftReport { max_length, ..Default::default() };
-    for example in examples {
+    let stage = crate::progress::stage("rendering chat rows", examples.len() as u64, "rows");
+    for (i, example) in examples.iter().enumerate() {
+        if i % 256 == 0 {
+            stage.set_position(i as u64);
+        }
         let rendered = render(&example.messages, tokenizer, system, max_length).map_err(|e| example.error(e.to_string()))?;
         let last_assistant = example.messages.iter().rev().find(|m| m.role == "assistant");
         report.rows += 1;
@@ -205,6 +209,7 @@ pub fn render_examples(examples: &[SftExample], tokenizer: &Tokenizer, system: O
         report.targets += rendered.sample.num_targets();
         samples.push(rendered.sample);
     }
+    stage.set_position(examples.len() as u64);
     Ok((samples, report))
 }
 

@@ -74,6 +74,7 @@ pub fn pretrain_samples(
 ) -> Result<(Vec<Vec<Sample>>, MixtureReport)> {
     let mut shards: BTreeMap<u32, Vec<Shard>> = BTreeMap::new();
     let mut tokenized: BTreeMap<PathBuf, TokenizedShard> = BTreeMap::new();
+    let mut listed = Vec::with_capacity(preset.ops.len());
     for &op in &preset.ops {
         let dir = root.join("train").join(op.to_string());
         let entries = std::fs::read_dir(&dir).map_err(|e| Error::io(&dir, e))?;
@@ -85,15 +86,21 @@ pub fn pretrain_samples(
             }
         }
         sort_shards(&mut list);
+        listed.push((op, list));
+    }
+    let stage = crate::progress::stage("tokenizing shards", listed.iter().map(|(_, l)| l.len() as u64).sum(), "shards");
+    for (op, mut list) in listed {
         // Shards are sized by their label; unlabelled shards (kiln's own) by their real tokens.
         for shard in &mut list {
             let t = tokenize_shard(task, &shard.path, tokenizer)?;
             shard.tokens = t.rows.iter().map(|r| r.len() as f64).sum();
             shard.rows = t.rows.len();
             tokenized.insert(shard.path.clone(), t);
+            stage.set_position(tokenized.len() as u64);
         }
         shards.insert(op, list);
     }
+    drop(stage);
     let takes = select(preset, token_budget, &shards)?;
     let mut rows: Vec<Vec<u32>> = Vec::new();
     for take in &takes {

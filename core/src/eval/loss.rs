@@ -53,6 +53,9 @@ pub(super) fn losses<B: Backend>(
     settings: &EvalSettings,
 ) -> Result<Vec<Vec<f64>>> {
     let mut all = Vec::new();
+    let total = evaluation.parts().iter().map(|part| part.items.len() as u64).sum();
+    let stage = crate::progress::stage("teacher-forced loss", total, "items");
+    let mut done = 0;
     for (p, part) in evaluation.parts().iter().enumerate() {
         let mut part_losses = Vec::with_capacity(part.items.len());
         for index in 0..part.items.len().div_ceil(settings.shard_prompts) {
@@ -78,6 +81,8 @@ pub(super) fn losses<B: Backend>(
                     .ok_or_else(|| Error::data(&path, Some(record.line), "missing \"loss\""))?;
                 part_losses.push(loss);
             }
+            done += (end - start) as u64;
+            stage.set_position(done);
         }
         all.push(part_losses);
     }

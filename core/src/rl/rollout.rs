@@ -6,7 +6,7 @@ use burn::tensor::backend::Backend;
 
 use super::prompts::Prompt;
 use crate::error::Result;
-use crate::generate::{Engine, FinishReason, Sampler, SamplingParams, StopCriteria};
+use crate::generate::{Engine, FinishReason, Progress, Sampler, SamplingParams, StopCriteria};
 use crate::model::{Dtype, Qwen2};
 use crate::tokenizer::Tokenizer;
 
@@ -52,6 +52,19 @@ pub fn rollout<B: Backend>(
     settings: &RolloutSettings,
     seed: u64,
 ) -> Result<Vec<Response>> {
+    rollout_with_progress(model, tokenizer, eos_ids, prompts, settings, seed, |_| {})
+}
+
+/// [`rollout`], calling `progress` as completions finish.
+pub fn rollout_with_progress<B: Backend>(
+    model: &Qwen2<B>,
+    tokenizer: &Tokenizer,
+    eos_ids: &[u32],
+    prompts: &[&Prompt],
+    settings: &RolloutSettings,
+    seed: u64,
+    progress: impl FnMut(Progress),
+) -> Result<Vec<Response>> {
     let mut engine = Engine::new(model, Some(tokenizer));
     engine.max_batch_size = settings.batch_size;
     let params = SamplingParams {
@@ -64,7 +77,7 @@ pub fn rollout<B: Backend>(
         skip_special_tokens: false,
     };
     let ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
-    let completions = engine.generate(&ids, &params, |_| {})?;
+    let completions = engine.generate(&ids, &params, progress)?;
     let mut responses = Vec::with_capacity(prompts.len() * settings.n);
     for (group, samples) in completions.into_iter().enumerate() {
         for sample in samples {

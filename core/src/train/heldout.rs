@@ -94,7 +94,9 @@ impl HeldOut {
                 ..Default::default()
             };
             let prompts: Vec<Vec<u32>> = self.prompts.iter().map(|(ids, _)| ids.clone()).collect();
-            let outputs = Engine::new(model, Some(&self.tokenizer)).generate(&prompts, &params, |_| {})?;
+            let stage = crate::progress::stage("held-out generation", prompts.len() as u64, "completions");
+            let outputs = Engine::new(model, Some(&self.tokenizer)).generate(&prompts, &params, |p| stage.set_position(p.finished as u64))?;
+            drop(stage);
             let batch: Vec<(&str, &Item)> = self.prompts.iter().zip(&outputs).map(|((_, item), samples)| (samples[0].text.as_str(), item)).collect();
             let mut scores = GroupScores::new(None);
             for ((_, item), verdict) in batch.iter().zip(self.task.evaluate_batch(&batch)?) {

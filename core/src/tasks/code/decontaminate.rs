@@ -77,7 +77,11 @@ pub fn overlap(rows: &[TextRow], problems: &[(String, String)], n: usize) -> Rep
     }
     let mut overlaps = Vec::new();
     let mut hit = vec![false; problems.len()];
-    for row in rows {
+    let stage = crate::progress::stage("decontamination", rows.len() as u64, "rows");
+    for (r, row) in rows.iter().enumerate() {
+        if r % 1024 == 0 {
+            stage.set_position(r as u64);
+        }
         let mut shared: BTreeMap<usize, usize> = BTreeMap::new();
         let mut example = None;
         for gram in word_ngrams(&row.text, n).into_iter().collect::<HashSet<_>>() {
@@ -98,6 +102,8 @@ pub fn overlap(rows: &[TextRow], problems: &[(String, String)], n: usize) -> Rep
             overlaps.push(RowOverlap { row: row.name.clone(), problems, example });
         }
     }
+    stage.set_position(rows.len() as u64);
+    drop(stage);
     Report {
         ngram: n,
         rows: rows.len(),
