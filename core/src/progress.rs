@@ -4,7 +4,7 @@
 //! bar with an ETA, or a plain line every 30 s without a terminal.)
 //!
 //! ```
-//! let stage = kiln::progress::stage("tokenizing shards", 3, "shards");
+//! let stage = kiln_core::progress::stage("tokenizing shards", 3, "shards");
 //! for i in 0..3 {
 //!     stage.set_position(i + 1);
 //! }
