@@ -488,7 +488,7 @@ impl<B: AutodiffBackend> PolicyGradient<B> {
     fn generate(&self, policy: &Qwen2<B::InnerBackend>, prompts: &[&Prompt], seed: u64) -> Result<Vec<Response>> {
         let s = &self.settings;
         let sampler = policy.clone().in_dtype(s.rollout.dtype.unwrap_or(policy.compute_dtype()));
-        rollout(&sampler, &self.tokenizer, &self.eos_ids, prompts, &s.rollout, seed)
+        rollout(&sampler, &self.tokenizer, &self.eos_ids, prompts, &s.rollout, seed, |_| {})
     }
 
     /// The responses' rewards, with DAPO's overlong penalty when set.

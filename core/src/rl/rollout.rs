@@ -43,20 +43,9 @@ pub struct Response {
 }
 
 /// Samples `settings.n` responses for each prompt with `seed`; prompt `i`'s responses come
-/// consecutively (group `i`), as verl repeats a batch with `interleave=True`.
+/// consecutively (group `i`), as verl repeats a batch with `interleave=True`. `progress` sees
+/// the engine's counts as completions finish.
 pub fn rollout<B: Backend>(
-    model: &Qwen2<B>,
-    tokenizer: &Tokenizer,
-    eos_ids: &[u32],
-    prompts: &[&Prompt],
-    settings: &RolloutSettings,
-    seed: u64,
-) -> Result<Vec<Response>> {
-    rollout_with_progress(model, tokenizer, eos_ids, prompts, settings, seed, |_| {})
-}
-
-/// [`rollout`], calling `progress` as completions finish.
-pub fn rollout_with_progress<B: Backend>(
     model: &Qwen2<B>,
     tokenizer: &Tokenizer,
     eos_ids: &[u32],

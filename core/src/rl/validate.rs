@@ -9,7 +9,7 @@ use burn::tensor::backend::Backend;
 use serde_json::json;
 
 use super::prompts::{Prompt, PromptSet};
-use super::rollout::{RolloutSettings, rollout_with_progress};
+use super::rollout::{RolloutSettings, rollout};
 use crate::error::Result;
 use crate::generate::Sampler;
 use crate::io::jsonl_files;
@@ -70,7 +70,7 @@ impl Validator {
     pub fn evaluate<B: Backend>(&self, model: &Qwen2<B>) -> Result<Record> {
         let prompts: Vec<&Prompt> = self.prompts.iter().collect();
         let stage = crate::progress::stage("validation", prompts.len() as u64, "completions");
-        let responses = rollout_with_progress(model, &self.tokenizer, &self.eos_ids, &prompts, &self.rollout, 0, |p| stage.set_position(p.finished as u64))?;
+        let responses = rollout(model, &self.tokenizer, &self.eos_ids, &prompts, &self.rollout, 0, |p| stage.set_position(p.finished as u64))?;
         drop(stage);
         let batch: Vec<_> = responses.iter().map(|r| (r.text.as_str(), &prompts[r.group].item)).collect();
         let mut scores = GroupScores::new(self.id_max_level);
