@@ -1,8 +1,9 @@
 //! `kiln plan` against the peak resident memory of real training steps on the CPU: the tiny
 //! model of `kiln quickstart` in f32, bf16-mixed with recomputation and bf16-pure,
 //! each measured in a fresh `kiln bench --train` process (its `peak_rss_mib`, the kernel's
-//! high-water mark, less `file_rss_mib`, the binary's pages). The process's own memory (binary, libraries, threads) is measured the same
-//! way on a model of a few hundred parameters and taken off. Planned and measured agree within
+//! high-water mark, less `file_rss_mib`, the binary's pages). The process's own memory
+//! (libraries, threads, allocator) is measured the same way on a model of a few hundred
+//! parameters and taken off. Planned and measured agree within
 //! 15% (one worker thread). The 100M model's figures come from `benches/plan_vs_rss.sh` (release build; minutes).
 
 use std::path::Path;

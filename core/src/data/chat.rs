@@ -196,9 +196,6 @@ pub fn render_examples(examples: &[SftExample], tokenizer: &Tokenizer, system: O
     let mut report = SftReport { max_length, ..Default::default() };
     let stage = crate::progress::stage("rendering chat rows", examples.len() as u64, "rows");
     for (i, example) in examples.iter().enumerate() {
-        if i % 256 == 0 {
-            stage.set_position(i as u64);
-        }
         let rendered = render(&example.messages, tokenizer, system, max_length).map_err(|e| example.error(e.to_string()))?;
         let last_assistant = example.messages.iter().rev().find(|m| m.role == "assistant");
         report.rows += 1;
@@ -208,8 +205,8 @@ pub fn render_examples(examples: &[SftExample], tokenizer: &Tokenizer, system: O
         report.final_answer_lost += rendered.final_answer_lost as usize;
         report.targets += rendered.sample.num_targets();
         samples.push(rendered.sample);
+        stage.set_position(i as u64 + 1);
     }
-    stage.set_position(examples.len() as u64);
     Ok((samples, report))
 }
 

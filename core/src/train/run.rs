@@ -182,9 +182,9 @@ fn prepare<'a, B: AutodiffBackend>(config: &'a RunConfig, replica: &Replica, dev
     let seed = t.seed;
     let model = start_config(&config.model)?;
     let cutoff_len = fit_cutoff(&config.data, &model)?;
-    let samples = || training_samples(task.as_ref(), &config.data, &tokenizer, seed, cutoff_len);
+    let prepare_data = || training_samples(task.as_ref(), &config.data, &tokenizer, seed, cutoff_len);
     // (Every replica prepares the same data; the first one reports it.)
-    let (samples, heldout_rows, data_report) = if replica.is_main() { samples()? } else { crate::progress::silenced(samples)? };
+    let (samples, heldout_rows, data_report) = if replica.is_main() { prepare_data()? } else { crate::progress::silenced(prepare_data)? };
     check_samples(samples.iter().flatten(), &config.data, &model, pad_id)?;
     check_samples(&heldout_rows, &config.data, &model, pad_id)?;
 

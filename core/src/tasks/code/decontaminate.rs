@@ -79,9 +79,6 @@ pub fn overlap(rows: &[TextRow], problems: &[(String, String)], n: usize) -> Rep
     let mut hit = vec![false; problems.len()];
     let stage = crate::progress::stage("decontamination", rows.len() as u64, "rows");
     for (r, row) in rows.iter().enumerate() {
-        if r % 1024 == 0 {
-            stage.set_position(r as u64);
-        }
         let mut shared: BTreeMap<usize, usize> = BTreeMap::new();
         let mut example = None;
         for gram in word_ngrams(&row.text, n).into_iter().collect::<HashSet<_>>() {
@@ -101,8 +98,8 @@ pub fn overlap(rows: &[TextRow], problems: &[(String, String)], n: usize) -> Rep
             problems.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
             overlaps.push(RowOverlap { row: row.name.clone(), problems, example });
         }
+        stage.set_position(r as u64 + 1);
     }
-    stage.set_position(rows.len() as u64);
     drop(stage);
     Report {
         ngram: n,
