@@ -75,6 +75,7 @@ fn verl_grpo_example_is_imported_with_every_value() {
     assert_eq!((c.optimizer.beta1, c.optimizer.beta2, c.optimizer.max_grad_norm), (0.9, 0.999, Some(1.0)));
     assert_eq!(c.schedule.kind, kiln::train::config::ScheduleKind::Constant);
     assert_eq!(c.train.precision, kiln::train::Precision::Bf16Mixed, "verl's actor: fp32 master weights, bfloat16 compute");
+    assert!(c.train.recompute, "enable_gradient_checkpointing=True is kiln's per-layer recomputation");
     let l = &c.loss;
     assert_eq!((l.clip_ratio, l.clip_ratio_low, l.clip_ratio_high, l.clip_ratio_c), (0.2, Some(0.2), Some(0.2), 3.0));
     assert_eq!((l.kl_coef, l.kl_estimator), (0.001, KlEstimator::K3), "use_kl_loss, kl_loss_coef, kl_loss_type low_var_kl");
@@ -384,7 +385,8 @@ fn trl_sft_config_with_packing_is_imported() {
     assert_eq!(c.output.save_steps, Some(0.2), "save_strategy epoch over 5 epochs");
     assert_eq!((c.schedule.min_lr_rate, c.schedule.warmup_ratio), (Some(0.1), 0.03));
     let ignored: Vec<&str> = imported.report.ignored.iter().map(|(k, _)| k.as_str()).collect();
-    assert!(["bf16", "gradient_checkpointing", "use_liger_kernel"].iter().all(|k| ignored.contains(k)), "{ignored:?}");
+    assert!(["bf16", "use_liger_kernel"].iter().all(|k| ignored.contains(k)), "{ignored:?}");
+    assert!(c.train.recompute, "gradient_checkpointing: true is kiln's per-layer recomputation");
     assert!(imported.report.unknown.is_empty(), "{:?}", imported.report.unknown);
 
     // Written and read back through `kiln config show`: the same run.

@@ -115,10 +115,11 @@ pub fn run_training<J: TrainJob>(spec: DeviceSpec, job: J) -> Result<J::Output, 
     run_training_with(spec, false, job)
 }
 
-/// [`run_training`]; with `recompute`, the backward pass recomputes the outputs of memory-bound
-/// operations (elementwise ops, reductions, the softmax) from kept inputs instead of keeping
-/// them, while matrix products stay kept: burn's `BalancedCheckpointing` (burn selects the
-/// strategy by the autodiff backend's type, `Autodiff<B, BalancedCheckpointing>`).
+/// [`run_training`]; with `recompute`, autodiff with burn's `BalancedCheckpointing` (burn selects
+/// the strategy by the autodiff backend's type, `Autodiff<B, BalancedCheckpointing>`), which
+/// recomputes memory-bound operations (elementwise ops, reductions, the softmax) from kept
+/// inputs, and for which kiln's model checkpoints every decoder layer
+/// (`kiln_core::model::checkpoint`: only the layers' inputs are kept).
 pub fn run_training_with<J: TrainJob>(spec: DeviceSpec, recompute: bool, job: J) -> Result<J::Output, BackendError> {
     use burn::backend::Autodiff;
     use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing as Recompute;

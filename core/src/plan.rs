@@ -23,12 +23,15 @@
 //! and the head: the final norm
 //! and one f32 log-sum-exp per token (the LM head, log-softmax and gather are fused and chunked
 //! over tokens, `model::head_loss`: one chunk's logits exist at a time; the CPU's fused f32 path
-//! keeps the f32 logits instead). With `recompute` (burn's
-//! `BalancedCheckpointing`) only the outputs of matrix products and casts are kept (the rest is
-//! recomputed in the backward pass): s · (q + 2kv + 2h + 2i) + 4 · (2h + q) (+ 4 · (q + 2kv) in
-//! half precision) + 4 · (q + H), the attention's own output and log-sum-exp. Both forms were checked against
-//! the peak resident memory of training steps on the CPU (`tests/plan.rs` for the tiny model,
-//! `benches/plan_vs_rss.sh` for the 100M one).
+//! keeps the f32 logits instead). With `recompute` (per-layer checkpointing,
+//! `model::checkpoint`) a layer keeps only its input (s · h; 4 · h on the fused path) and the
+//! backward pass recomputes one layer at a time, under burn's `BalancedCheckpointing`, which
+//! keeps only the outputs of matrix products and casts off the fused path:
+//! s · (q + 2kv + 2h + 2i) + 4 · (2h + q) (+ 4 · (q + 2kv) in half precision) + 4 · (q + H), the
+//! attention's own output and log-sum-exp; that layer is there, by the end of the backward pass,
+//! with every gradient. The forms were checked against the peak resident memory of training
+//! steps on the CPU (`tests/plan.rs` for the tiny model, `benches/plan_vs_rss.sh` for the 100M
+//! one).
 //!
 //! FLOPs count multiply-adds as 2: a forward pass is 2 · (weights in matrix products) per token
 //! plus 4 · T · q per token and layer for the scores and their weighted sum (kiln computes the
@@ -129,7 +132,12 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
         let rope = if request.gpu_kernels { 0.0 } else { 2.0 * s * (q + kv) };
         2.0 * (4.0 * h + s * h) + rope + 4.0 * (q + 2.0 * kv) + 4.0 * (q + heads) + s * q + 5.0 * s * i
     };
-    let activations_per_layer = per_token_layer * tokens;
+    // With `recompute` (per-layer checkpointing, `model::checkpoint`) a layer keeps only its
+    // input, in the activations' dtype (f32 on the fused path), until the backward pass
+    // recomputes it; one layer's activations (`per_token_layer`) exist at a time.
+    let layer_activations = per_token_layer * tokens;
+    let input_bytes = if fused { 4.0 } else { s };
+    let activations_per_layer = if request.recompute { input_bytes * h * tokens } else { layer_activations };
     // The head: on the fused CPU path the final norm's input and output, the logits and what
     // their loss keeps (28 · h + 6 · v bytes a token, fitted as above; with the logits' gradient
     // below, 10 · v), plus the bf16 rounding of the backward products; elsewhere the chunked head
@@ -138,7 +146,13 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
     let bf16_rounding = if fused && p.compute() != Dtype::F32 { 2.0 * (v + i) } else { 0.0 };
     let head = if fused { tokens * (28.0 * h + 6.0 * v + bf16_rounding) } else { tokens * (4.0 * h + s * h + 4.0) };
     let weights = params * p.weights().size() as f64;
-    let copy = if p.compute() != p.weights() && !fused { params * p.compute().size() as f64 } else { 0.0 };
+    // Mixed precision off the fused path keeps the compute-dtype copy of every weight it casts;
+    // with recompute only the recomputed layer's and the head's.
+    let copied = match request.recompute {
+        true => params - (layers - 1.0) * crate::model::weights::parameter_counts(config).layer as f64,
+        false => params,
+    };
+    let copy = if p.compute() != p.weights() && !fused { copied * p.compute().size() as f64 } else { 0.0 };
     let state = 2.0 * params * p.weights().size() as f64;
     let grads = params * p.weights().size() as f64;
     // The update's temporaries for the largest tensor: the clipped gradient, the new moments,
@@ -163,12 +177,20 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
     let attention_chunk = if fused || request.gpu_kernels { 0.0 } else { chunk_tensors * batch as f64 * heads * chunk_rows as f64 * t * 4.0 };
     let backward_start = weights + copy + state + activations + logits_grad + attention_chunk;
     let update = weights + state + grads + 6.0 * largest;
+    // With recompute the backward pass ends with every gradient next to the last layer it
+    // recomputed (the first).
+    let recomputed = if request.recompute { layer_activations * slack } else { 0.0 };
+    let backward_end = if request.recompute { weights + copy + state + grads + recomputed + attention_chunk } else { 0.0 };
     let training = vec![
         part("weights", weights, format!("{} parameters in {}", config.num_parameters(), p.weights())),
         part("compute copy", copy, format!("the {} weight copies the backward pass keeps", p.compute())),
         part("gradients", grads, format!("in {}, during the update (the activations are gone by then)", p.weights())),
         part("optimizer state", state, format!("AdamW's two moments in {}", p.weights())),
-        part("activations", activations, format!("{} layers × {:.1} MiB + head {:.1} MiB", layers, mib(activations_per_layer), mib(head))),
+        part("activations", activations, match request.recompute {
+            true => format!("{} layers' inputs × {:.1} MiB + head {:.1} MiB (the layers recomputed one at a time)", layers, mib(activations_per_layer), mib(head)),
+            false => format!("{} layers × {:.1} MiB + head {:.1} MiB", layers, mib(activations_per_layer), mib(head)),
+        }),
+        part("recomputed layer", recomputed, "one layer's activations in the backward pass, with every gradient by its end".into()),
         part("logits gradient", logits_grad, match fused {
             true => "f32, at the start of the backward pass".into(),
             false => format!("chunks of {rows} tokens' logits and the head weight's f32 gradient (no [tokens, V] logits)"),
@@ -208,7 +230,7 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
         recompute: request.recompute,
         training,
         activations_per_layer,
-        training_peak: backward_start.max(update),
+        training_peak: backward_start.max(backward_end).max(update),
         training_flops,
         generation,
         generation_peak,
@@ -246,7 +268,7 @@ impl Plan {
             out += &format!("  {:<20} {:>9.2} GiB  {}\n", p.name, gib(p.bytes), p.note);
         }
         out += &format!("  {:<20} {:>9.2} GiB  per layer\n", "activations/layer", gib(self.activations_per_layer));
-        out += &format!("  {:<20} {:>9.2} GiB  (start of backward or update, the larger)\n", "peak", gib(self.training_peak));
+        out += &format!("  {:<20} {:>9.2} GiB  (the largest of the backward pass's start and end and the update)\n", "peak", gib(self.training_peak));
         out += &format!("  {:<20} {:>9.3e} FLOP (all devices)\n\ngeneration (per device):\n", "step", self.training_flops);
         for p in &self.generation {
             out += &format!("  {:<20} {:>9.2} GiB  {}\n", p.name, gib(p.bytes), p.note);

@@ -24,6 +24,7 @@ pub const MAPPING: &[(&str, &str)] = &[
     ("weight_decay", "[optimizer] weight_decay"),
     ("adam_beta1, adam_beta2, adam_epsilon", "[optimizer] beta1, beta2, eps"),
     ("max_grad_norm", "[optimizer] max_grad_norm"),
+    ("gradient_checkpointing (true)", "[train] recompute (per-layer checkpointing, the same gradients)"),
     ("lr_scheduler_type (+ lr_scheduler_kwargs min_lr / min_lr_rate)", "[schedule] kind (min_lr, min_lr_rate)"),
     ("warmup_ratio, warmup_steps", "[schedule] warmup_ratio, warmup_steps"),
     ("num_train_epochs", "[train] epochs"),
@@ -124,7 +125,7 @@ const REFUSED: &Refusals = &[
 /// Keys that do not matter to kiln (infrastructure, logging, data loading).
 const IRRELEVANT: &[&str] = &[
     "logging_steps", "logging_strategy", "logging_first_step", "logging_dir", "report_to", "run_name", "bf16", "fp16", "tf32",
-    "gradient_checkpointing", "gradient_checkpointing_kwargs", "push_to_hub", "hub_model_id", "hub_strategy", "hub_private_repo",
+    "gradient_checkpointing_kwargs", "push_to_hub", "hub_model_id", "hub_strategy", "hub_private_repo",
     "save_total_limit", "save_only_model", "save_safetensors", "log_completions", "num_completions_to_print", "log_unique_prompts",
     "log_multimodal", "log_completions_hub_repo", "dataloader_num_workers", "dataloader_pin_memory", "dataloader_drop_last",
     "ddp_find_unused_parameters", "ddp_timeout", "deepspeed", "fsdp", "fsdp_config", "torch_compile", "per_device_eval_batch_size",
@@ -232,6 +233,11 @@ pub fn import(path: &Path, text: &str, overrides: &[String], kind: Option<RunKin
     for (key, kiln) in [("weight_decay", "weight_decay"), ("adam_beta1", "beta1"), ("adam_beta2", "beta2"), ("adam_epsilon", "eps"), ("max_grad_norm", "max_grad_norm")] {
         let v = c.f64(key)?;
         c.carry(key, &format!("optimizer.{kiln}"), v);
+    }
+
+    // [train] recompute: Hugging Face's gradient checkpointing is kiln's per-layer checkpointing.
+    if c.get("gradient_checkpointing") == Value::Bool(true) {
+        c.carry("gradient_checkpointing", "train.recompute", true);
     }
 
     // [schedule]

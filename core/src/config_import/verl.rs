@@ -37,6 +37,7 @@ pub const MAPPING: &[(&str, &str)] = &[
     ("actor_rollout_ref.model.tokenizer_path", "[model] tokenizer"),
     ("actor_rollout_ref.rollout.dtype", "[model] dtype"),
     ("actor_rollout_ref.actor.fsdp_config.model_dtype, .dtype", "[train] precision (fp32 master + bfloat16 compute -> bf16-mixed)"),
+    ("actor_rollout_ref.model.enable_gradient_checkpointing (true)", "[train] recompute (per-layer checkpointing, the same gradients)"),
     ("data.train_files", "[data] files"),
     ("data.val_files", "[eval] rows (one file or directory)"),
     ("data.max_prompt_length", "[data] max_prompt_length"),
@@ -198,7 +199,6 @@ pub const INFRASTRUCTURE: &[(&str, &str)] = &[
     ("actor_rollout_ref.model.use_shm", "loading"),
     ("actor_rollout_ref.model.trust_remote_code", "loading"),
     ("actor_rollout_ref.model.external_lib", "loading"),
-    ("actor_rollout_ref.model.enable_gradient_checkpointing", "memory (kiln's [train] recompute)"),
     ("actor_rollout_ref.model.enable_activation_offload", "memory"),
     ("actor_rollout_ref.model.use_remove_padding", "padding (the same loss)"),
     ("actor_rollout_ref.model.use_liger", "kernels"),
@@ -383,6 +383,11 @@ pub fn import(path: &Path, text: &str, overrides: &[String]) -> Result<Imported>
         _ => return Err(c.refuse(&compute_key, &Value::from(compute), &format!("with model_dtype {master}: kiln trains f32, bf16-mixed or f16-mixed (f32 master weights) or bf16-pure"))),
     };
     c.carry(&compute_key, "train.precision", precision);
+    // [train] recompute: verl's gradient checkpointing is kiln's per-layer checkpointing.
+    let key = "actor_rollout_ref.model.enable_gradient_checkpointing";
+    if c.get(key) == Value::Bool(true) {
+        c.carry(key, "train.recompute", true);
+    }
 
     // [data]
     if let Some(rounds) = c.text("data.gen_batch_size") {

@@ -95,10 +95,13 @@ pub fn backward<B: Backend, S, const N: usize, const E: usize, const D: usize>(
 }
 
 /// Adds the chunked attention with its own backward pass to backend `B`'s kernel table
-/// ([`super::kernels`]; once per backend type: the training loop does it before its first step).
+/// ([`super::kernels`]; once per backend type: the training loop does it before its first step),
+/// and with burn's `BalancedCheckpointing` (`[train] recompute`) the layers' checkpoints
+/// ([`super::checkpoint`]).
 pub fn install<B: AutodiffBackend>() {
     let table = super::kernels::kernels::<B>();
-    if table.chunked_attention.is_none() {
-        super::kernels::set(super::kernels::Kernels { chunked_attention: Some(super::chunked_attention::attention::<B>), ..table.clone() });
+    let layer_checkpoints = strategy::<B>() == Some(true);
+    if table.chunked_attention.is_none() || table.layer_checkpoints != layer_checkpoints {
+        super::kernels::set(super::kernels::Kernels { chunked_attention: Some(super::chunked_attention::attention::<B>), layer_checkpoints, ..table.clone() });
     }
 }

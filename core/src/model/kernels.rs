@@ -78,6 +78,10 @@ pub struct Kernels<B: Backend> {
     pub flash_attention: Option<FlashFn<B>>,
     /// The AdamW step as one kernel, if the backend has one.
     pub adamw: AdamWFn<B>,
+    /// Training checkpoints the decoder layers (`[train] recompute`, [`super::checkpoint`]):
+    /// set under autodiff with burn's `BalancedCheckpointing` by
+    /// [`custom_op::install`](super::custom_op::install).
+    pub layer_checkpoints: bool,
     /// Where the backend multiplies bf16 natively on f32 activations (Flex on CPUs with
     /// AVX512-BF16): `x · w` `[m, k] × [k, n]`, both rounded to bf16, summed and returned in f32
     /// (gradients likewise). bf16-mixed then keeps activations in f32 and rounds only what the
@@ -111,6 +115,7 @@ pub fn reference<B: Backend>() -> Kernels<B> {
         chunked_attention: None,
         flash_attention: None,
         adamw: |_, _, _, _| None,
+        layer_checkpoints: false,
         bf16_products: None,
         f32_products: None,
     }
@@ -137,6 +142,7 @@ fn flex<B: Backend>() -> Kernels<B> {
         chunked_attention: None,
         flash_attention: None,
         adamw: flex_adamw::<B>,
+        layer_checkpoints: false,
         bf16_products: fused::bf16_products_available::<B>().then_some(fused::bf16_products::<B> as BinaryFn<B>),
         f32_products: Some(fused::f32_products::<B> as BinaryFn<B>),
     }

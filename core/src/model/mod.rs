@@ -1,5 +1,6 @@
 //! The Qwen2 model family: config, blocks, KV cache, and Hugging Face checkpoints.
 
+pub mod checkpoint;
 pub mod config;
 pub mod custom_op;
 pub mod chunked_attention;

@@ -9,6 +9,7 @@ use burn::module::{Module, ModuleMapper, Param};
 use burn::nn::Embedding;
 use burn::tensor::{Bool, DType, Int, Tensor, backend::Backend};
 
+use super::checkpoint;
 use super::chunked_attention;
 use super::config::Qwen2Config;
 use super::kernels::kernels;
@@ -380,16 +381,28 @@ impl<B: Backend> Qwen2<B> {
         let group = self.config.num_attention_heads / kv_heads;
         let rope = self.rope.tables(inputs.positions.clone());
 
-        let mut x = self.embed_tokens.forward(inputs.ids.clone());
-        if self.compute.is_some() {
-            x = proj::to_dtype(x, self.activation_dtype().burn());
-        }
+        let mut x = self.embed(inputs.ids.clone());
         let mask = AttnMask::padded(key_valid, queries, pad, kv_heads, group, x.dtype());
-        for (i, layer) in self.layers.iter().enumerate() {
-            let layer_cache = cache.as_deref_mut().map(|c| &mut c.layers[i]);
-            x = layer.forward(x, &rope, &mask, layer_cache);
+        // Checkpointed when training (parameters that take gradients) asks for it.
+        let trains = || self.embed_tokens.weight.val().is_require_grad() || self.layers.iter().any(|l| l.input_layernorm.weight.val().is_require_grad());
+        if cache.is_none() && kernels::<B>().layer_checkpoints && trains() {
+            x = checkpoint::forward(self, &inputs.ids, x, &rope, &mask);
+        } else {
+            for (i, layer) in self.layers.iter().enumerate() {
+                let layer_cache = cache.as_deref_mut().map(|c| &mut c.layers[i]);
+                x = layer.forward(x, &rope, &mask, layer_cache);
+            }
         }
         self.norm.forward(x)
+    }
+
+    /// The embeddings of `ids` `[B, T]` in the activations' dtype: `[B, T, D]`.
+    pub(crate) fn embed(&self, ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let x = self.embed_tokens.forward(ids);
+        match self.compute {
+            Some(_) => proj::to_dtype(x, self.activation_dtype().burn()),
+            None => x,
+        }
     }
 
     /// Logits `[B, T, V]` from hidden states `[B, T, D]`.

@@ -99,21 +99,26 @@ pub struct ParameterCounts {
     /// Weights that enter a matrix product per token: the projections and the LM head (the
     /// embedding when tied; an untied embedding is a lookup).
     pub matmul: u128,
+    /// One decoder layer's parameters.
+    pub layer: u128,
 }
 
 /// Sums [`expected_tensors`]' shapes without listing every layer.
 pub fn parameter_counts(config: &Qwen2Config) -> ParameterCounts {
     let size = |shape: &[usize]| shape.iter().map(|&d| d as u128).product::<u128>();
-    let mut counts = ParameterCounts { total: 0, matmul: 0 };
+    let mut counts = ParameterCounts { total: 0, matmul: 0, layer: 0 };
     let mut add = |shape: &[usize], role: TensorRole, times: u128| {
         counts.total += times * size(shape);
         if role == TensorRole::LinearWeight || (role == TensorRole::Embedding && config.tie_word_embeddings) {
             counts.matmul += times * size(shape);
         }
     };
+    let mut layer = 0;
     for (_, shape, role) in layer_tensors(config) {
         add(&shape, role, config.num_hidden_layers as u128);
+        layer += size(&shape);
     }
+    counts.layer = layer;
     for (_, shape, role) in outer_tensors(config) {
         add(&shape, role, 1);
     }

@@ -371,7 +371,7 @@ where
                     Some(s) => loss.mul_scalar(s.scale),
                     None => loss,
                 };
-                let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
+                let grads = crate::model::checkpoint::gradients(loss, &model);
                 accumulator.accumulate(&model, grads);
                 add_metrics(&mut extras, metrics);
             }
