@@ -51,11 +51,30 @@ fn loop_config(out: &Path, steps: u64, budget: Option<Duration>) -> LoopConfig {
 }
 
 fn run(out: &Path, steps: u64, budget: Option<Duration>, resume: bool) -> (Qwen2<B>, RunSummary) {
+    run_on::<B>(out, steps, budget, resume)
+}
+
+fn run_on<A: burn::tensor::backend::AutodiffBackend>(out: &Path, steps: u64, budget: Option<Duration>, resume: bool) -> (Qwen2<A>, RunSummary) {
     let config = loop_config(out, steps, budget);
     let mut objective = NextTokenLoss::new(samples(40), 2, 2, 1, 7).unwrap();
     let device = Default::default();
     let start = Start::new(&config, resume, &mut objective, &device, || Qwen2::random(&self::config(), 11, &device)).unwrap();
     train(start, &mut objective, &config, |_| Ok(Default::default()), |_| {}).unwrap()
+}
+
+/// `[train] recompute` (the backend `run_training_with` picks for it, whose model checkpoints
+/// every layer) trains bit-identically: the same losses and final weights.
+#[test]
+fn recomputed_layers_train_bit_identically() {
+    use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+    let tmp = tempfile::tempdir().unwrap();
+    let (model_a, _) = run_on::<B>(&tmp.path().join("kept"), 4, None, false);
+    let (model_b, _) = run_on::<Autodiff<Cpu, BalancedCheckpointing>>(&tmp.path().join("recomputed"), 4, None, false);
+    let (kept, recomputed) = (losses(&tmp.path().join("kept")), losses(&tmp.path().join("recomputed")));
+    assert_eq!(kept.len(), 4);
+    assert_eq!(kept, recomputed, "per-step losses");
+    let (a, b) = (model_a.to_hf_tensors(), model_b.to_hf_tensors());
+    assert!(a.iter().zip(&b).all(|((sa, va), (sb, vb))| sa == sb && va == vb), "final weights differ");
 }
 
 fn losses(out: &Path) -> Vec<f64> {
