@@ -7,12 +7,15 @@
 # Usage: benches/wgpu_memory.sh [KILN_BIN] [LENGTHS...]  (defaults: target/release/kiln,
 # 512 4096 8192). Minutes on lavapipe; run on a quiet machine. KILN_KERNELS=reference measures
 # burn's operations instead of kiln's CubeCL kernels (flash attention, RoPE, AdamW; the plan
-# column stays that of kiln's kernels).
+# column stays that of kiln's kernels); RECOMPUTE=1 measures and plans `--recompute` (every layer
+# checkpointed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KILN="${1:-${KILN_BIN:-target/release/kiln}}"
 shift || true
 LENGTHS=("$@")
+RECOMPUTE_FLAG=()
+[ "${RECOMPUTE:-0}" = 1 ] && RECOMPUTE_FLAG=(--recompute)
 [ ${#LENGTHS[@]} -gt 0 ] || LENGTHS=(512 4096 8192)
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
@@ -25,8 +28,8 @@ json.dump(config, open(sys.argv[1] + "/tiny8k.json", "w"))
 PY
 printf '%6s %12s %12s %12s %12s %9s\n' seq in_use_MiB reserved_MiB peak_RSS_MiB planned_MiB step_s
 for t in "${LENGTHS[@]}"; do
-    "$KILN" bench --train --backend wgpu --repeats 1 --config "$TMP/tiny8k.json" --batch 1 --prompt-len "$t" > "$TMP/bench.json"
-    "$KILN" plan --json --backend wgpu --config "$TMP/tiny8k.json" --batch 1 --seq "$t" > "$TMP/plan.json"
+    "$KILN" bench --train --backend wgpu --repeats 1 --config "$TMP/tiny8k.json" --batch 1 --prompt-len "$t" "${RECOMPUTE_FLAG[@]}" > "$TMP/bench.json"
+    "$KILN" plan --json --backend wgpu --config "$TMP/tiny8k.json" --batch 1 --seq "$t" "${RECOMPUTE_FLAG[@]}" > "$TMP/plan.json"
     python3 - "$TMP/bench.json" "$TMP/plan.json" "$t" <<'PY'
 import json, sys
 b, p = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))

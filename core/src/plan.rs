@@ -169,12 +169,12 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
     let rows = crate::model::head_loss::rows_per_chunk(tokens as usize, config.vocab_size, None) as f64;
     let logits_grad = if fused { tokens * v * 4.0 } else { rows * v * (12.0 + 2.0 * s) + 4.0 * v * h };
     // One chunk of attention's backward pass: the scores recomputed, their mask, the
-    // probabilities, their gradient and its parts, ≈ 8 chunk-sized f32 tensors with
-    // recomputation; without it the last layer's backward pass starts after the head's and the
-    // MLP's kept tensors are freed, which leaves ≈ 4 of them on top of the peak (both measured).
+    // probabilities, their gradient and its parts; the last layer's backward pass starts after
+    // the head's and the MLP's kept tensors are freed, which leaves ≈ 4 chunk-sized f32 tensors
+    // on top of the peak, with or without recompute (the allocator's reserved memory on wgpu,
+    // `benches/wgpu_memory.sh`: 1,024–4,096 tokens).
     let chunk_rows = crate::model::chunked_attention::rows_per_chunk(batch, config.num_attention_heads, request.seq, request.seq, None);
-    let chunk_tensors = if request.recompute { 8.0 } else { 4.0 };
-    let attention_chunk = if fused || request.gpu_kernels { 0.0 } else { chunk_tensors * batch as f64 * heads * chunk_rows as f64 * t * 4.0 };
+    let attention_chunk = if fused || request.gpu_kernels { 0.0 } else { 4.0 * batch as f64 * heads * chunk_rows as f64 * t * 4.0 };
     let backward_start = weights + copy + state + activations + logits_grad + attention_chunk;
     let update = weights + state + grads + 6.0 * largest;
     // With recompute the backward pass ends with every gradient next to the last layer it
