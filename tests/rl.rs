@@ -352,10 +352,17 @@ max_new_tokens = 8
 }
 
 fn run(work: &Path, text: &str, method: Method, resume: bool) -> kiln::Result<kiln::train::trainer::RunSummary> {
+    run_on::<B>(work, text, method, resume)
+}
+
+fn run_on<A: burn::tensor::backend::AutodiffBackend>(work: &Path, text: &str, method: Method, resume: bool) -> kiln::Result<kiln::train::trainer::RunSummary>
+where
+    A::Device: Default,
+{
     let path = work.join("run.toml");
     std::fs::write(&path, text).unwrap();
     let config = PgConfig::from_toml(&path, text)?;
-    kiln::rl::run::<B>(&config, method, &Default::default(), resume, |_| {}, |_| {})
+    kiln::rl::run::<A>(&config, method, &Default::default(), resume, |_| {}, |_| {})
 }
 
 /// The library's progress stages, recorded (the reporter is global: other tests' stages land
@@ -445,6 +452,13 @@ fn grpo_end_to_end_writes_release_checkpoints_and_resumes_bit_identically() {
     assert_eq!(deterministic(records), deterministic(resumed), "metrics of the resumed run");
     let weights = |dir: &str| std::fs::read(work.join(dir).join("op2_3_step3/model.safetensors")).unwrap();
     assert!(weights("whole") == weights("interrupted"), "final weights differ");
+
+    // With recompute (the backend the CLI picks for it: every layer checkpointed), the same run.
+    use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+    run_on::<Autodiff<Cpu, BalancedCheckpointing>>(work, &config_text(work, "recomputed", None, ""), Method::Grpo, false).unwrap();
+    let recomputed = read_metrics(&work.join("recomputed/op2_3_metrics.jsonl")).unwrap();
+    assert_eq!(deterministic(read_metrics(&whole.join("op2_3_metrics.jsonl")).unwrap()), deterministic(recomputed), "metrics with recompute");
+    assert!(weights("whole") == weights("recomputed"), "final weights differ with recompute");
 }
 
 /// The methods of the named stages together in one tiny GRPO run: GSPO's loss, truncated
