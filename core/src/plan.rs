@@ -177,10 +177,20 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
     let attention_chunk = if fused || request.gpu_kernels { 0.0 } else { 4.0 * batch as f64 * heads * chunk_rows as f64 * t * 4.0 };
     let backward_start = weights + copy + state + activations + logits_grad + attention_chunk;
     let update = weights + state + grads + 6.0 * largest;
-    // With recompute the backward pass ends with every gradient next to the last layer it
-    // recomputed (the first).
-    let recomputed = if request.recompute { layer_activations * slack } else { 0.0 };
-    let backward_end = if request.recompute { weights + copy + state + grads + recomputed + attention_chunk } else { 0.0 };
+    // With recompute the layers' backward passes hold one recomputed layer and the gradient
+    // `(y · g).backward()` starts from (the product, its seed of ones and the output's
+    // gradient: 3 input-sized tensors). Memory moves linearly from the first of them (the last
+    // layer: the other layers' inputs kept, and the gradients of everything outside the
+    // layers) to the last (the first layer: every gradient), so the larger end is the peak.
+    let recomputed = if request.recompute { (layer_activations + 3.0 * input_bytes * h * tokens) * slack } else { 0.0 };
+    let outer_grads = (params - layers * crate::model::weights::parameter_counts(config).layer as f64) * p.weights().size() as f64;
+    let (recompute_first, backward_end) = match request.recompute {
+        true => (
+            weights + copy + state + (layers - 1.0) * activations_per_layer * slack + outer_grads + recomputed + attention_chunk,
+            weights + copy + state + grads + recomputed + attention_chunk,
+        ),
+        false => (0.0, 0.0),
+    };
     let training = vec![
         part("weights", weights, format!("{} parameters in {}", config.num_parameters(), p.weights())),
         part("compute copy", copy, format!("the {} weight copies the backward pass keeps", p.compute())),
@@ -190,7 +200,7 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
             true => format!("{} layers' inputs × {:.1} MiB + head {:.1} MiB (the layers recomputed one at a time)", layers, mib(activations_per_layer), mib(head)),
             false => format!("{} layers × {:.1} MiB + head {:.1} MiB", layers, mib(activations_per_layer), mib(head)),
         }),
-        part("recomputed layer", recomputed, "one layer's activations in the backward pass, with every gradient by its end".into()),
+        part("recomputed layer", recomputed, "one layer's activations in the backward pass, with the gradients made so far".into()),
         part("logits gradient", logits_grad, match fused {
             true => "f32, at the start of the backward pass".into(),
             false => format!("chunks of {rows} tokens' logits and the head weight's f32 gradient (no [tokens, V] logits)"),
@@ -230,7 +240,7 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
         recompute: request.recompute,
         training,
         activations_per_layer,
-        training_peak: backward_start.max(backward_end).max(update),
+        training_peak: backward_start.max(recompute_first).max(backward_end).max(update),
         training_flops,
         generation,
         generation_peak,
@@ -268,7 +278,7 @@ impl Plan {
             out += &format!("  {:<20} {:>9.2} GiB  {}\n", p.name, gib(p.bytes), p.note);
         }
         out += &format!("  {:<20} {:>9.2} GiB  per layer\n", "activations/layer", gib(self.activations_per_layer));
-        out += &format!("  {:<20} {:>9.2} GiB  (the largest of the backward pass's start and end and the update)\n", "peak", gib(self.training_peak));
+        out += &format!("  {:<20} {:>9.2} GiB  (the largest of the backward pass's phases and the update)\n", "peak", gib(self.training_peak));
         out += &format!("  {:<20} {:>9.3e} FLOP (all devices)\n\ngeneration (per device):\n", "step", self.training_flops);
         for p in &self.generation {
             out += &format!("  {:<20} {:>9.2} GiB  {}\n", p.name, gib(p.bytes), p.note);

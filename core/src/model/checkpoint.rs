@@ -14,12 +14,18 @@
 //! in thread-local storage and continues the graph (final norm, head, loss) from a new leaf.
 //! The gradients are the same bits as without checkpointing: every layer is recomputed by the
 //! same kernels, and each tensor's gradient sums the same two contributions (`a + b` is
-//! commutative; only the order of more terms could differ, and none has more).
+//! commutative; only the order of more terms could differ, and with one forward pass per loss
+//! none has more: with several, a tied embedding's gradient sums more terms, in another order).
+//!
+//! The switch is the backend type (`Autodiff<_, BalancedCheckpointing>`, which
+//! `kiln_backends::run_training_with` picks for `recompute`): a trainable model of that type
+//! tapes its forward passes, which only [`gradients`] turns into gradients (`loss.backward()`
+//! alone would give the layers none).
 
 use std::any::Any;
 use std::cell::RefCell;
 
-use burn::module::Module;
+use burn::module::{Module, ParamId};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
@@ -29,6 +35,8 @@ use super::rope::RopeTables;
 
 /// What one forward pass left for [`gradients`].
 struct Tape<B: Backend> {
+    /// The model's embedding, to check that the tape is `gradients`' model's.
+    model: ParamId,
     ids: Tensor<B, 2, Int>,
     /// The inputs of layers 1.. (layer 0's is recomputed from `ids`), untracked.
     inputs: Vec<Tensor<B, 3>>,
@@ -54,9 +62,20 @@ pub(crate) fn forward<B: Backend>(model: &Qwen2<B>, ids: &Tensor<B, 2, Int>, x: 
         x = layer.clone().no_grad().forward(x, rope, mask, None);
     }
     let leaf = x.detach().require_grad();
-    let tape = Tape { ids: ids.clone(), inputs, leaf: leaf.clone(), rope: rope.clone(), mask: mask.clone() };
+    let tape = Tape { model: model.embed_tokens.weight.id, ids: ids.clone(), inputs, leaf: leaf.clone(), rope: rope.clone(), mask: mask.clone() };
     TAPES.with(|t| t.borrow_mut().push(Box::new(tape)));
     leaf
+}
+
+/// Drops this thread's tapes (the training loop starts clean: a forward pass whose loss never
+/// reached [`gradients`], after an error, leaves its tape).
+pub fn clear() {
+    TAPES.with(|t| t.borrow_mut().clear());
+}
+
+/// The forward passes taped on this thread that [`gradients`] has not consumed yet.
+pub fn taped() -> usize {
+    TAPES.with(|t| t.borrow().len())
 }
 
 /// `loss.backward()` as the parameters' gradients, through the checkpointed layers of every
@@ -69,6 +88,7 @@ pub fn gradients<B: AutodiffBackend>(loss: Tensor<B, 1>, model: &Qwen2<B>) -> Gr
     let mut pending = Vec::new();
     for tape in tapes {
         let Ok(tape) = tape.downcast::<Tape<B>>() else { continue };
+        assert_eq!(tape.model, model.embed_tokens.weight.id, "a forward pass of another model was taped on this thread");
         if let Some(g) = tape.leaf.grad_remove(&mut grads) {
             pending.push((tape, g));
         }
@@ -130,9 +150,9 @@ mod tests {
         // Two rows, one right-padded.
         let rows: Vec<Vec<u32>> = [24, 17].iter().map(|&n| (0..n).map(|i| (i * 37 % 97) as u32).collect()).collect();
         let inputs = HostBatch::right_padded(&rows, 0).unwrap().to_device::<B>(device);
-        let taped = super::TAPES.with(|t| t.borrow().len());
+        let taped = super::taped();
         let loss = model.forward(&inputs).cast(burn::tensor::DType::F32).powi_scalar(2).mean();
-        let tapes = super::TAPES.with(|t| t.borrow().len()) - taped;
+        let tapes = super::taped() - taped;
         let mut grads = gradients(loss, &model);
         let mut out = Vec::new();
         model.visit(&mut Collect(&mut grads, &mut out));

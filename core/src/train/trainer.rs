@@ -313,6 +313,7 @@ where
 {
     // Attention with its own chunked backward pass (memory linear in the sequence length).
     crate::model::custom_op::install::<B>();
+    crate::model::checkpoint::clear();
     if config.grad_reduce_dtype == dist::ReduceDtype::Bf16 && !replica.is_single() && !replica.sums_with_nccl::<B::InnerBackend>(&start.model.device()) {
         return Err(Error::InvalidInput(dist::BF16_NEEDS_NCCL.into()));
     }
