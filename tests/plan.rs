@@ -65,7 +65,10 @@ fn plan_is_within_15_percent_of_measured_peak_memory() {
     eprintln!("process without a model: {:.1} MiB", runtime / MIB);
     for (batch, seq, precision, recompute) in [
         (4, 256, Precision::F32, false),
-        (4, 256, Precision::Bf16Mixed, true),
+        // With recompute at 4 × 256 the tiny model's step holds ~30 MiB beyond its weights, and
+        // one process measured 51.8 and 59.6 MiB in two runs: at 8 × 256 what the plan models
+        // outweighs that spread (78.1–79.5 MiB in four runs, plan 79.1).
+        (8, 256, Precision::Bf16Mixed, true),
         (4, 256, Precision::Bf16Pure, false),
     ] {
         let (measured, planned) = measure(&tiny, batch, seq, precision, recompute);

@@ -69,7 +69,7 @@ pub struct PgTrain {
     pub devices: Option<Vec<String>>,
     /// The policy's training precision ([`crate::train::precision`]).
     pub precision: Precision,
-    /// Recompute activations in the backward pass.
+    /// Checkpoint every decoder layer (see [`crate::train::config::NextTokenTrain::recompute`]).
     pub recompute: bool,
     /// ZeRO-1 (see [`crate::train::config::NextTokenTrain::shard_optimizer`]).
     pub shard_optimizer: bool,

@@ -116,9 +116,10 @@ pub struct NextTokenTrain {
     pub devices: Option<Vec<String>>,
     /// `"f32"`, `"bf16-mixed"`, `"f16-mixed"` or `"bf16-pure"` ([`crate::train::precision`]).
     pub precision: Precision,
-    /// Recompute activations in the backward pass instead of keeping them (less memory, more
-    /// compute): burn's `BalancedCheckpointing`, chosen when the run's backend is set up
-    /// (`kiln_backends::run_training_with`).
+    /// Checkpoint every decoder layer (Hugging Face's `gradient_checkpointing`): keep only each
+    /// layer's input and recompute the layer in the backward pass, for the same gradients with
+    /// one more forward pass of the layers ([`crate::model::checkpoint`]; the backend is set up
+    /// with burn's `BalancedCheckpointing` by `kiln_backends::run_training_with`).
     pub recompute: bool,
     /// Each micro-batch's sequences concatenated into one row without padding, positions
     /// restarting and attention within each sequence (TRL's `padding_free`): the same loss as
