@@ -107,6 +107,7 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
     let p = request.precision;
     let s = p.compute().size() as f64;
     let params = config.num_parameters() as f64;
+    let layer_params = crate::model::weights::parameter_counts(config).layer as f64;
     let devices = request.devices.max(1);
     let batch = request.batch.div_ceil(devices);
     let t = request.seq as f64;
@@ -149,7 +150,7 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
     // Mixed precision off the fused path keeps the compute-dtype copy of every weight it casts;
     // with recompute only the recomputed layer's and the head's.
     let copied = match request.recompute {
-        true => params - (layers - 1.0) * crate::model::weights::parameter_counts(config).layer as f64,
+        true => params - (layers - 1.0) * layer_params,
         false => params,
     };
     let copy = if p.compute() != p.weights() && !fused { copied * p.compute().size() as f64 } else { 0.0 };
@@ -183,7 +184,7 @@ pub fn plan(config: &Qwen2Config, request: PlanRequest) -> Plan {
     // layer: the other layers' inputs kept, and the gradients of everything outside the
     // layers) to the last (the first layer: every gradient), so the larger end is the peak.
     let recomputed = if request.recompute { (layer_activations + 3.0 * input_bytes * h * tokens) * slack } else { 0.0 };
-    let outer_grads = (params - layers * crate::model::weights::parameter_counts(config).layer as f64) * p.weights().size() as f64;
+    let outer_grads = (params - layers * layer_params) * p.weights().size() as f64;
     let (recompute_first, backward_end) = match request.recompute {
         true => (
             weights + copy + state + (layers - 1.0) * activations_per_layer * slack + outer_grads + recomputed + attention_chunk,
