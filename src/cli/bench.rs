@@ -48,6 +48,10 @@ pub struct BenchArgs {
     /// `--batch` sequences in all.
     #[arg(long, default_value_t = 1)]
     samples: usize,
+    /// Decode from the batch-shaped KV cache instead of the paged one the CPU uses in f32 (to
+    /// compare the two).
+    #[arg(long, conflicts_with = "train")]
+    dense_kv: bool,
     /// Weights and activations in f32, bf16 or f16 (with --train: the mixed precision of that
     /// dtype unless --precision says otherwise).
     #[arg(long, default_value = "f32")]
@@ -253,6 +257,7 @@ fn generation_figures<B: Backend>(model: &Qwen2<B>, args: &BenchArgs, sampler: S
     let sequences = prompts.len() * samples;
     let mut engine = Engine::new(model, None);
     engine.max_batch_size = sequences;
+    engine.paged = !args.dense_kv;
     // A warm-up, then a prefill-only and a whole generation per repeat.
     let bar = super::progress::with_eta(1 + 2 * args.repeats.max(1) as u64, "runs");
     let time = |new_tokens: usize| -> Result<(f64, StepTimes)> {
@@ -296,6 +301,7 @@ fn generation_figures<B: Backend>(model: &Qwen2<B>, args: &BenchArgs, sampler: S
         "decode_tokens_per_s": decoded / (total - prefill),
         "end_to_end_tokens_per_s": (sequences * args.new_tokens) as f64 / total,
         "decode_step_ms": 1e3 * steps.total_s / steps.steps.max(1) as f64,
+        "kv_cache": if engine.paged && model.new_paged_kv().is_some() { "paged" } else { "dense" },
         "host_share_of_step": host_share,
         "device_memory": memory.figures(),
         "autotune": autotune(args.backend),

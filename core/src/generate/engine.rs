@@ -19,6 +19,7 @@ use super::device_sampler;
 use super::sampler::{Sampled, Sampler, uniform};
 use super::stop::{FinishReason, StopCriteria, StopReason};
 use crate::error::{Error, Result};
+use crate::model::paged_kv::{PagedKv, SeqId};
 use crate::model::{HostBatch, Inputs, KvCache, Qwen2};
 use crate::tokenizer::Tokenizer;
 
@@ -118,6 +119,9 @@ pub struct Engine<'a, B: Backend> {
     pub eos_ids: Vec<u32>,
     /// Largest number of sequences decoded together.
     pub max_batch_size: usize,
+    /// Decode from a paged KV cache where the model offers one ([`Qwen2::new_paged_kv`]: the
+    /// CPU's fused path); `false` keeps the batch-shaped cache everywhere (for comparison).
+    pub paged: bool,
     times: std::sync::Mutex<StepTimes>,
 }
 
@@ -145,7 +149,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         eos_ids.extend(tokenizer.and_then(Tokenizer::eos_id));
         eos_ids.sort_unstable();
         eos_ids.dedup();
-        Self { model, tokenizer, pad_id, eos_ids, max_batch_size: 64, times: Default::default() }
+        Self { model, tokenizer, pad_id, eos_ids, max_batch_size: 64, paged: true, times: Default::default() }
     }
 
     /// Bytes of KV cache one cached position of one sequence takes: keys and values of every
@@ -287,6 +291,9 @@ impl<'a, B: Backend> Engine<'a, B> {
         // Samples not yet started, prompt by prompt: (prompt index, next sample, samples left).
         let mut waiting: VecDeque<(usize, usize, usize)> = order.iter().map(|&p| (p, 0, n)).collect();
         let mut prefilled = Prefilled::default();
+        // Sequences decode from a paged cache where the model has one; its blocks go back as
+        // sequences finish, and are dropped with it when the work runs out.
+        let mut pages = if self.paged { model.new_paged_kv() } else { None };
         let mut batch: Option<Running<B>> = None;
         let mut times = StepTimes::default();
         let mut step_start = std::time::Instant::now();
@@ -296,7 +303,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             let free = capacity.saturating_sub(rows);
             let left: usize = waiting.iter().map(|w| w.2).sum();
             if free > 0 && left > 0 && (rows == 0 || free >= refill_at(capacity) || left <= free) {
-                let joining = self.admit(&mut waiting, free, prompts, &mut prefilled, n)?;
+                let joining = self.admit(&mut waiting, free, prompts, &mut prefilled, n, pages.as_mut())?;
                 batch = Some(match batch {
                     None => joining,
                     Some(running) => Running::join(running, joining),
@@ -336,18 +343,34 @@ impl<'a, B: Backend> Engine<'a, B> {
             let done = running.slots.len() - active.len();
             let free_after = capacity.saturating_sub(active.len());
             if active.is_empty() {
+                if let (Some(pages), Rows::Paged(seqs)) = (pages.as_mut(), &running.rows) {
+                    seqs.iter().for_each(|&s| pages.release(s));
+                }
                 batch = None;
                 times.lap(&mut step_start);
                 self.set_times(times);
                 continue;
             }
-            if done * 4 >= running.slots.len() || (left > 0 && done > 0 && free_after >= refill_at(capacity).min(left)) {
-                let taken = std::mem::replace(&mut running.cache, KvCache::new(0));
-                running.cache = taken.select_and_trim(index_tensor::<B>(&active, &device));
-                running.slots = active.iter().map(|&r| running.slots[r]).collect();
+            match (&mut running.rows, pages.as_mut()) {
+                // A paged sequence leaves as soon as it finishes: its blocks go back, nothing is copied.
+                (Rows::Paged(seqs), Some(pages)) if done > 0 => {
+                    (0..seqs.len()).filter(|&r| sequences[running.slots[r]].finished.is_some()).for_each(|r| pages.release(seqs[r]));
+                    *seqs = active.iter().map(|&r| seqs[r]).collect();
+                    running.slots = active.iter().map(|&r| running.slots[r]).collect();
+                }
+                (Rows::Dense(cache), _) if done * 4 >= running.slots.len() || (left > 0 && done > 0 && free_after >= refill_at(capacity).min(left)) => {
+                    let taken = std::mem::replace(cache, KvCache::new(0));
+                    *cache = taken.select_and_trim(index_tensor::<B>(&active, &device));
+                    running.slots = active.iter().map(|&r| running.slots[r]).collect();
+                }
+                _ => {}
             }
             let step = self.decode_inputs(&running.slots, sequences, &device);
-            let hidden = model.forward_hidden(&step, Some(&mut running.cache));
+            let hidden = match (&mut running.rows, pages.as_mut()) {
+                (Rows::Paged(seqs), Some(pages)) => model.decode_paged(&step, pages, seqs),
+                (Rows::Dense(cache), _) => model.forward_hidden(&step, Some(cache)),
+                (Rows::Paged(_), None) => unreachable!("paged rows come from a paged cache"),
+            };
             running.logits = model.logits(hidden).reshape([running.slots.len(), vocab]);
             times.lap(&mut step_start);
             self.set_times(times);
@@ -390,6 +413,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         prompts: &[Vec<u32>],
         prefilled: &mut Prefilled<B>,
         n: usize,
+        mut pages: Option<&mut PagedKv>,
     ) -> Result<Running<B>> {
         let mut take: Vec<(usize, usize, usize)> = Vec::new(); // (prompt, first sample, count)
         let mut room = free;
@@ -413,23 +437,43 @@ impl<'a, B: Backend> Engine<'a, B> {
             let hidden = self.model.forward_hidden(&inputs, Some(&mut cache));
             let [batch, seq, _] = hidden.dims();
             let logits = self.model.logits(hidden.narrow(1, seq - 1, 1)).reshape([batch, self.model.config().vocab_size]);
+            // Paged: each prompt's positions (its left padding left out) copied into blocks once.
+            let layers = pages.is_some().then(|| cache.host_layers().expect("the fused path's cache is [B, S, K, d] f32"));
             for (i, &p) in new.iter().enumerate() {
                 let row = index_tensor::<B>(&[i], &device);
-                prefilled.entries.insert(p, (cache.clone().select_rows(row.clone()), logits.clone().select(0, row)));
+                let rows = match (pages.as_deref_mut(), &layers) {
+                    (Some(pages), Some(layers)) => {
+                        let len = prompts[p].len();
+                        let per_row = layers[0].0.len() / batch;
+                        let from = per_row / seq * (seq - len);
+                        Rows::Paged(vec![pages.insert(len, |l| (&layers[l].0[i * per_row + from..(i + 1) * per_row], &layers[l].1[i * per_row + from..(i + 1) * per_row]))])
+                    }
+                    _ => Rows::Dense(cache.clone().select_rows(row.clone())),
+                };
+                prefilled.entries.insert(p, (rows, logits.clone().select(0, row)));
             }
         }
         let mut parts = Vec::with_capacity(take.len());
         for &(p, first, count) in &take {
-            let (cache, logits) = prefilled.entries.get(&p).expect("prefilled above").clone();
-            if first + count == n {
+            let (rows, logits) = prefilled.entries.get(&p).expect("prefilled above").clone();
+            let last = first + count == n;
+            if last {
                 prefilled.entries.remove(&p);
             }
             let fan_out = index_tensor::<B>(&vec![0; count], &self.model.device());
-            parts.push(Running {
-                cache: cache.select_rows(fan_out.clone()),
-                logits: logits.select(0, fan_out),
-                slots: (first..first + count).map(|s| p * n + s).collect(),
-            });
+            let rows = match (rows, pages.as_deref_mut()) {
+                // The samples share the prompt's blocks; the prompt's own hold ends with its last sample.
+                (Rows::Paged(prompt), Some(pages)) => {
+                    let seqs = (0..count).map(|_| pages.fork(prompt[0])).collect();
+                    if last {
+                        pages.release(prompt[0]);
+                    }
+                    Rows::Paged(seqs)
+                }
+                (Rows::Dense(cache), _) => Rows::Dense(cache.select_rows(fan_out.clone())),
+                (Rows::Paged(_), None) => unreachable!("paged rows come from a paged cache"),
+            };
+            parts.push(Running { rows, logits: logits.select(0, fan_out), slots: (first..first + count).map(|s| p * n + s).collect() });
         }
         Ok(parts.into_iter().reduce(Running::join).expect("at least one sample admitted"))
     }
@@ -465,7 +509,7 @@ fn refill_at(capacity: usize) -> usize {
 
 /// Prompts prefilled whose samples have not all started: prompt → (its cache row, its logits).
 struct Prefilled<B: Backend> {
-    entries: HashMap<usize, (KvCache<B>, Tensor<B, 2>)>,
+    entries: HashMap<usize, (Rows<B>, Tensor<B, 2>)>,
 }
 
 impl<B: Backend> Default for Prefilled<B> {
@@ -477,16 +521,31 @@ impl<B: Backend> Default for Prefilled<B> {
 /// The rows decoding together: their cache, the logits of their next token, and which
 /// sequence each row holds.
 struct Running<B: Backend> {
-    cache: KvCache<B>,
+    rows: Rows<B>,
     logits: Tensor<B, 2>,
     slots: Vec<usize>,
+}
+
+/// Where rows keep their keys and values: a batch-shaped cache, or sequences of a paged one.
+#[derive(Clone)]
+enum Rows<B: Backend> {
+    Dense(KvCache<B>),
+    Paged(Vec<SeqId>),
 }
 
 impl<B: Backend> Running<B> {
     fn join(a: Self, b: Self) -> Self {
         let mut slots = a.slots;
         slots.extend(b.slots);
-        Self { cache: KvCache::stack(vec![a.cache, b.cache]), logits: Tensor::cat(vec![a.logits, b.logits], 0), slots }
+        let rows = match (a.rows, b.rows) {
+            (Rows::Dense(a), Rows::Dense(b)) => Rows::Dense(KvCache::stack(vec![a, b])),
+            (Rows::Paged(mut a), Rows::Paged(b)) => {
+                a.extend(b);
+                Rows::Paged(a)
+            }
+            _ => unreachable!("one generation call keeps one kind of cache"),
+        };
+        Self { rows, logits: Tensor::cat(vec![a.logits, b.logits], 0), slots }
     }
 }
 
@@ -519,6 +578,46 @@ mod tests {
         // A new call starts the count again.
         engine.generate(&[vec![1]], &SamplingParams { max_new_tokens: 2, ignore_eos: true, ..params }, |_| {}).unwrap();
         assert_eq!(engine.step_times().steps, 2);
+    }
+
+    /// Sequences decoded from the paged cache (prompts' blocks shared by their samples, rows
+    /// leaving as they finish) are the batch-shaped cache's: the same tokens, and log-probs to
+    /// float noise (the batch's rows change at other steps, so the products run on other shapes).
+    #[test]
+    fn paged_and_batch_shaped_caches_generate_the_same() {
+        let config = serde_json::from_str(
+            r#"{"vocab_size": 50, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}"#,
+        )
+        .unwrap();
+        let model = Qwen2::<Flex>::random(&config, 7, &Default::default()).unwrap();
+        assert!(model.new_paged_kv().is_some(), "the Flex backend in f32 decodes from a paged cache");
+        // Prompts across block edges (64 positions), 3 samples each, stop tokens that end
+        // samples at different steps, and more samples than the batch holds at once.
+        let prompts: Vec<Vec<u32>> = [1usize, 63, 64, 65, 130].iter().map(|&len| (0..len).map(|i| (i * 7 % 49 + 1) as u32).collect()).collect();
+        let params = SamplingParams {
+            n: 3,
+            max_new_tokens: 80,
+            sampler: Sampler { temperature: 1.0, top_p: 0.9, ..Sampler::default() },
+            stop: StopCriteria { token_ids: vec![3, 17], strings: vec![] },
+            seed: 11,
+            ..SamplingParams::default()
+        };
+        let run = |paged: bool| {
+            let mut engine = Engine::new(&model, None);
+            engine.paged = paged;
+            engine.max_batch_size = 8;
+            engine.generate(&prompts, &params, |_| {}).unwrap()
+        };
+        let (paged, dense) = (run(true), run(false));
+        let lengths: Vec<usize> = paged.iter().flatten().map(|c| c.token_ids.len()).collect();
+        assert!(lengths.iter().any(|&l| l < 80) && lengths.iter().any(|&l| l > 64), "samples end at several steps: {lengths:?}");
+        for (p, d) in paged.iter().flatten().zip(dense.iter().flatten()) {
+            assert_eq!(p.token_ids, d.token_ids, "prompt {} sample {}", p.prompt_index, p.sample_index);
+            for (a, b) in p.logprobs.iter().zip(&d.logprobs) {
+                assert!((a - b).abs() <= 1e-4, "prompt {} sample {}: {a} vs {b}", p.prompt_index, p.sample_index);
+            }
+        }
     }
 
     #[test]

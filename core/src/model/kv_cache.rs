@@ -212,6 +212,19 @@ impl<B: Backend> KvCache<B> {
             .collect()
     }
 
+    /// Every layer's filled keys and values on the host, as `[B, S, K, d]` f32 (the fused CPU
+    /// path's layout, to copy into a paged cache); `None` for another layout or dtype.
+    pub fn host_layers(&self) -> Option<Vec<(Vec<f32>, Vec<f32>)>> {
+        let host = |t: Tensor<B, 4>| t.into_data().into_vec::<f32>().ok();
+        self.layers
+            .iter()
+            .map(|layer| {
+                let (k, v) = layer.filled().filter(|_| layer.seq_dim == 1)?;
+                Some((host(k)?, host(v)?))
+            })
+            .collect()
+    }
+
     /// `rows` on the host, when the Flex fast path may take them (reading them back is free there).
     fn host_rows(&self, rows: &Tensor<B, 1, Int>) -> Option<Vec<usize>> {
         if !fused::is_flex::<B>() {

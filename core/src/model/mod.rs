@@ -15,6 +15,7 @@ pub mod inputs;
 pub mod kernels;
 pub mod kv_cache;
 pub mod logprobs;
+pub mod paged_kv;
 pub mod proj;
 pub mod qwen2;
 pub mod rope;

@@ -7,7 +7,7 @@
 
 use burn::module::{Module, ModuleMapper, Param};
 use burn::nn::Embedding;
-use burn::tensor::{Bool, DType, Int, Tensor, backend::Backend};
+use burn::tensor::{Bool, DType, Int, Tensor, TensorData, backend::Backend};
 
 use super::checkpoint;
 use super::chunked_attention;
@@ -17,6 +17,7 @@ use super::dtype::Dtype;
 use super::fused::{self, KeyMask};
 use super::inputs::Inputs;
 use super::kv_cache::{KEY_BUCKET, KvCache, LayerCache};
+use super::paged_kv::{PagedKv, SeqId};
 use super::proj::{self, Proj};
 use super::rope::{RopeTables, RotaryEmbedding};
 use super::weights::Weights;
@@ -184,6 +185,22 @@ impl<B: Backend> Attention<B> {
         let out = fused::attention(q, k, v, mask).expect("AttnMask::new chose the fused path for this backend and dtype");
         self.o_proj.forward(out.reshape([batch, seq, heads * d]))
     }
+    /// One decoding step from a paged KV cache (the fused CPU path, f32): `x` `[R, 1, D]`, one
+    /// row per sequence of `seqs`, whose keys and values at this position are written to layer
+    /// `layer` of `cache` ([`PagedKv::reserve`]d by the caller) before attending.
+    fn forward_paged(&self, x: Tensor<B, 3>, rope: &RopeTables<B>, cache: &mut PagedKv, layer: usize, seqs: &[SeqId]) -> Tensor<B, 3> {
+        let [rows, seq, _] = x.dims();
+        assert_eq!(seq, 1, "a paged KV cache decodes one position per sequence");
+        let (heads, kv_heads, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let device = x.device();
+        let [q, k, v] = proj::project_all(x, [&self.q_proj, &self.k_proj, &self.v_proj]);
+        let host = |t: Tensor<B, 4>| t.into_data().into_vec::<f32>().expect("f32 activations on the fused path");
+        let q = host(rope.apply_seq_major(q.reshape([rows, 1, heads, d])));
+        let k = host(rope.apply_seq_major(k.reshape([rows, 1, kv_heads, d])));
+        cache.write(layer, seqs, &k, &host(v.reshape([rows, 1, kv_heads, d])));
+        let out = cache.attend(layer, seqs, &q, heads);
+        self.o_proj.forward(Tensor::from_data(TensorData::new(out, [rows, 1, heads * d]), &device))
+    }
 }
 
 /// How attention learns which keys each query may see.
@@ -302,6 +319,13 @@ impl<B: Backend> DecoderLayer<B> {
         let h = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x), rope, mask, cache);
         h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
     }
+
+    /// [`DecoderLayer::forward`] for one decoding step from a paged KV cache
+    /// ([`Qwen2::decode_paged`]).
+    fn forward_paged(&self, x: Tensor<B, 3>, rope: &RopeTables<B>, cache: &mut PagedKv, layer: usize, seqs: &[SeqId]) -> Tensor<B, 3> {
+        let h = x.clone() + self.self_attn.forward_paged(self.input_layernorm.forward(x), rope, cache, layer, seqs);
+        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
+    }
 }
 
 /// `Qwen2ForCausalLM`.
@@ -393,6 +417,27 @@ impl<B: Backend> Qwen2<B> {
                 x = layer.forward(x, &rope, &mask, layer_cache);
             }
         }
+        self.norm.forward(x)
+    }
+
+    /// An empty paged KV cache for this model, where decoding takes one
+    /// ([`Qwen2::decode_paged`]): the Flex backend with f32 activations; `None` elsewhere.
+    pub fn new_paged_kv(&self) -> Option<PagedKv> {
+        let fused = crate::model::fused::is_flex::<B>() && self.activation_dtype() == Dtype::F32 && AttnMask::<B>::is_fused(DType::F32);
+        fused.then(|| PagedKv::new(self.config.num_hidden_layers, self.config.num_kv_heads(), self.config.head_dim()))
+    }
+
+    /// Final hidden states `[R, 1, D]` of one decoding step from a paged KV cache (from
+    /// [`Qwen2::new_paged_kv`]): row `r` of `inputs` (`[R, 1]`) continues sequence `seqs[r]`,
+    /// whose keys and values at this position join the cache.
+    pub fn decode_paged(&self, inputs: &Inputs<B>, cache: &mut PagedKv, seqs: &[SeqId]) -> Tensor<B, 3> {
+        cache.reserve(seqs);
+        let rope = self.rope.tables(inputs.positions.clone());
+        let mut x = self.embed(inputs.ids.clone());
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = layer.forward_paged(x, &rope, cache, i, seqs);
+        }
+        cache.advance(seqs);
         self.norm.forward(x)
     }
 

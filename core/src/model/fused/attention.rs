@@ -387,6 +387,95 @@ fn values_of<const D: usize>(probs: &[f32], v: &[f32], stride: usize, width: usi
     }
 }
 
+/// One decoding query's keys and values in a paged KV cache: `len` positions, position `j` in
+/// block `j / block` at `j % block`; each block slice is one layer's `[block, K, d]`.
+pub struct PagedRow<'a> {
+    pub len: usize,
+    pub keys: Vec<&'a [f32]>,
+    pub values: Vec<&'a [f32]>,
+}
+
+/// Decoding attention over a paged KV cache: row `r`'s one query `q[r]` (`[R, H, d]`, after
+/// RoPE) attends to all `rows[r].len` keys (its own the last; a row holds no padding). Returns
+/// `[R, H, d]`. Tasks of one row and one KV head run on rayon's pool; the scores and the
+/// weighted sum are [`forward_strided`]'s for a streamed block ([`FEW_ROWS`] rows: the same
+/// functions, keys in the same order, groups of 16 keys starting at the row's first key as
+/// there), so a row decodes to the same bits as from a contiguous cache with `G ≤ FEW_ROWS`.
+pub fn decode_paged(heads: usize, kv_heads: usize, head_dim: usize, block: usize, q: &[f32], rows: &[PagedRow<'_>], scale: f32) -> Vec<f32> {
+    let (g, d, stride) = (heads / kv_heads, head_dim, kv_heads * head_dim);
+    assert!(block.is_multiple_of(16) && heads.is_multiple_of(kv_heads) && q.len() == rows.len() * heads * d);
+    let mut out = vec![0.0f32; q.len()];
+    if d == 0 {
+        return out;
+    }
+    out.par_chunks_mut(g * d).enumerate().for_each(|(task, out)| {
+        let (r, kh) = (task / kv_heads, task % kv_heads);
+        let row = &rows[r];
+        let width = row.len;
+        assert!(width > 0 && row.keys.len() * block >= width && row.values.len() == row.keys.len());
+        let qp = &q[(r * heads + kh * g) * d..][..g * d];
+        let mut scores = vec![0.0f32; g * width];
+        let mut part = vec![0.0f32; g * block];
+        for (i, keys) in row.keys.iter().enumerate().take(width.div_ceil(block)) {
+            let (start, n) = (i * block, block.min(width - i * block));
+            let part = &mut part[..g * n];
+            streamed_scores(qp, &keys[kh * d..], stride, d, scale, part);
+            for (s, p) in scores.chunks_exact_mut(width).zip(part.chunks_exact(n)) {
+                s[start..start + n].copy_from_slice(p);
+            }
+        }
+        let (limits, valid, mut lse) = (vec![width - 1; g], vec![1u32; width], vec![0.0f32; g]);
+        softmax_rows(&mut scores, width, &limits, &valid, &mut lse);
+        paged_values(&scores, &row.values, kh * d, stride, block, width, out);
+    });
+    out
+}
+
+simd_fn! {
+    /// [`streamed_values`] over a paged row: value `j` of `blocks[j / block]` at
+    /// `offset + (j % block) · stride`; `out` `[rows, d]` with `probs` `[rows, width]`.
+    fn paged_values(probs: &[f32], blocks: &[&[f32]], offset: usize, stride: usize, block: usize, width: usize, out: &mut [f32]) {
+        let rows = probs.len() / width.max(1);
+        match out.len() / rows.max(1) {
+            32 => paged_values_of::<32>(probs, blocks, offset, stride, block, width, out),
+            64 => paged_values_of::<64>(probs, blocks, offset, stride, block, width, out),
+            128 => paged_values_of::<128>(probs, blocks, offset, stride, block, width, out),
+            d => {
+                out.fill(0.0);
+                for j in 0..width {
+                    let value = &blocks[j / block][offset + (j % block) * stride..][..d];
+                    for (r, o) in out.chunks_exact_mut(d).enumerate() {
+                        let p = probs[r * width + j];
+                        for (o, &x) in o.iter_mut().zip(value) {
+                            *o += p * x;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`paged_values`] for a head size known at compile time: [`values_of`]'s sums, in the same
+/// order, across the blocks.
+#[inline(always)]
+fn paged_values_of<const D: usize>(probs: &[f32], blocks: &[&[f32]], offset: usize, stride: usize, block: usize, width: usize, out: &mut [f32]) {
+    for (row, o) in probs.chunks_exact(width).zip(out.chunks_exact_mut(D)) {
+        let mut acc = [0.0f32; D];
+        for (i, values) in blocks.iter().enumerate().take(width.div_ceil(block)) {
+            let start = i * block;
+            let probs = &row[start..(start + block).min(width)];
+            for (&p, value) in probs.iter().zip(values[offset..].chunks(stride)) {
+                let value: &[f32; D] = value[..D].try_into().expect("a whole value");
+                for c in 0..D {
+                    acc[c] += p * value[c];
+                }
+            }
+        }
+        o.copy_from_slice(&acc);
+    }
+}
+
 /// [`streamed_scores`] in AVX-512 for head sizes that are a multiple of 16: the products of 16
 /// keys with a query are 16 vectors of partial sums, added across in one transposing tree (15
 /// adds, 30 shuffles) instead of 16 separate horizontal sums.
