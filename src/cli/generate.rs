@@ -70,8 +70,10 @@ pub struct GenerateArgs {
     /// Sequences decoded together.
     #[arg(long, default_value_t = 64)]
     batch_size: usize,
-    /// GiB of KV cache: decode at most as many sequences together as fit (the longest prompt
-    /// plus --max-new-tokens each), and at most --batch-size.
+    /// GiB of KV cache. The CPU's paged cache (f32) takes in a sample while the 64-position
+    /// blocks it may need at its longest fit (a prompt's blocks counted once for all its
+    /// samples); other caches decode at most as many sequences as fit at the longest prompt
+    /// plus --max-new-tokens. Either way at most --batch-size together.
     #[arg(long)]
     kv_memory: Option<f64>,
     /// Print one JSON object per sample.
@@ -169,11 +171,7 @@ impl Job for GenerateJob {
         };
         let mut engine = Engine::new(&model, tokenizer.as_ref());
         engine.max_batch_size = args.batch_size.max(1);
-        if let Some(gib) = args.kv_memory {
-            let longest = prompt_ids.iter().map(Vec::len).max().unwrap_or(0) + args.max_new_tokens;
-            let rows = engine.rows_within((gib * (1u64 << 30) as f64) as u64, longest.min(model.context_len()))?;
-            engine.max_batch_size = engine.max_batch_size.min(rows);
-        }
+        engine.kv_memory = args.kv_memory.map(|gib| (gib * (1u64 << 30) as f64) as u64);
 
         let prompt_logprobs = match args.prompt_logprobs {
             true => Some(prompts_logprobs(&model, &prompt_ids, engine.max_batch_size)?),

@@ -19,7 +19,7 @@ use super::device_sampler;
 use super::sampler::{Sampled, Sampler, uniform};
 use super::stop::{FinishReason, StopCriteria, StopReason};
 use crate::error::{Error, Result};
-use crate::model::paged_kv::{PagedKv, SeqId};
+use crate::model::paged_kv::{BLOCK, PagedKv, SeqId};
 use crate::model::{HostBatch, Inputs, KvCache, Qwen2};
 use crate::tokenizer::Tokenizer;
 
@@ -93,6 +93,9 @@ pub struct StepTimes {
     /// work: stop checks, batch bookkeeping, building inputs and launching the next step's
     /// kernels. On the CPU backend everything is host work.
     pub wait_s: f64,
+    /// The most bytes the paged KV cache's blocks in use took at once (0 for the batch-shaped
+    /// cache).
+    pub kv_bytes_peak: u64,
 }
 
 impl StepTimes {
@@ -122,6 +125,11 @@ pub struct Engine<'a, B: Backend> {
     /// Decode from a paged KV cache where the model offers one ([`Qwen2::new_paged_kv`]: the
     /// CPU's fused path); `false` keeps the batch-shaped cache everywhere (for comparison).
     pub paged: bool,
+    /// Bytes the KV cache may take (`kiln generate --kv-memory`): the paged cache admits a
+    /// sample only when the blocks it may still need fit ([`Engine::blocks_for`]); the
+    /// batch-shaped one decodes at most [`Engine::rows_within`] rows. `None`: no bound but
+    /// [`Engine::max_batch_size`].
+    pub kv_memory: Option<u64>,
     times: std::sync::Mutex<StepTimes>,
 }
 
@@ -149,7 +157,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         eos_ids.extend(tokenizer.and_then(Tokenizer::eos_id));
         eos_ids.sort_unstable();
         eos_ids.dedup();
-        Self { model, tokenizer, pad_id, eos_ids, max_batch_size: 64, paged: true, times: Default::default() }
+        Self { model, tokenizer, pad_id, eos_ids, max_batch_size: 64, paged: true, kv_memory: None, times: Default::default() }
     }
 
     /// Bytes of KV cache one cached position of one sequence takes: keys and values of every
@@ -159,10 +167,31 @@ impl<'a, B: Backend> Engine<'a, B> {
         (2 * c.num_hidden_layers * c.num_kv_heads() * c.head_dim() * self.model.activation_dtype().size()) as u64
     }
 
+    /// Whether [`Engine::generate`] decodes from a paged KV cache (see [`Engine::paged`]).
+    pub fn pages_kv(&self) -> bool {
+        self.paged && self.model.new_paged_kv().is_some()
+    }
+
+    /// Blocks of a paged cache one sample of a `prompt`-token prompt with `new` new tokens may
+    /// take at most, unshared: its prompt's blocks, and the blocks from the prompt's last full
+    /// one to its end (the prompt's last block, shared, is copied when the sample first writes).
+    pub const fn blocks_for(prompt: usize, new: usize) -> usize {
+        prompt.div_ceil(BLOCK) + (prompt + new).div_ceil(BLOCK) - prompt / BLOCK
+    }
+
     /// The most sequences of `positions` positions (prompt and new tokens) whose KV cache fits
-    /// `bytes`, counting the half a full buffer may grow by at once; at least 1 if one fits.
+    /// `bytes`, counting the half a full buffer may grow by at once (in whole blocks on the
+    /// paged cache, none shared); at least 1 if one fits.
     pub fn rows_within(&self, bytes: u64, positions: usize) -> Result<usize> {
-        let per_row = self.kv_bytes_per_position() * (positions + positions / 2) as u64;
+        let per_row = match self.model.new_paged_kv().filter(|_| self.paged) {
+            Some(pages) => pages.block_bytes() * positions.div_ceil(BLOCK) as u64,
+            None => self.kv_bytes_per_position() * (positions + positions / 2) as u64,
+        };
+        Self::fit(bytes, per_row, positions)
+    }
+
+    /// How many of `per_row` bytes `bytes` holds; an error if not one (`positions` long).
+    fn fit(bytes: u64, per_row: u64, positions: usize) -> Result<usize> {
         match bytes / per_row.max(1) {
             0 => Err(Error::InvalidInput(format!(
                 "{} of KV cache does not hold one sequence of {positions} positions ({} needed)",
@@ -287,13 +316,26 @@ impl<'a, B: Backend> Engine<'a, B> {
         let device = model.device();
         let vocab = model.config().vocab_size;
         let n = params.n;
-        let capacity = self.max_batch_size.max(1);
+        let mut capacity = self.max_batch_size.max(1);
+        let mut pages = if self.paged { model.new_paged_kv() } else { None };
+        // A KV memory bound: in blocks where they are paged (one sample of the longest prompt
+        // must fit), else in rows.
+        let lengths = prompts.iter().map(|p| (p.len(), params.max_new_tokens.min(model.context_len() - p.len())));
+        let block_limit = match (self.kv_memory, pages.as_ref()) {
+            (Some(bytes), Some(pages)) => {
+                let (prompt, new) = lengths.max_by_key(|&(p, new)| (Self::blocks_for(p, new), p + new)).unwrap_or((0, 0));
+                Self::fit(bytes, pages.block_bytes() * Self::blocks_for(prompt, new) as u64, prompt + new)?;
+                Some((bytes / pages.block_bytes()) as usize)
+            }
+            (Some(bytes), None) => {
+                capacity = capacity.min(self.rows_within(bytes, lengths.map(|(p, new)| p + new).max().unwrap_or(0))?);
+                None
+            }
+            (None, _) => None,
+        };
         // Samples not yet started, prompt by prompt: (prompt index, next sample, samples left).
         let mut waiting: VecDeque<(usize, usize, usize)> = order.iter().map(|&p| (p, 0, n)).collect();
         let mut prefilled = Prefilled::default();
-        // Sequences decode from a paged cache where the model has one; its blocks go back as
-        // sequences finish, and are dropped with it when the work runs out.
-        let mut pages = if self.paged { model.new_paged_kv() } else { None };
         let mut batch: Option<Running<B>> = None;
         let mut times = StepTimes::default();
         let mut step_start = std::time::Instant::now();
@@ -303,11 +345,27 @@ impl<'a, B: Backend> Engine<'a, B> {
             let free = capacity.saturating_sub(rows);
             let left: usize = waiting.iter().map(|w| w.2).sum();
             if free > 0 && left > 0 && (rows == 0 || free >= refill_at(capacity) || left <= free) {
-                let joining = self.admit(&mut waiting, free, prompts, &mut prefilled, n, pages.as_mut())?;
-                batch = Some(match batch {
-                    None => joining,
-                    Some(running) => Running::join(running, joining),
+                // Blocks not yet promised: the limit, less those in use and those the running
+                // sequences may still take (from their last full block to their end).
+                let spare = block_limit.zip(pages.as_ref()).map(|(limit, pages)| {
+                    let promised: usize = match batch.as_ref().map(|b| (&b.rows, &b.slots)) {
+                        Some((Rows::Paged(seqs), slots)) => seqs
+                            .iter()
+                            .zip(slots)
+                            .map(|(&id, &s)| (sequences[s].prompt_len + sequences[s].limit).div_ceil(BLOCK) - pages.len(id) / BLOCK)
+                            .sum(),
+                        _ => 0,
+                    };
+                    limit.saturating_sub(pages.blocks_in_use() + promised)
                 });
+                match (self.admit(&mut waiting, free, prompts, &mut prefilled, params, spare, pages.as_mut())?, batch.take()) {
+                    (Some(joining), None) => batch = Some(joining),
+                    (Some(joining), Some(running)) => batch = Some(Running::join(running, joining)),
+                    (None, running) => batch = running,
+                }
+                if batch.is_none() {
+                    return Err(Error::InvalidInput("the KV cache's memory holds no waiting sample (raise --kv-memory)".into()));
+                }
             }
             let Some(running) = batch.as_mut() else { break };
 
@@ -367,7 +425,11 @@ impl<'a, B: Backend> Engine<'a, B> {
             }
             let step = self.decode_inputs(&running.slots, sequences, &device);
             let hidden = match (&mut running.rows, pages.as_mut()) {
-                (Rows::Paged(seqs), Some(pages)) => model.decode_paged(&step, pages, seqs),
+                (Rows::Paged(seqs), Some(pages)) => {
+                    let hidden = model.decode_paged(&step, pages, seqs);
+                    times.kv_bytes_peak = times.kv_bytes_peak.max(pages.blocks_in_use() as u64 * pages.block_bytes());
+                    hidden
+                }
                 (Rows::Dense(cache), _) => model.forward_hidden(&step, Some(cache)),
                 (Rows::Paged(_), None) => unreachable!("paged rows come from a paged cache"),
             };
@@ -404,22 +466,38 @@ impl<'a, B: Backend> Engine<'a, B> {
         (crate::par::map_in_order(&rows, |&(row, u)| params.sampler.sample(row, u)), 0.0)
     }
 
-    /// Takes up to `free` waiting samples (whole prompts' worth where possible), prefills the
-    /// prompts not prefilled yet (together), and returns the batch of their rows.
+    /// Takes up to `free` waiting samples (whole prompts' worth where possible) and, on a
+    /// paged cache with a memory bound, as many as `spare` blocks can hold at their longest
+    /// ([`Engine::blocks_for`], a prompt's blocks counted once); prefills the prompts not
+    /// prefilled yet (together), and returns the batch of their rows (`None`: none fit).
+    #[allow(clippy::too_many_arguments)]
     fn admit(
         &self,
         waiting: &mut VecDeque<(usize, usize, usize)>,
         free: usize,
         prompts: &[Vec<u32>],
         prefilled: &mut Prefilled<B>,
-        n: usize,
+        params: &SamplingParams,
+        mut spare: Option<usize>,
         mut pages: Option<&mut PagedKv>,
-    ) -> Result<Running<B>> {
+    ) -> Result<Option<Running<B>>> {
+        let n = params.n;
         let mut take: Vec<(usize, usize, usize)> = Vec::new(); // (prompt, first sample, count)
         let mut room = free;
         while room > 0 {
             let Some(front) = waiting.front_mut() else { break };
-            let count = front.2.min(room);
+            let mut count = front.2.min(room);
+            if let Some(spare) = spare.as_mut() {
+                let len = prompts[front.0].len();
+                let new = params.max_new_tokens.min(self.model.context_len() - len);
+                let prompt_blocks = if prefilled.entries.contains_key(&front.0) { 0 } else { len.div_ceil(BLOCK) };
+                let per_sample = Self::blocks_for(len, new) - len.div_ceil(BLOCK);
+                count = count.min(spare.saturating_sub(prompt_blocks) / per_sample.max(1));
+                if count == 0 {
+                    break;
+                }
+                *spare -= prompt_blocks + count * per_sample;
+            }
             take.push((front.0, front.1, count));
             room -= count;
             front.1 += count;
@@ -475,7 +553,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             };
             parts.push(Running { rows, logits: logits.select(0, fan_out), slots: (first..first + count).map(|s| p * n + s).collect() });
         }
-        Ok(parts.into_iter().reduce(Running::join).expect("at least one sample admitted"))
+        Ok(parts.into_iter().reduce(Running::join))
     }
 
     /// The `[rows, 1]` step input: each live row feeds its last token at its next position;
@@ -624,16 +702,40 @@ mod tests {
     fn kv_memory_bounds_the_batch() {
         let config = serde_json::from_str(
             r#"{"vocab_size": 40, "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 3,
-                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}"#,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}"#,
         )
         .unwrap();
         let model = Qwen2::<Flex>::random(&config, 1, &Default::default()).unwrap();
-        let engine = Engine::new(&model, None);
+        let mut engine = Engine::new(&model, None);
         // Keys and values, 3 layers, 2 KV heads of 4, f32: 192 bytes a position.
         assert_eq!(engine.kv_bytes_per_position(), 2 * 3 * 2 * 4 * 4);
-        // 20 positions and the half a buffer may grow by: 30 × 192 = 5,760 bytes a sequence.
+        // The paged cache: blocks of 64 positions, 12,288 bytes.
+        let block = 64 * 192;
+        assert_eq!(engine.rows_within(10 * block + block - 1, 20).unwrap(), 10);
+        assert_eq!(engine.rows_within(10 * block, 65).unwrap(), 5);
+        // The batch-shaped one: 20 positions and the half a buffer may grow by, 5,760 bytes.
+        engine.paged = false;
         assert_eq!(engine.rows_within(10 * 5760 + 5759, 20).unwrap(), 10);
         let err = engine.rows_within(5759, 20).unwrap_err().to_string();
         assert!(err.contains("does not hold one sequence of 20 positions"), "{err}");
+
+        // A 10-token prompt, 4 samples of 60 tokens: a sample may take the prompt's block, its
+        // own copy of it and one more block. Three blocks hold one sample at a time (4 × 60
+        // steps), nine hold all four at once (60 steps); the tokens are the same.
+        engine.paged = true;
+        let params = SamplingParams { n: 4, max_new_tokens: 60, ignore_eos: true, sampler: Sampler { temperature: 1.0, ..Sampler::default() }, ..SamplingParams::default() };
+        let mut run = |blocks: Option<u64>| {
+            engine.kv_memory = blocks.map(|b| b * block);
+            let out = engine.generate(&[(1..=10).collect()], &params, |_| {}).map(|out| out.into_iter().flatten().map(|c| c.token_ids).collect::<Vec<_>>());
+            (out, engine.step_times())
+        };
+        let free = run(None).0.unwrap();
+        let (three, times) = run(Some(3));
+        assert_eq!((three.unwrap(), times.steps), (free.clone(), 4 * 60));
+        assert!(times.kv_bytes_peak <= 3 * block && times.kv_bytes_peak >= 2 * block, "{}", times.kv_bytes_peak);
+        let (nine, times) = run(Some(9));
+        assert_eq!((nine.unwrap(), times.steps), (free, 60));
+        let err = run(Some(2)).0.unwrap_err().to_string();
+        assert!(err.contains("does not hold one sequence of 70 positions"), "{err}");
     }
 }
