@@ -98,6 +98,10 @@ struct InterplayArgs {
     /// Sequences decoded together (per device).
     #[arg(long, default_value_t = 256)]
     batch_size: usize,
+    /// GiB of KV cache per device: on the CPU's paged cache (f32) a sample joins the batch
+    /// only while the 64-position blocks it may need fit (`kiln generate --kv-memory`).
+    #[arg(long)]
+    kv_memory: Option<f64>,
     /// Weights and activations in f32, bf16 or f16 (attention and log-probs in f32).
     #[arg(long, default_value = "f32")]
     dtype: Dtype,
@@ -195,6 +199,7 @@ fn interplay(args: InterplayArgs) -> Result<()> {
         id_op_threshold: threshold,
         shard_prompts: args.shard_prompts,
         batch_size: args.batch_size,
+        kv_memory: args.kv_memory.map(kiln::generate::gib_bytes),
         loss: args.loss,
         keep_generations: args.keep_generations,
         overwrite: args.overwrite,

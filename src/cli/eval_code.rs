@@ -85,6 +85,10 @@ pub struct CodeEvalArgs {
     /// Sequences decoded together (per device).
     #[arg(long, default_value_t = 64)]
     batch_size: usize,
+    /// GiB of KV cache per device: on the CPU's paged cache (f32) a sample joins the batch
+    /// only while the 64-position blocks it may need fit (`kiln generate --kv-memory`).
+    #[arg(long)]
+    kv_memory: Option<f64>,
     /// Weights and activations in f32, bf16 or f16 (attention and log-probs in f32).
     #[arg(long, default_value = "f32")]
     dtype: Dtype,
@@ -175,6 +179,7 @@ pub fn run(mut args: CodeEvalArgs) -> Result<()> {
         id_op_threshold: None,
         shard_prompts: args.shard_prompts,
         batch_size: args.batch_size,
+        kv_memory: args.kv_memory.map(kiln::generate::gib_bytes),
         loss: false,
         keep_generations: true,
         overwrite: args.overwrite,

@@ -171,7 +171,7 @@ impl Job for GenerateJob {
         };
         let mut engine = Engine::new(&model, tokenizer.as_ref());
         engine.max_batch_size = args.batch_size.max(1);
-        engine.kv_memory = args.kv_memory.map(|gib| (gib * (1u64 << 30) as f64) as u64);
+        engine.kv_memory = args.kv_memory.map(kiln::generate::gib_bytes);
 
         let prompt_logprobs = match args.prompt_logprobs {
             true => Some(prompts_logprobs(&model, &prompt_ids, engine.max_batch_size)?),

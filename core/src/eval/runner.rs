@@ -51,6 +51,8 @@ pub struct EvalSettings {
     pub shard_prompts: usize,
     /// Sequences decoded together.
     pub batch_size: usize,
+    /// Bytes the KV cache may take ([`crate::generate::Engine::kv_memory`]).
+    pub kv_memory: Option<u64>,
     /// Also compute the teacher-forced loss of every item (Interplay's `avg_loss` fields).
     pub loss: bool,
     /// Rows per teacher-forced forward pass.
@@ -74,6 +76,7 @@ impl Default for EvalSettings {
             id_op_threshold: Some(10),
             shard_prompts: 32,
             batch_size: 256,
+            kv_memory: None,
             loss: false,
             loss_batch_size: 8,
             keep_generations: false,
@@ -307,6 +310,7 @@ fn evaluate_model<B: Backend>(
 
     let mut engine = Engine::new(&model, Some(&tokenizer));
     engine.max_batch_size = settings.batch_size.max(1);
+    engine.kv_memory = settings.kv_memory;
     let work = ShardWork { evaluation, parts: &parts, prompts: &prompts, settings };
     let progress = Progress::new(name, &parts, &missing, settings);
     generate_shards(replica, &engine, &work, &missing, progress, store.as_ref(), on_event)?;

@@ -579,6 +579,11 @@ impl<'a, B: Backend> Engine<'a, B> {
     }
 }
 
+/// `gib` GiB in bytes (the `kv_memory` settings are given in GiB).
+pub fn gib_bytes(gib: f64) -> u64 {
+    (gib * (1u64 << 30) as f64) as u64
+}
+
 /// Free rows at which a running batch takes in waiting samples: an eighth of it, so a refill
 /// (a prefill and a copy of the cache) is paid for by several rows at once.
 fn refill_at(capacity: usize) -> usize {

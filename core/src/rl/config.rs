@@ -125,6 +125,11 @@ pub struct RolloutSection {
     pub max_response_length: usize,
     /// Sequences decoded together.
     pub batch_size: usize,
+    /// GiB the rollout's KV cache may take (vLLM's memory share): on the CPU's paged cache a
+    /// sample joins the batch only while the blocks it may need fit; unset, only `batch_size`
+    /// bounds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_memory: Option<f64>,
     /// DAPO's dynamic sampling (verl's `algorithm.filter_groups`): `[rollout.filter_groups]`.
     pub filter_groups: Option<FilterGroups>,
 }
@@ -273,6 +278,7 @@ impl PgConfig {
                 sampler: Sampler { temperature: r.temperature, top_k: r.top_k, top_p: r.top_p, min_p: r.min_p },
                 max_response_length: r.max_response_length,
                 batch_size: r.batch_size,
+                kv_memory: r.kv_memory.map(crate::generate::gib_bytes),
                 dtype: self.model.dtype,
             },
             prompts_per_step: t.prompts_per_step,

@@ -153,6 +153,9 @@ impl PgSettings {
             ));
         }
         r.sampler.check().map_err(|e| format!("[rollout] {e}"))?;
+        if r.kv_memory == Some(0) {
+            return Err("[rollout] kv_memory must be more than 0 GiB".into());
+        }
         if c.dual <= 1.0 || c.low < 0.0 || c.high < 0.0 {
             return Err(format!("clip ratios must be non-negative and the dual clip must exceed 1 (got {c:?})"));
         }
@@ -772,7 +775,7 @@ mod tests {
         let tokenizer = Tokenizer::from_file(fixtures.join("qwen2_100M")).unwrap();
         let prompts = PromptSet::load(&[fixtures.join("rows/op2.jsonl")], &tokenizer, 512, Some(4)).unwrap();
         let settings = PgSettings {
-            rollout: RolloutSettings { n: 4, sampler: Sampler::default(), max_response_length: 6, batch_size: 64, dtype: None },
+            rollout: RolloutSettings { n: 4, sampler: Sampler::default(), max_response_length: 6, batch_size: 64, kv_memory: None, dtype: None },
             prompts_per_step: 4,
             mini_batch: 2,
             micro_batch: 4,

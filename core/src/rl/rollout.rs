@@ -19,6 +19,8 @@ pub struct RolloutSettings {
     pub max_response_length: usize,
     /// Most sequences decoded together.
     pub batch_size: usize,
+    /// Bytes the KV cache may take ([`crate::generate::Engine::kv_memory`]).
+    pub kv_memory: Option<u64>,
     /// The policy samples in this dtype (`[model] dtype`; default: the dtype it computes in).
     pub dtype: Option<Dtype>,
 }
@@ -56,6 +58,7 @@ pub fn rollout<B: Backend>(
 ) -> Result<Vec<Response>> {
     let mut engine = Engine::new(model, Some(tokenizer));
     engine.max_batch_size = settings.batch_size;
+    engine.kv_memory = settings.kv_memory;
     let params = SamplingParams {
         n: settings.n,
         sampler: settings.sampler,

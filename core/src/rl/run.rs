@@ -136,6 +136,7 @@ fn prepare<'a, B: AutodiffBackend>(
                 max_prompt_length: data.max_prompt_length,
                 max_new_tokens: eval.max_new_tokens.unwrap_or(settings.rollout.max_response_length),
                 batch_size: settings.rollout.batch_size,
+                kv_memory: settings.rollout.kv_memory,
             };
             let files = task.files(Some(dir), &eval.ops, &[])?;
             Some(Validator::from_files(task.clone(), &files, &tokenizer, eos_ids.clone(), &validation)?)

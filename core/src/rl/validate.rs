@@ -32,6 +32,8 @@ pub struct ValidationSettings {
     pub max_new_tokens: usize,
     /// Sequences decoded together.
     pub batch_size: usize,
+    /// Bytes the KV cache may take (the rollout's, `[rollout] kv_memory`).
+    pub kv_memory: Option<u64>,
 }
 
 /// Greedy validation on a directory of per-op files.
@@ -61,7 +63,7 @@ impl Validator {
         let prompts = PromptSet::from_task(task.as_ref(), files, tokenizer, settings.max_prompt_length, settings.rows_per_op)?;
         let reward = task.reward(&RewardConfig::Outcome)?;
         let rollout =
-            RolloutSettings { n: 1, sampler: Sampler::greedy(), max_response_length: settings.max_new_tokens, batch_size: settings.batch_size, dtype: None };
+            RolloutSettings { n: 1, sampler: Sampler::greedy(), max_response_length: settings.max_new_tokens, batch_size: settings.batch_size, kv_memory: settings.kv_memory, dtype: None };
         let id_max_level = settings.id_max_level.or_else(|| task.id_max_level());
         Ok(Self { prompts, reward, tokenizer: tokenizer.clone(), eos_ids, id_max_level, rollout })
     }

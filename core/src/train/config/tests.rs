@@ -223,6 +223,10 @@ id_max_op = 10
     assert_eq!(l.schedule, Schedule { warmup_steps: 0, total_steps: 195, decay: Decay::Constant });
     assert_eq!((l.optimizer, l.save.every, l.save.run_name.as_deref()), (adamw(1e-6, 0.01), Some(20.0), Some("op11_14")));
     assert_eq!(old.settings().agg, LossAgg::TokenMean);
+    // No KV memory bound unless given (GiB, then bytes for the engine).
+    assert_eq!(old.settings().rollout.kv_memory, None);
+    let bounded = PgConfig::from_toml(&path, &new_text.replace("max_response_length = 1024\n", "max_response_length = 1024\nkv_memory = 1.5\n")).unwrap();
+    assert_eq!(bounded.settings().rollout.kv_memory, Some(3 << 29));
 
     // The OPD config leaves the optimizer, schedule and validation to the defaults.
     let path = repo("examples/configs/opd_refkl_op11_14.toml");
