@@ -127,8 +127,10 @@ pub struct Engine<'a, B: Backend> {
     pub paged: bool,
     /// Bytes the KV cache may take (`kiln generate --kv-memory`): the paged cache admits a
     /// sample only when the blocks it may still need fit ([`Engine::blocks_for`]); the
-    /// batch-shaped one decodes at most [`Engine::rows_within`] rows. `None`: no bound but
-    /// [`Engine::max_batch_size`].
+    /// batch-shaped one decodes at most [`Engine::rows_within`] rows. `None`: the paged cache
+    /// takes at most half the memory available when a call starts (`MemAvailable`, as vLLM
+    /// sizes its cache from the device's free memory; the rest is left to the prefill's
+    /// activations), the batch-shaped one only [`Engine::max_batch_size`].
     pub kv_memory: Option<u64>,
     times: std::sync::Mutex<StepTimes>,
 }
@@ -321,10 +323,14 @@ impl<'a, B: Backend> Engine<'a, B> {
         // A KV memory bound: in blocks where they are paged (one sample of the longest prompt
         // must fit), else in rows.
         let lengths = prompts.iter().map(|p| (p.len(), params.max_new_tokens.min(model.context_len() - p.len())));
-        let block_limit = match (self.kv_memory, pages.as_ref()) {
+        let kv_memory = self.kv_memory.or_else(|| pages.as_ref().and_then(|_| crate::model::weights::available_memory()).map(|bytes| bytes / 2));
+        let block_limit = match (kv_memory, pages.as_ref()) {
             (Some(bytes), Some(pages)) => {
                 let (prompt, new) = lengths.max_by_key(|&(p, new)| (Self::blocks_for(p, new), p + new)).unwrap_or((0, 0));
-                Self::fit(bytes, pages.block_bytes() * Self::blocks_for(prompt, new) as u64, prompt + new)?;
+                Self::fit(bytes, pages.block_bytes() * Self::blocks_for(prompt, new) as u64, prompt + new).map_err(|e| match self.kv_memory {
+                    None => Error::InvalidInput(format!("{e} (half the memory available now; shorten the sequences or free memory)")),
+                    Some(_) => e,
+                })?;
                 Some((bytes / pages.block_bytes()) as usize)
             }
             (Some(bytes), None) => {

@@ -396,7 +396,7 @@ pub(crate) fn fits_in_memory(config: &Qwen2Config, specs: &[TensorSpec], dtype: 
 
 /// Memory available to a new allocation without swapping (`MemAvailable` of `/proc/meminfo`;
 /// `None` where there is none).
-fn available_memory() -> Option<u64> {
+pub(crate) fn available_memory() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
