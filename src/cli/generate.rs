@@ -72,8 +72,9 @@ pub struct GenerateArgs {
     batch_size: usize,
     /// GiB of KV cache. The CPU's paged cache (f32) takes in a sample while the 64-position
     /// blocks it may need at its longest fit (a prompt's blocks counted once for all its
-    /// samples); other caches decode at most as many sequences as fit at the longest prompt
-    /// plus --max-new-tokens. Either way at most --batch-size together.
+    /// samples; default: half the memory available); other caches decode at most as many
+    /// sequences as fit at the longest prompt plus --max-new-tokens. Either way at most
+    /// --batch-size together (and --prompt-logprobs scores as many rows as fit).
     #[arg(long)]
     kv_memory: Option<f64>,
     /// Print one JSON object per sample.
@@ -174,7 +175,14 @@ impl Job for GenerateJob {
         engine.kv_memory = args.kv_memory.map(kiln::generate::gib_bytes);
 
         let prompt_logprobs = match args.prompt_logprobs {
-            true => Some(prompts_logprobs(&model, &prompt_ids, engine.max_batch_size)?),
+            true => {
+                let longest = prompt_ids.iter().map(Vec::len).max().unwrap_or(0) + args.max_new_tokens;
+                let rows = match engine.kv_memory {
+                    Some(bytes) => engine.max_batch_size.min(engine.rows_within(bytes, longest.min(model.context_len()))?),
+                    None => engine.max_batch_size,
+                };
+                Some(prompts_logprobs(&model, &prompt_ids, rows)?)
+            }
             false => None,
         };
         let bar = progress::with_eta((prompt_ids.len() * args.n) as u64, "samples");

@@ -176,17 +176,19 @@ impl<'a, B: Backend> Engine<'a, B> {
 
     /// Blocks of a paged cache one sample of a `prompt`-token prompt with `new` new tokens may
     /// take at most, unshared: its prompt's blocks, and the blocks from the prompt's last full
-    /// one to its end (the prompt's last block, shared, is copied when the sample first writes).
+    /// one to its end (the prompt's last block, shared, is copied when the sample first writes),
+    /// `prompt + new − 1` positions (the last token sampled is never cached).
     pub const fn blocks_for(prompt: usize, new: usize) -> usize {
-        prompt.div_ceil(BLOCK) + (prompt + new).div_ceil(BLOCK) - prompt / BLOCK
+        prompt.div_ceil(BLOCK) + (prompt + new.saturating_sub(1)).div_ceil(BLOCK) - prompt / BLOCK
     }
 
     /// The most sequences of `positions` positions (prompt and new tokens) whose KV cache fits
-    /// `bytes`, counting the half a full buffer may grow by at once (in whole blocks on the
-    /// paged cache, none shared); at least 1 if one fits.
+    /// `bytes`, counting the half a full buffer may grow by at once (on the paged cache, whole
+    /// blocks and a copy of a prompt's last one, none shared: at least [`Engine::blocks_for`]);
+    /// at least 1 if one fits.
     pub fn rows_within(&self, bytes: u64, positions: usize) -> Result<usize> {
         let per_row = match self.model.new_paged_kv().filter(|_| self.paged) {
-            Some(pages) => pages.block_bytes() * positions.div_ceil(BLOCK) as u64,
+            Some(pages) => pages.block_bytes() * (positions.div_ceil(BLOCK) + 1) as u64,
             None => self.kv_bytes_per_position() * (positions + positions / 2) as u64,
         };
         Self::fit(bytes, per_row, positions)
@@ -352,14 +354,12 @@ impl<'a, B: Backend> Engine<'a, B> {
             let left: usize = waiting.iter().map(|w| w.2).sum();
             if free > 0 && left > 0 && (rows == 0 || free >= refill_at(capacity) || left <= free) {
                 // Blocks not yet promised: the limit, less those in use and those the running
-                // sequences may still take (from their last full block to their end).
+                // sequences may still take (to their longest, the last token not cached).
                 let spare = block_limit.zip(pages.as_ref()).map(|(limit, pages)| {
                     let promised: usize = match batch.as_ref().map(|b| (&b.rows, &b.slots)) {
-                        Some((Rows::Paged(seqs), slots)) => seqs
-                            .iter()
-                            .zip(slots)
-                            .map(|(&id, &s)| (sequences[s].prompt_len + sequences[s].limit).div_ceil(BLOCK) - pages.len(id) / BLOCK)
-                            .sum(),
+                        Some((Rows::Paged(seqs), slots)) => {
+                            seqs.iter().zip(slots).map(|(&id, &s)| pages.blocks_to_grow(id, sequences[s].prompt_len + sequences[s].limit - 1)).sum()
+                        }
                         _ => 0,
                     };
                     limit.saturating_sub(pages.blocks_in_use() + promised)
@@ -368,6 +368,9 @@ impl<'a, B: Backend> Engine<'a, B> {
                     (Some(joining), None) => batch = Some(joining),
                     (Some(joining), Some(running)) => batch = Some(Running::join(running, joining)),
                     (None, running) => batch = running,
+                }
+                if let Some(pages) = pages.as_ref() {
+                    times.kv_bytes_peak = times.kv_bytes_peak.max(pages.blocks_in_use() as u64 * pages.block_bytes());
                 }
                 if batch.is_none() {
                     return Err(Error::InvalidInput("the KV cache's memory holds no waiting sample (raise --kv-memory)".into()));
@@ -521,20 +524,25 @@ impl<'a, B: Backend> Engine<'a, B> {
             let hidden = self.model.forward_hidden(&inputs, Some(&mut cache));
             let [batch, seq, _] = hidden.dims();
             let logits = self.model.logits(hidden.narrow(1, seq - 1, 1)).reshape([batch, self.model.config().vocab_size]);
-            // Paged: each prompt's positions (its left padding left out) copied into blocks once.
-            let layers = pages.is_some().then(|| cache.host_layers().expect("the fused path's cache is [B, S, K, d] f32"));
-            for (i, &p) in new.iter().enumerate() {
-                let row = index_tensor::<B>(&[i], &device);
-                let rows = match (pages.as_deref_mut(), &layers) {
-                    (Some(pages), Some(layers)) => {
-                        let len = prompts[p].len();
-                        let per_row = layers[0].0.len() / batch;
-                        let from = per_row / seq * (seq - len);
-                        Rows::Paged(vec![pages.insert(len, |l| (&layers[l].0[i * per_row + from..(i + 1) * per_row], &layers[l].1[i * per_row + from..(i + 1) * per_row]))])
+            let rows: Vec<Rows<B>> = match pages.as_deref_mut() {
+                // Each prompt's positions (its left padding left out) copied into blocks once,
+                // a layer at a time.
+                Some(pages) => {
+                    let seqs: Vec<SeqId> = new.iter().map(|&p| pages.insert(prompts[p].len())).collect();
+                    for (layer, kv) in cache.into_host_layers().enumerate() {
+                        let (k, v) = kv.expect("the fused path's cache is [B, S, K, d] f32");
+                        let per_row = k.len() / batch;
+                        for (i, &p) in new.iter().enumerate() {
+                            let from = i * per_row + per_row / seq * (seq - prompts[p].len());
+                            pages.fill(seqs[i], layer, &k[from..(i + 1) * per_row], &v[from..(i + 1) * per_row]);
+                        }
                     }
-                    _ => Rows::Dense(cache.clone().select_rows(row.clone())),
-                };
-                prefilled.entries.insert(p, (rows, logits.clone().select(0, row)));
+                    seqs.into_iter().map(|s| Rows::Paged(vec![s])).collect()
+                }
+                None => (0..new.len()).map(|i| Rows::Dense(cache.clone().select_rows(index_tensor::<B>(&[i], &device)))).collect(),
+            };
+            for ((i, &p), rows) in new.iter().enumerate().zip(rows) {
+                prefilled.entries.insert(p, (rows, logits.clone().select(0, index_tensor::<B>(&[i], &device))));
             }
         }
         let mut parts = Vec::with_capacity(take.len());
@@ -722,8 +730,11 @@ mod tests {
         assert_eq!(engine.kv_bytes_per_position(), 2 * 3 * 2 * 4 * 4);
         // The paged cache: blocks of 64 positions, 12,288 bytes.
         let block = 64 * 192;
-        assert_eq!(engine.rows_within(10 * block + block - 1, 20).unwrap(), 10);
-        assert_eq!(engine.rows_within(10 * block, 65).unwrap(), 5);
+        // At most: whole blocks and a copy of the prompt's last one.
+        assert_eq!(engine.rows_within(10 * block + block - 1, 20).unwrap(), 5);
+        assert_eq!(engine.rows_within(10 * block, 65).unwrap(), 3);
+        // The last token is not cached: 64 + 65 new tokens fill two blocks exactly.
+        assert_eq!((Engine::<Flex>::blocks_for(10, 60), Engine::<Flex>::blocks_for(64, 66), Engine::<Flex>::blocks_for(64, 65)), (3, 3, 2));
         // The batch-shaped one: 20 positions and the half a buffer may grow by, 5,760 bytes.
         engine.paged = false;
         assert_eq!(engine.rows_within(10 * 5760 + 5759, 20).unwrap(), 10);

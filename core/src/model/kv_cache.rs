@@ -212,17 +212,15 @@ impl<B: Backend> KvCache<B> {
             .collect()
     }
 
-    /// Every layer's filled keys and values on the host, as `[B, S, K, d]` f32 (the fused CPU
-    /// path's layout, to copy into a paged cache); `None` for another layout or dtype.
-    pub fn host_layers(&self) -> Option<Vec<(Vec<f32>, Vec<f32>)>> {
+    /// Each layer's filled keys and values on the host in turn, as `[B, S, K, d]` f32 (the
+    /// fused CPU path's layout, to copy into a paged cache), each layer's buffers dropped once
+    /// read; `None` for another layout or dtype.
+    pub fn into_host_layers(self) -> impl Iterator<Item = Option<(Vec<f32>, Vec<f32>)>> {
         let host = |t: Tensor<B, 4>| t.into_data().into_vec::<f32>().ok();
-        self.layers
-            .iter()
-            .map(|layer| {
-                let (k, v) = layer.filled().filter(|_| layer.seq_dim == 1)?;
-                Some((host(k)?, host(v)?))
-            })
-            .collect()
+        self.layers.into_iter().map(move |layer| {
+            let (k, v) = layer.filled().filter(|_| layer.seq_dim == 1)?;
+            Some((host(k)?, host(v)?))
+        })
     }
 
     /// `rows` on the host, when the Flex fast path may take them (reading them back is free there).

@@ -98,23 +98,33 @@ impl PagedKv {
         }
     }
 
-    /// A new sequence of `len` positions whose layer `l` keys and values are `kv(l)`, each
-    /// `[len, K, d]` contiguous (a prefill's cache row, its padding left out).
-    pub fn insert<'a>(&mut self, len: usize, kv: impl Fn(usize) -> (&'a [f32], &'a [f32])) -> SeqId {
-        let part = self.part();
-        let per_position = self.kv_heads * self.head_dim;
+    /// A new sequence of `len` positions (a prefilled prompt), whose keys and values each layer
+    /// then writes with [`PagedKv::fill`].
+    pub fn insert(&mut self, len: usize) -> SeqId {
         let blocks: Vec<usize> = (0..len.div_ceil(BLOCK)).map(|_| self.alloc()).collect();
-        for layer in 0..self.layers {
-            let (k, v) = kv(layer);
-            assert!(k.len() == len * per_position && v.len() == k.len(), "layer {layer}: {} keys for {len} positions", k.len());
-            for (i, &b) in blocks.iter().enumerate() {
-                let (from, to) = (i * BLOCK * per_position, ((i + 1) * BLOCK).min(len) * per_position);
-                let block = &mut self.blocks[b];
-                block[2 * layer * part..][..to - from].copy_from_slice(&k[from..to]);
-                block[(2 * layer + 1) * part..][..to - from].copy_from_slice(&v[from..to]);
-            }
-        }
         self.add_seq(Seq { blocks, len })
+    }
+
+    /// Writes layer `layer`'s keys and values of all positions of `seq`: `k` and `v` `[len,
+    /// K, d]` contiguous (a prefill's cache row, its padding left out).
+    pub fn fill(&mut self, seq: SeqId, layer: usize, k: &[f32], v: &[f32]) {
+        let (part, per_position) = (self.part(), self.kv_heads * self.head_dim);
+        let Seq { blocks, len } = self.seqs[seq.0].as_ref().expect("a live sequence");
+        assert!(k.len() == len * per_position && v.len() == k.len(), "layer {layer}: {} keys for {len} positions", k.len());
+        for (i, &b) in blocks.iter().enumerate() {
+            let (from, to) = (i * BLOCK * per_position, ((i + 1) * BLOCK).min(*len) * per_position);
+            let block = &mut self.blocks[b];
+            block[2 * layer * part..][..to - from].copy_from_slice(&k[from..to]);
+            block[(2 * layer + 1) * part..][..to - from].copy_from_slice(&v[from..to]);
+        }
+    }
+
+    /// Blocks `seq` has yet to take to hold `end` positions: new blocks past its last, and a
+    /// copy of its last block where that is partly filled and shared.
+    pub fn blocks_to_grow(&self, seq: SeqId, end: usize) -> usize {
+        let seq = self.seq(seq);
+        let copy = !seq.len.is_multiple_of(BLOCK) && end > seq.len && seq.blocks.last().is_some_and(|&b| self.refs[b] > 1);
+        end.div_ceil(BLOCK).saturating_sub(seq.blocks.len()) + copy as usize
     }
 
     /// A new sequence sharing every block of `seq` (a prompt's cache fanned out to a sample).
@@ -245,7 +255,14 @@ mod tests {
         let mut seqs = Vec::new();
         for (p, len) in [1usize, 64, 100].into_iter().enumerate() {
             let kv: Vec<(Vec<f32>, Vec<f32>)> = (0..layers).map(|l| (values(len * n, (p * 10 + l) as u32), values(len * n, (p * 10 + l + 5) as u32))).collect();
-            let prompt = cache.insert(len, |l| (&kv[l].0, &kv[l].1));
+            let prompt = cache.insert(len);
+            for (l, (k, v)) in kv.iter().enumerate() {
+                cache.fill(prompt, l, k, v);
+            }
+            // A sample's first write copies a partly filled shared block; a full one it keeps.
+            let sample = cache.fork(prompt);
+            assert_eq!(cache.blocks_to_grow(sample, len + 70), (len + 70).div_ceil(BLOCK) - len.div_ceil(BLOCK) + (len % BLOCK != 0) as usize);
+            cache.release(sample);
             for _ in 0..2 {
                 seqs.push(cache.fork(prompt));
                 dense.push(kv.clone());

@@ -413,6 +413,7 @@ pub fn decode_paged(heads: usize, kv_heads: usize, head_dim: usize, block: usize
         let row = &rows[r];
         let width = row.len;
         assert!(width > 0 && row.keys.len() * block >= width && row.values.len() == row.keys.len());
+        assert!(row.keys.iter().chain(&row.values).all(|b| b.len() >= block * stride), "whole [block, K, d] slices");
         let qp = &q[(r * heads + kh * g) * d..][..g * d];
         let mut scores = vec![0.0f32; g * width];
         let mut part = vec![0.0f32; g * block];
