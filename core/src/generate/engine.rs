@@ -123,7 +123,8 @@ pub struct Engine<'a, B: Backend> {
     /// Largest number of sequences decoded together.
     pub max_batch_size: usize,
     /// Decode from a paged KV cache where the model offers one ([`Qwen2::new_paged_kv`]: the
-    /// CPU's fused path); `false` keeps the batch-shaped cache everywhere (for comparison).
+    /// CPU's fused path); `false` keeps the batch-shaped cache everywhere (for comparison: `kiln
+    /// bench --dense-kv`, or `KILN_KV_CACHE=dense` for any command). Default: true.
     pub paged: bool,
     /// Bytes the KV cache may take (`kiln generate --kv-memory`): the paged cache admits a
     /// sample only when the blocks it may still need fit ([`Engine::blocks_for`]); the
@@ -159,7 +160,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         eos_ids.extend(tokenizer.and_then(Tokenizer::eos_id));
         eos_ids.sort_unstable();
         eos_ids.dedup();
-        Self { model, tokenizer, pad_id, eos_ids, max_batch_size: 64, paged: true, kv_memory: None, times: Default::default() }
+        Self { model, tokenizer, pad_id, eos_ids, max_batch_size: 64, paged: std::env::var("KILN_KV_CACHE").map_or(true, |v| v != "dense"), kv_memory: None, times: Default::default() }
     }
 
     /// Bytes of KV cache one cached position of one sequence takes: keys and values of every
