@@ -371,7 +371,7 @@ impl<'a, B: Backend> Engine<'a, B> {
                     (None, running) => batch = running,
                 }
                 if let Some(pages) = pages.as_ref() {
-                    times.kv_bytes_peak = times.kv_bytes_peak.max(pages.blocks_in_use() as u64 * pages.block_bytes());
+                    times.kv_bytes_peak = times.kv_bytes_peak.max(pages.bytes_in_use());
                 }
                 if batch.is_none() {
                     return Err(Error::InvalidInput("the KV cache's memory holds no waiting sample (raise --kv-memory)".into()));
@@ -437,7 +437,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             let hidden = match (&mut running.rows, pages.as_mut()) {
                 (Rows::Paged(seqs), Some(pages)) => {
                     let hidden = model.decode_paged(&step, pages, seqs);
-                    times.kv_bytes_peak = times.kv_bytes_peak.max(pages.blocks_in_use() as u64 * pages.block_bytes());
+                    times.kv_bytes_peak = times.kv_bytes_peak.max(pages.bytes_in_use());
                     hidden
                 }
                 (Rows::Dense(cache), _) => model.forward_hidden(&step, Some(cache)),
@@ -657,14 +657,20 @@ mod tests {
     use super::*;
     use burn::backend::Flex;
 
+    /// A random f32 model of `[vocab, hidden, intermediate, layers, heads, KV heads, positions]`.
+    fn random_model(sizes: [usize; 7], seed: u64) -> Qwen2<Flex> {
+        let [v, h, i, l, a, k, p] = sizes;
+        let config = serde_json::from_str(&format!(
+            r#"{{"vocab_size": {v}, "hidden_size": {h}, "intermediate_size": {i}, "num_hidden_layers": {l},
+                "num_attention_heads": {a}, "num_key_value_heads": {k}, "max_position_embeddings": {p}}}"#
+        ))
+        .unwrap();
+        Qwen2::<Flex>::random(&config, seed, &Default::default()).unwrap()
+    }
+
     #[test]
     fn step_times_count_every_decoding_step() {
-        let config = serde_json::from_str(
-            r#"{"vocab_size": 40, "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 1,
-                "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 64}"#,
-        )
-        .unwrap();
-        let model = Qwen2::<Flex>::random(&config, 1, &Default::default()).unwrap();
+        let model = random_model([40, 16, 24, 1, 2, 1, 64], 1);
         let engine = Engine::new(&model, None);
         let params = SamplingParams { n: 3, max_new_tokens: 9, ignore_eos: true, ..SamplingParams::default() };
         engine.generate(&[vec![1, 2, 3], vec![4, 5]], &params, |_| {}).unwrap();
@@ -683,12 +689,7 @@ mod tests {
     /// float noise (the batch's rows change at other steps, so the products run on other shapes).
     #[test]
     fn paged_and_batch_shaped_caches_generate_the_same() {
-        let config = serde_json::from_str(
-            r#"{"vocab_size": 50, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}"#,
-        )
-        .unwrap();
-        let model = Qwen2::<Flex>::random(&config, 7, &Default::default()).unwrap();
+        let model = random_model([50, 64, 96, 2, 4, 2, 512], 7);
         assert!(model.new_paged_kv().is_some(), "the Flex backend in f32 decodes from a paged cache");
         // Prompts across block edges (64 positions), 3 samples each, stop tokens that end
         // samples at different steps, and more samples than the batch holds at once.
@@ -720,12 +721,7 @@ mod tests {
 
     #[test]
     fn kv_memory_bounds_the_batch() {
-        let config = serde_json::from_str(
-            r#"{"vocab_size": 40, "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 3,
-                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}"#,
-        )
-        .unwrap();
-        let model = Qwen2::<Flex>::random(&config, 1, &Default::default()).unwrap();
+        let model = random_model([40, 16, 24, 3, 4, 2, 128], 1);
         let mut engine = Engine::new(&model, None);
         // Keys and values, 3 layers, 2 KV heads of 4, f32: 192 bytes a position.
         assert_eq!(engine.kv_bytes_per_position(), 2 * 3 * 2 * 4 * 4);

@@ -50,6 +50,11 @@ impl PagedKv {
         BLOCK * self.kv_heads * self.head_dim
     }
 
+    /// Where layer `layer`'s keys and its values start in a block.
+    fn offsets(&self, layer: usize) -> (usize, usize) {
+        (2 * layer * self.part(), (2 * layer + 1) * self.part())
+    }
+
     /// Bytes of one block (every layer's keys and values, f32).
     pub fn block_bytes(&self) -> u64 {
         (2 * self.layers * self.part() * 4) as u64
@@ -60,15 +65,9 @@ impl PagedKv {
         self.blocks.len() - self.free.len()
     }
 
-    /// Blocks allocated so far (in use or free for reuse): the cache's memory is this many
-    /// [`PagedKv::block_bytes`].
-    pub fn blocks_allocated(&self) -> usize {
-        self.blocks.len()
-    }
-
-    /// Positions cached for `seq`.
-    pub fn len(&self, seq: SeqId) -> usize {
-        self.seq(seq).len
+    /// Bytes of the blocks in use.
+    pub fn bytes_in_use(&self) -> u64 {
+        self.blocks_in_use() as u64 * self.block_bytes()
     }
 
     fn seq(&self, seq: SeqId) -> &Seq {
@@ -108,14 +107,14 @@ impl PagedKv {
     /// Writes layer `layer`'s keys and values of all positions of `seq`: `k` and `v` `[len,
     /// K, d]` contiguous (a prefill's cache row, its padding left out).
     pub fn fill(&mut self, seq: SeqId, layer: usize, k: &[f32], v: &[f32]) {
-        let (part, per_position) = (self.part(), self.kv_heads * self.head_dim);
+        let ((ko, vo), per_position) = (self.offsets(layer), self.kv_heads * self.head_dim);
         let Seq { blocks, len } = self.seqs[seq.0].as_ref().expect("a live sequence");
         assert!(k.len() == len * per_position && v.len() == k.len(), "layer {layer}: {} keys for {len} positions", k.len());
         for (i, &b) in blocks.iter().enumerate() {
             let (from, to) = (i * BLOCK * per_position, ((i + 1) * BLOCK).min(*len) * per_position);
             let block = &mut self.blocks[b];
-            block[2 * layer * part..][..to - from].copy_from_slice(&k[from..to]);
-            block[(2 * layer + 1) * part..][..to - from].copy_from_slice(&v[from..to]);
+            block[ko..][..to - from].copy_from_slice(&k[from..to]);
+            block[vo..][..to - from].copy_from_slice(&v[from..to]);
         }
     }
 
@@ -185,15 +184,15 @@ impl PagedKv {
     /// Writes layer `layer`'s keys and values of the next position of each of `seqs`: `k` and
     /// `v` `[seqs, K, d]`. [`PagedKv::reserve`] first.
     pub fn write(&mut self, layer: usize, seqs: &[SeqId], k: &[f32], v: &[f32]) {
-        let (part, n) = (self.part(), self.kv_heads * self.head_dim);
+        let ((ko, vo), n) = (self.offsets(layer), self.kv_heads * self.head_dim);
         assert!(k.len() == seqs.len() * n && v.len() == k.len());
         for (i, &s) in seqs.iter().enumerate() {
             let seq = self.seqs[s.0].as_ref().expect("a live sequence");
             let (b, at) = (seq.blocks[seq.len / BLOCK], seq.len % BLOCK * n);
             debug_assert_eq!(self.refs[b], 1, "reserve() gives a sequence its own last block");
             let block = &mut self.blocks[b];
-            block[2 * layer * part + at..][..n].copy_from_slice(&k[i * n..(i + 1) * n]);
-            block[(2 * layer + 1) * part + at..][..n].copy_from_slice(&v[i * n..(i + 1) * n]);
+            block[ko + at..][..n].copy_from_slice(&k[i * n..(i + 1) * n]);
+            block[vo + at..][..n].copy_from_slice(&v[i * n..(i + 1) * n]);
         }
     }
 
@@ -210,7 +209,7 @@ impl PagedKv {
     #[cfg(feature = "flex")]
     pub fn attend(&self, layer: usize, seqs: &[SeqId], q: &[f32], heads: usize) -> Vec<f32> {
         use super::fused::attention::{PagedRow, decode_paged};
-        let part = self.part();
+        let (part, (ko, vo)) = (self.part(), self.offsets(layer));
         let rows: Vec<PagedRow<'_>> = seqs
             .iter()
             .map(|&s| {
@@ -218,8 +217,8 @@ impl PagedKv {
                 let blocks = || seq.blocks.iter().map(|&b| &self.blocks[b][..]);
                 PagedRow {
                     len: seq.len + 1,
-                    keys: blocks().map(|b| &b[2 * layer * part..][..part]).collect(),
-                    values: blocks().map(|b| &b[(2 * layer + 1) * part..][..part]).collect(),
+                    keys: blocks().map(|b| &b[ko..][..part]).collect(),
+                    values: blocks().map(|b| &b[vo..][..part]).collect(),
                 }
             })
             .collect();

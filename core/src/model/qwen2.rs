@@ -185,6 +185,7 @@ impl<B: Backend> Attention<B> {
         let out = fused::attention(q, k, v, mask).expect("AttnMask::new chose the fused path for this backend and dtype");
         self.o_proj.forward(out.reshape([batch, seq, heads * d]))
     }
+
     /// One decoding step from a paged KV cache (the fused CPU path, f32): `x` `[R, 1, D]`, one
     /// row per sequence of `seqs`, whose keys and values at this position are written to layer
     /// `layer` of `cache` ([`PagedKv::reserve`]d by the caller) before attending.
