@@ -326,17 +326,25 @@ impl<'a, B: Backend> Engine<'a, B> {
         // A KV memory bound: in blocks where they are paged (one sample of the longest prompt
         // must fit), else in rows.
         let lengths = prompts.iter().map(|p| (p.len(), params.max_new_tokens.min(model.context_len() - p.len())));
-        let kv_memory = self.kv_memory.or_else(|| pages.as_ref().and_then(|_| crate::model::weights::available_memory()).map(|bytes| bytes / 2));
+        // Unset: half the host memory available now for blocks in host memory; for blocks on a
+        // device, what its largest buffer holds (one layer's keys are one buffer).
+        let host_pages = pages.as_ref().filter(|p| !p.is_on_device());
+        let default = host_pages.and_then(|_| crate::model::weights::available_memory()).map(|bytes| (bytes / 2, "half the memory available now"));
+        let buffer = pages.as_ref().and_then(|p| Some((p.max_blocks()? as u64 * p.block_bytes(), "what the device's largest buffer holds")));
+        let kv_memory = match (self.kv_memory.map(|bytes| (bytes, "")).or(default), buffer) {
+            (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
+            (a, b) => a.or(b),
+        };
         let block_limit = match (kv_memory, pages.as_ref()) {
-            (Some(bytes), Some(pages)) => {
+            (Some((bytes, what)), Some(pages)) => {
                 let (prompt, new) = lengths.max_by_key(|&(p, new)| (Self::blocks_for(p, new), p + new)).unwrap_or((0, 0));
-                Self::fit(bytes, pages.block_bytes() * Self::blocks_for(prompt, new) as u64, prompt + new).map_err(|e| match self.kv_memory {
-                    None => Error::InvalidInput(format!("{e} (half the memory available now; shorten the sequences or free memory)")),
-                    Some(_) => e,
+                Self::fit(bytes, pages.block_bytes() * Self::blocks_for(prompt, new) as u64, prompt + new).map_err(|e| match what {
+                    "" => e,
+                    what => Error::InvalidInput(format!("{e} ({what}; shorten the sequences or free memory)")),
                 })?;
                 Some((bytes / pages.block_bytes()) as usize)
             }
-            (Some(bytes), None) => {
+            (Some((bytes, _)), None) => {
                 capacity = capacity.min(self.rows_within(bytes, lengths.map(|(p, new)| p + new).max().unwrap_or(0))?);
                 None
             }
@@ -489,7 +497,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         prefilled: &mut Prefilled<B>,
         params: &SamplingParams,
         mut spare: Option<usize>,
-        mut pages: Option<&mut PagedKv>,
+        mut pages: Option<&mut PagedKv<B>>,
     ) -> Result<Option<Running<B>>> {
         let n = params.n;
         let mut take: Vec<(usize, usize, usize)> = Vec::new(); // (prompt, first sample, count)
@@ -529,16 +537,9 @@ impl<'a, B: Backend> Engine<'a, B> {
                 // Each prompt's positions (its left padding left out) copied into blocks once,
                 // a layer at a time.
                 Some(pages) => {
-                    let seqs: Vec<SeqId> = new.iter().map(|&p| pages.insert(prompts[p].len())).collect();
-                    for (layer, kv) in cache.into_host_layers().enumerate() {
-                        let (k, v) = kv.expect("the fused path's cache is [B, S, K, d] f32");
-                        let per_row = k.len() / batch;
-                        for (i, &p) in new.iter().enumerate() {
-                            let from = i * per_row + per_row / seq * (seq - prompts[p].len());
-                            pages.fill(seqs[i], layer, &k[from..(i + 1) * per_row], &v[from..(i + 1) * per_row]);
-                        }
-                    }
-                    seqs.into_iter().map(|s| Rows::Paged(vec![s])).collect()
+                    let seqs: Vec<(SeqId, usize)> = new.iter().enumerate().map(|(i, &p)| (pages.insert(prompts[p].len()), i)).collect();
+                    pages.fill_from(cache, &seqs);
+                    seqs.into_iter().map(|(s, _)| Rows::Paged(vec![s])).collect()
                 }
                 None => (0..new.len()).map(|i| Rows::Dense(cache.clone().select_rows(index_tensor::<B>(&[i], &device)))).collect(),
             };
@@ -690,7 +691,26 @@ mod tests {
     #[test]
     fn paged_and_batch_shaped_caches_generate_the_same() {
         let model = random_model([50, 64, 96, 2, 4, 2, 512], 7);
-        assert!(model.new_paged_kv().is_some(), "the Flex backend in f32 decodes from a paged cache");
+        assert!(model.new_paged_kv().is_some_and(|p| !p.is_on_device()), "the Flex backend in f32 decodes from a paged cache in host memory");
+        paged_matches_batch_shaped(&model, 1e-4);
+    }
+
+    /// The same on wgpu, whose blocks live in device memory (scattered into pools that grow,
+    /// copied on write there, read by the flash-decoding kernel).
+    #[cfg(feature = "wgpu")]
+    #[test]
+    fn device_paged_and_batch_shaped_caches_generate_the_same() {
+        type Wgpu = burn::backend::Wgpu;
+        let device = crate::model::cube::tests::wgpu::device();
+        let config = random_model([50, 64, 96, 2, 4, 2, 512], 7).config().clone();
+        let model = Qwen2::<Wgpu>::random(&config, 7, &device).unwrap();
+        let block = model.new_paged_kv().filter(|p| p.is_on_device()).expect("wgpu decodes from a paged cache on the device").block_bytes();
+        let peak = paged_matches_batch_shaped(&model, 1e-3);
+        assert!(peak > 8 * block, "the pools grew past their first 8 blocks: {peak} bytes");
+    }
+
+    /// The peak bytes of the paged cache's blocks.
+    fn paged_matches_batch_shaped<B: Backend>(model: &Qwen2<B>, tolerance: f32) -> u64 {
         // Prompts across block edges (64 positions), 3 samples each, stop tokens that end
         // samples at different steps, and more samples than the batch holds at once.
         let prompts: Vec<Vec<u32>> = [1usize, 63, 64, 65, 130].iter().map(|&len| (0..len).map(|i| (i * 7 % 49 + 1) as u32).collect()).collect();
@@ -703,20 +723,23 @@ mod tests {
             ..SamplingParams::default()
         };
         let run = |paged: bool| {
-            let mut engine = Engine::new(&model, None);
+            let mut engine = Engine::new(model, None);
             engine.paged = paged;
             engine.max_batch_size = 8;
-            engine.generate(&prompts, &params, |_| {}).unwrap()
+            let out = engine.generate(&prompts, &params, |_| {}).unwrap();
+            (out, engine.step_times().kv_bytes_peak)
         };
-        let (paged, dense) = (run(true), run(false));
+        let ((paged, peak), (dense, _)) = (run(true), run(false));
+        assert!(peak > 0, "the paged cache was used");
         let lengths: Vec<usize> = paged.iter().flatten().map(|c| c.token_ids.len()).collect();
         assert!(lengths.iter().any(|&l| l < 80) && lengths.iter().any(|&l| l > 64), "samples end at several steps: {lengths:?}");
         for (p, d) in paged.iter().flatten().zip(dense.iter().flatten()) {
             assert_eq!(p.token_ids, d.token_ids, "prompt {} sample {}", p.prompt_index, p.sample_index);
             for (a, b) in p.logprobs.iter().zip(&d.logprobs) {
-                assert!((a - b).abs() <= 1e-4, "prompt {} sample {}: {a} vs {b}", p.prompt_index, p.sample_index);
+                assert!((a - b).abs() <= tolerance, "prompt {} sample {}: {a} vs {b}", p.prompt_index, p.sample_index);
             }
         }
+        peak
     }
 
     #[test]

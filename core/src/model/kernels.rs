@@ -76,6 +76,10 @@ pub struct Kernels<B: Backend> {
     /// Flash attention (no scores tensor), forward and backward, where the backend has it:
     /// taken before the chunked and dense forms.
     pub flash_attention: Option<FlashFn<B>>,
+    /// Decoding attention over a paged KV cache in device memory, where the backend has a kernel
+    /// for it: then generation keeps its KV cache in blocks on the device
+    /// ([`super::paged_kv::PagedKv::on_device`]).
+    pub paged_decode: Option<PagedDecodeFn<B>>,
     /// The AdamW step as one kernel, if the backend has one.
     pub adamw: AdamWFn<B>,
     /// Training checkpoints the decoder layers (`[train] recompute`, [`super::checkpoint`]):
@@ -92,6 +96,11 @@ pub struct Kernels<B: Backend> {
     /// operands, gradients likewise.
     pub f32_products: Option<BinaryFn<B>>,
 }
+
+/// Flash-decoding over a paged KV cache ([`super::paged_kv`]): q `[R, H, d]` (after RoPE), the
+/// key and value pools `[N·BLOCK, K, d]`, each row's block table `[R, W]` and count of keys to
+/// read `[R]`, the longest count; `[R, H, d]`. `None` where declined.
+pub type PagedDecodeFn<B> = fn(Tensor<B, 3>, Tensor<B, 3>, Tensor<B, 3>, Tensor<B, 2, Int>, Tensor<B, 1, Int>, usize) -> Option<Tensor<B, 3>>;
 
 /// A product of two matrices, or `None` where declined.
 pub type BinaryFn<B> = fn(Tensor<B, 2>, Tensor<B, 2>) -> Option<Tensor<B, 2>>;
@@ -114,6 +123,7 @@ pub fn reference<B: Backend>() -> Kernels<B> {
         fused_attention: |_| false,
         chunked_attention: None,
         flash_attention: None,
+        paged_decode: None,
         adamw: |_, _, _, _| None,
         layer_checkpoints: false,
         bf16_products: None,
@@ -141,6 +151,7 @@ fn flex<B: Backend>() -> Kernels<B> {
         fused_attention: |dtype| dtype == DType::F32,
         chunked_attention: None,
         flash_attention: None,
+        paged_decode: None,
         adamw: flex_adamw::<B>,
         layer_checkpoints: false,
         bf16_products: fused::bf16_products_available::<B>().then_some(fused::bf16_products::<B> as BinaryFn<B>),

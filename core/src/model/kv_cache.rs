@@ -212,14 +212,15 @@ impl<B: Backend> KvCache<B> {
             .collect()
     }
 
-    /// Each layer's filled keys and values on the host in turn, as `[B, S, K, d]` f32 (the
-    /// fused CPU path's layout, to copy into a paged cache), each layer's buffers dropped once
-    /// read; `None` for another layout or dtype.
-    pub fn into_host_layers(self) -> impl Iterator<Item = Option<(Vec<f32>, Vec<f32>)>> {
-        let host = |t: Tensor<B, 4>| t.into_data().into_vec::<f32>().ok();
-        self.layers.into_iter().map(move |layer| {
-            let (k, v) = layer.filled().filter(|_| layer.seq_dim == 1)?;
-            Some((host(k)?, host(v)?))
+    /// Each layer's filled keys and values `[B, S, K, d]` (sequence-major, whichever layout the
+    /// cache keeps), `None` for a layer never appended to.
+    pub fn into_seq_major_layers(self) -> impl Iterator<Item = Option<(Tensor<B, 4>, Tensor<B, 4>)>> {
+        self.layers.into_iter().map(|layer| {
+            let (k, v) = layer.filled()?;
+            Some(match layer.seq_dim {
+                1 => (k, v),
+                _ => (k.swap_dims(1, 2), v.swap_dims(1, 2)),
+            })
         })
     }
 

@@ -1,13 +1,28 @@
-//! A paged KV cache for decoding on the CPU (the Flex backend's fused path, f32): keys and
-//! values live in fixed-size blocks of [`BLOCK`] positions (all layers' in one allocation), and
-//! each sequence is a list of blocks, its block table (vLLM's PagedAttention layout). A
-//! sequence joins by taking blocks and leaves by giving them back: nothing else is copied, unlike
-//! a batch-shaped cache, which is gathered again whenever its rows change. A prompt's blocks are
-//! shared by its `n` samples ([`PagedKv::fork`]); the last one, partly filled, is copied when a
-//! sample first writes into it (copy on write). A sequence holds no padding, so attention
-//! reads exactly its own positions ([`crate::model::fused::attention::decode_paged`]).
+//! A paged KV cache for decoding: keys and values live in fixed-size blocks of [`BLOCK`]
+//! positions, and each sequence is a list of blocks, its block table (vLLM's PagedAttention
+//! layout). A sequence joins by taking blocks and leaves by giving them back: nothing else is
+//! copied, unlike a batch-shaped cache, which is gathered again whenever its rows change. A
+//! prompt's blocks are shared by its `n` samples ([`PagedKv::fork`]); the last one, partly
+//! filled, is copied when a sample first writes into it (copy on write). A sequence holds no
+//! padding, so attention reads exactly its own positions.
 //!
-//! Layout of a block: for each layer, keys then values, each `[BLOCK, K, d]`.
+//! The blocks live where decoding reads them:
+//! - in host memory ([`PagedKv::new`]) for the CPU's fused path (the Flex backend, f32), one
+//!   allocation per block holding, for each layer, keys then values `[BLOCK, K, d]`; attention
+//!   is [`crate::model::fused::attention::decode_paged`];
+//! - in device memory ([`PagedKv::on_device`]) where the backend has a flash-decoding kernel
+//!   ([`crate::model::kernels::Kernels::paged_decode`]: wgpu and CUDA), one pool per layer for
+//!   keys and one for values, `[blocks·BLOCK, K, d]` in the activations' dtype, grown by half
+//!   when full; new keys are scattered into their slots in place, and only the block tables go
+//!   to the device each step.
+//!
+//! The bookkeeping (tables, reference counts, free lists) is the same for both.
+
+use burn::tensor::activation::softmax;
+use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorData, backend::Backend};
+
+use super::kv_cache::KvCache;
+use super::proj::to_dtype;
 
 /// Positions per block: a multiple of 16 (the decoding kernel's groups of keys), large enough
 /// that a block's keys are one long stream, small enough that a prompt's last block, copied by
@@ -26,23 +41,84 @@ struct Seq {
 
 /// Keys and values of many sequences in shared blocks; see the module docs.
 #[derive(Debug)]
-pub struct PagedKv {
+pub struct PagedKv<B: Backend> {
     layers: usize,
     kv_heads: usize,
     head_dim: usize,
-    blocks: Vec<Box<[f32]>>,
-    /// Sequences holding each block (0: free).
+    store: Store<B>,
+    /// Sequences holding each block (0: free); its length is the blocks allocated.
     refs: Vec<u32>,
     free: Vec<usize>,
     seqs: Vec<Option<Seq>>,
     free_seqs: Vec<usize>,
 }
 
-impl PagedKv {
-    /// An empty cache for a model of `layers` decoder layers with `kv_heads` heads of
-    /// `head_dim`; blocks are allocated as sequences need them and reused once freed.
+/// Where the blocks live.
+#[derive(Debug)]
+enum Store<B: Backend> {
+    /// One allocation per block: for each layer, keys then values `[BLOCK, K, d]`, f32.
+    Host(Vec<Box<[f32]>>),
+    Device(DevicePools<B>),
+}
+
+/// Blocks in device memory: per layer, keys and values `[capacity·BLOCK, K, d]`.
+#[derive(Debug)]
+struct DevicePools<B: Backend> {
+    /// `None` only while a layer's pool is being replaced (scattered into in place).
+    pools: Vec<Option<[Tensor<B, 3>; 2]>>,
+    /// Blocks the pools hold.
+    capacity: usize,
+    /// The most blocks a pool may hold (the device's largest buffer).
+    max_blocks: Option<usize>,
+    dtype: DType,
+    device: B::Device,
+    /// The running step's tensors, from [`PagedKv::reserve`] to [`PagedKv::advance`].
+    step: Option<Step<B>>,
+}
+
+/// What every layer of one decoding step reads: the slot each row writes `[R, 1]`, the rows'
+/// block tables `[R, W]` (padded with block 0) and keys to read `[R]`, and the most of those.
+#[derive(Debug, Clone)]
+struct Step<B: Backend> {
+    slots: Tensor<B, 2, Int>,
+    table: Tensor<B, 2, Int>,
+    lens: Tensor<B, 1, Int>,
+    max_len: usize,
+}
+
+impl<B: Backend> PagedKv<B> {
+    /// An empty cache in host memory (the CPU's fused path) for a model of `layers` decoder
+    /// layers with `kv_heads` heads of `head_dim`; blocks are allocated as sequences need them
+    /// and reused once freed.
     pub fn new(layers: usize, kv_heads: usize, head_dim: usize) -> Self {
-        Self { layers, kv_heads, head_dim, blocks: Vec::new(), refs: Vec::new(), free: Vec::new(), seqs: Vec::new(), free_seqs: Vec::new() }
+        Self::with_store(layers, kv_heads, head_dim, Store::Host(Vec::new()))
+    }
+
+    /// An empty cache in the memory of `device`, blocks of `dtype`, decoded by the backend's
+    /// [`crate::model::kernels::Kernels::paged_decode`].
+    pub fn on_device(layers: usize, kv_heads: usize, head_dim: usize, dtype: DType, device: &B::Device) -> Self {
+        let part = (BLOCK * kv_heads * head_dim * dtype.size()) as u64;
+        let max_blocks = kiln_backends::device::max_buffer::<B>(device).map(|bytes| (bytes / part.max(1)) as usize);
+        let pools = DevicePools { pools: (0..layers).map(|_| None).collect(), capacity: 0, max_blocks, dtype, device: device.clone(), step: None };
+        Self::with_store(layers, kv_heads, head_dim, Store::Device(pools))
+    }
+
+    fn with_store(layers: usize, kv_heads: usize, head_dim: usize, store: Store<B>) -> Self {
+        Self { layers, kv_heads, head_dim, store, refs: Vec::new(), free: Vec::new(), seqs: Vec::new(), free_seqs: Vec::new() }
+    }
+
+    /// Whether the blocks live in device memory.
+    pub fn is_on_device(&self) -> bool {
+        matches!(self.store, Store::Device(_))
+    }
+
+    /// The most blocks the cache can hold, where the device bounds it (its largest buffer holds
+    /// one layer's keys).
+    pub fn max_blocks(&self) -> Option<usize> {
+        match &self.store {
+            Store::Host(_) => None,
+            Store::Device(pools) => pools.max_blocks,
+        }
     }
 
     /// Values of one layer's keys (or values) in a block: `[BLOCK, K, d]`.
@@ -55,14 +131,18 @@ impl PagedKv {
         (2 * layer * self.part(), (2 * layer + 1) * self.part())
     }
 
-    /// Bytes of one block (every layer's keys and values, f32).
+    /// Bytes of one block (every layer's keys and values).
     pub fn block_bytes(&self) -> u64 {
-        (2 * self.layers * self.part() * 4) as u64
+        let element = match &self.store {
+            Store::Host(_) => 4,
+            Store::Device(pools) => pools.dtype.size(),
+        };
+        (2 * self.layers * self.part() * element) as u64
     }
 
     /// Blocks holding some sequence's positions.
     pub fn blocks_in_use(&self) -> usize {
-        self.blocks.len() - self.free.len()
+        self.refs.len() - self.free.len()
     }
 
     /// Bytes of the blocks in use.
@@ -79,9 +159,40 @@ impl PagedKv {
             self.refs[b] = 1;
             return b;
         }
-        self.blocks.push(vec![0.0; 2 * self.layers * self.part()].into_boxed_slice());
+        let (block, size) = (self.refs.len(), 2 * self.layers * self.part());
+        match &mut self.store {
+            Store::Host(blocks) => blocks.push(vec![0.0; size].into_boxed_slice()),
+            Store::Device(pools) if block == pools.capacity => pools.grow(self.kv_heads, self.head_dim),
+            Store::Device(_) => {}
+        }
         self.refs.push(1);
-        self.blocks.len() - 1
+        block
+    }
+
+    /// Copies block `src` into block `dst`, every layer.
+    fn copy_block(&mut self, src: usize, dst: usize) {
+        match &mut self.store {
+            Store::Host(blocks) => {
+                let (src, dst) = if src < dst {
+                    let (lo, hi) = blocks.split_at_mut(dst);
+                    (&lo[src], &mut hi[0])
+                } else {
+                    let (lo, hi) = blocks.split_at_mut(src);
+                    (&hi[0], &mut lo[dst])
+                };
+                dst.copy_from_slice(src);
+            }
+            Store::Device(pools) => {
+                for layer in 0..self.layers {
+                    let [k, v] = pools.take(layer);
+                    let copy = |t: Tensor<B, 3>| {
+                        let block = t.clone().slice(src * BLOCK..(src + 1) * BLOCK);
+                        t.slice_assign(dst * BLOCK..(dst + 1) * BLOCK, block)
+                    };
+                    pools.pools[layer] = Some([copy(k), copy(v)]);
+                }
+            }
+        }
     }
 
     fn add_seq(&mut self, seq: Seq) -> SeqId {
@@ -109,10 +220,11 @@ impl PagedKv {
     pub fn fill(&mut self, seq: SeqId, layer: usize, k: &[f32], v: &[f32]) {
         let ((ko, vo), per_position) = (self.offsets(layer), self.kv_heads * self.head_dim);
         let Seq { blocks, len } = self.seqs[seq.0].as_ref().expect("a live sequence");
+        let Store::Host(store) = &mut self.store else { unreachable!("fill() is the host store's") };
         assert!(k.len() == len * per_position && v.len() == k.len(), "layer {layer}: {} keys for {len} positions", k.len());
         for (i, &b) in blocks.iter().enumerate() {
             let (from, to) = (i * BLOCK * per_position, ((i + 1) * BLOCK).min(*len) * per_position);
-            let block = &mut self.blocks[b];
+            let block = &mut store[b];
             block[ko..][..to - from].copy_from_slice(&k[from..to]);
             block[vo..][..to - from].copy_from_slice(&v[from..to]);
         }
@@ -160,14 +272,7 @@ impl PagedKv {
                 None => self.alloc(),
                 Some(b) if self.refs[b] > 1 => {
                     let copy = self.alloc();
-                    let (src, dst) = if b < copy {
-                        let (lo, hi) = self.blocks.split_at_mut(copy);
-                        (&lo[b], &mut hi[0])
-                    } else {
-                        let (lo, hi) = self.blocks.split_at_mut(b);
-                        (&hi[0], &mut lo[copy])
-                    };
-                    dst.copy_from_slice(src);
+                    self.copy_block(b, copy);
                     self.refs[b] -= 1;
                     copy
                 }
@@ -178,6 +283,35 @@ impl PagedKv {
                 Some(slot) => *slot = block,
                 None => seq.blocks.push(block),
             }
+        }
+        if self.is_on_device() {
+            let step = self.step_tensors(seqs);
+            let Store::Device(pools) = &mut self.store else { unreachable!() };
+            pools.step = Some(step);
+        }
+    }
+
+    /// The device tensors of a step of `seqs` (see [`Step`]).
+    fn step_tensors(&self, seqs: &[SeqId]) -> Step<B> {
+        let Store::Device(pools) = &self.store else { unreachable!("a device store") };
+        let rows = seqs.len();
+        let width = seqs.iter().map(|&s| self.seq(s).blocks.len()).max().unwrap_or(0).max(1);
+        let (mut slots, mut table, mut lens) = (Vec::with_capacity(rows), vec![0i64; rows * width], Vec::with_capacity(rows));
+        for (r, &s) in seqs.iter().enumerate() {
+            let seq = self.seq(s);
+            slots.push((seq.blocks[seq.len / BLOCK] * BLOCK + seq.len % BLOCK) as i64);
+            for (i, &b) in seq.blocks.iter().enumerate() {
+                table[r * width + i] = b as i64;
+            }
+            lens.push(seq.len as i64 + 1);
+        }
+        let max_len = lens.iter().copied().max().unwrap_or(0) as usize;
+        let device = &pools.device;
+        Step {
+            slots: Tensor::from_data(TensorData::new(slots, [rows, 1]), device),
+            table: Tensor::from_data(TensorData::new(table, [rows, width]), device),
+            lens: Tensor::from_data(TensorData::new(lens, [rows]), device),
+            max_len,
         }
     }
 
@@ -190,7 +324,8 @@ impl PagedKv {
             let seq = self.seqs[s.0].as_ref().expect("a live sequence");
             let (b, at) = (seq.blocks[seq.len / BLOCK], seq.len % BLOCK * n);
             debug_assert_eq!(self.refs[b], 1, "reserve() gives a sequence its own last block");
-            let block = &mut self.blocks[b];
+            let Store::Host(store) = &mut self.store else { unreachable!("write() is the host store's") };
+            let block = &mut store[b];
             block[ko + at..][..n].copy_from_slice(&k[i * n..(i + 1) * n]);
             block[vo + at..][..n].copy_from_slice(&v[i * n..(i + 1) * n]);
         }
@@ -201,6 +336,9 @@ impl PagedKv {
         for &s in seqs {
             self.seqs[s.0].as_mut().expect("a live sequence").len += 1;
         }
+        if let Store::Device(pools) = &mut self.store {
+            pools.step = None;
+        }
     }
 
     /// Decoding attention of layer `layer`: each of `seqs` attends with its query (`q`
@@ -210,11 +348,12 @@ impl PagedKv {
     pub fn attend(&self, layer: usize, seqs: &[SeqId], q: &[f32], heads: usize) -> Vec<f32> {
         use super::fused::attention::{PagedRow, decode_paged};
         let (part, (ko, vo)) = (self.part(), self.offsets(layer));
+        let Store::Host(store) = &self.store else { unreachable!("attend() is the host store's") };
         let rows: Vec<PagedRow<'_>> = seqs
             .iter()
             .map(|&s| {
                 let seq = self.seq(s);
-                let blocks = || seq.blocks.iter().map(|&b| &self.blocks[b][..]);
+                let blocks = || seq.blocks.iter().map(|&b| &store[b][..]);
                 PagedRow {
                     len: seq.len + 1,
                     keys: blocks().map(|b| &b[ko..][..part]).collect(),
@@ -230,6 +369,111 @@ impl PagedKv {
     pub fn attend(&self, _layer: usize, _seqs: &[SeqId], _q: &[f32], _heads: usize) -> Vec<f32> {
         unreachable!("a paged KV cache exists only with the flex feature")
     }
+}
+
+
+impl<B: Backend> PagedKv<B> {
+    /// Copies prefilled prompts into their sequences (from [`PagedKv::insert`]): `rows[i] =
+    /// (seq, row)` takes the last `len(seq)` positions of row `row` of `cache` (its left padding
+    /// left out), a layer at a time.
+    pub fn fill_from(&mut self, cache: KvCache<B>, rows: &[(SeqId, usize)]) {
+        for (layer, kv) in cache.into_seq_major_layers().enumerate() {
+            let (k, v) = kv.expect("a prefilled cache");
+            let [batch, seq, kv_heads, d] = k.dims();
+            if !self.is_on_device() {
+                let host = |t: Tensor<B, 4>| t.into_data().into_vec::<f32>().expect("the fused path's cache is f32");
+                let (k, v) = (host(k), host(v));
+                let per_row = k.len() / batch;
+                for &(s, row) in rows {
+                    let from = row * per_row + (seq - self.seq(s).len) * kv_heads * d;
+                    self.fill(s, layer, &k[from..(row + 1) * per_row], &v[from..(row + 1) * per_row]);
+                }
+                continue;
+            }
+            let positions = |t: &Tensor<B, 4>| -> Vec<Tensor<B, 3>> {
+                rows.iter().map(|&(s, row)| {
+                    let len = self.seq(s).len;
+                    t.clone().narrow(0, row, 1).narrow(1, seq - len, len).reshape([len, kv_heads, d])
+                }).collect()
+            };
+            let (k, v) = (Tensor::cat(positions(&k), 0), Tensor::cat(positions(&v), 0));
+            let slots: Vec<i64> = rows
+                .iter()
+                .flat_map(|&(s, _)| {
+                    let seq = self.seq(s);
+                    (0..seq.len).map(|p| (seq.blocks[p / BLOCK] * BLOCK + p % BLOCK) as i64)
+                })
+                .collect();
+            let Store::Device(pools) = &mut self.store else { unreachable!() };
+            let slots = Tensor::from_data(TensorData::new(slots.clone(), [slots.len(), 1]), &pools.device);
+            pools.scatter(layer, slots, k, v);
+        }
+    }
+
+    /// Writes layer `layer`'s keys and values `[R, K, d]` of the step's rows (device store;
+    /// [`PagedKv::reserve`] first), then attends: q `[R, H, d]` after RoPE; `[R, H, d]`.
+    pub fn write_and_attend(&mut self, layer: usize, q: Tensor<B, 3>, k: Tensor<B, 3>, v: Tensor<B, 3>) -> Tensor<B, 3> {
+        let Store::Device(pools) = &mut self.store else { unreachable!("the device store's") };
+        let step = pools.step.clone().expect("reserve() before a step");
+        pools.scatter(layer, step.slots, k, v);
+        let [keys, values] = pools.pools[layer].clone().expect("a pool per layer");
+        let kernel = super::kernels::kernels::<B>().paged_decode;
+        let fast = kernel.and_then(|decode| decode(q.clone(), keys.clone(), values.clone(), step.table.clone(), step.lens.clone(), step.max_len));
+        fast.unwrap_or_else(|| decode_reference(q, keys, values, step.table, step.lens))
+    }
+}
+
+impl<B: Backend> DevicePools<B> {
+    fn take(&mut self, layer: usize) -> [Tensor<B, 3>; 2] {
+        self.pools[layer].take().expect("a pool per layer")
+    }
+
+    /// Room for half as many blocks again (at least 8 more, at most [`DevicePools::max_blocks`]).
+    fn grow(&mut self, kv_heads: usize, head_dim: usize) {
+        let mut capacity = (self.capacity + self.capacity / 2).max(self.capacity + 8);
+        if let Some(max) = self.max_blocks {
+            assert!(self.capacity < max, "the KV cache's blocks exceed the device's largest buffer (the engine bounds them)");
+            capacity = capacity.min(max);
+        }
+        let extra = capacity - self.capacity;
+        for layer in 0..self.pools.len() {
+            let zeros = || Tensor::<B, 3>::zeros([extra * BLOCK, kv_heads, head_dim], (&self.device, self.dtype));
+            self.pools[layer] = Some(match self.pools[layer].take() {
+                None => [zeros(), zeros()],
+                Some([k, v]) => [Tensor::cat(vec![k, zeros()], 0), Tensor::cat(vec![v, zeros()], 0)],
+            });
+        }
+        self.capacity = capacity;
+    }
+
+    /// Writes `k`, `v` `[n, K, d]` into layer `layer`'s slots `[n, 1]` (in place where the pool
+    /// is held only here).
+    fn scatter(&mut self, layer: usize, slots: Tensor<B, 2, Int>, k: Tensor<B, 3>, v: Tensor<B, 3>) {
+        let [kp, vp] = self.take(layer);
+        let (k, v) = (to_dtype(k, self.dtype), to_dtype(v, self.dtype));
+        let kp = kp.scatter_nd(slots.clone(), k, IndexingUpdateOp::Assign);
+        let vp = vp.scatter_nd(slots, v, IndexingUpdateOp::Assign);
+        self.pools[layer] = Some([kp, vp]);
+    }
+}
+
+/// Decoding attention over a paged cache in plain burn operations (what
+/// [`crate::model::kernels::Kernels::paged_decode`] is tested against): q `[R, H, d]`, the pools
+/// `[N·BLOCK, K, d]`, the block tables `[R, W]`, the keys each row reads `[R]`; each row's keys
+/// gathered through its table, scores and softmax in f32, GQA by grouping. `[R, H, d]` in q's
+/// dtype.
+pub fn decode_reference<B: Backend>(q: Tensor<B, 3>, keys: Tensor<B, 3>, values: Tensor<B, 3>, table: Tensor<B, 2, Int>, lens: Tensor<B, 1, Int>) -> Tensor<B, 3> {
+    let ([rows, heads, d], [_, kv_heads, _], width) = (q.dims(), keys.dims(), table.dims()[1]);
+    let (span, device, dtype) = (width * BLOCK, q.device(), q.dtype());
+    let offsets = Tensor::<B, 1, Int>::arange(0..BLOCK as i64, &device).reshape([1, 1, BLOCK]);
+    let slots = (table.reshape([rows, width, 1]) * BLOCK as i64 + offsets).reshape([rows * span]);
+    let gather = |pool: Tensor<B, 3>| to_dtype(pool.select(0, slots.clone()), DType::F32).reshape([rows, span, kv_heads, d]).swap_dims(1, 2); // [R, K, S, d]
+    let (k, v) = (gather(keys), gather(values));
+    let q = to_dtype(q, DType::F32).reshape([rows, kv_heads, heads / kv_heads, d]);
+    let scores = q.matmul(k.swap_dims(2, 3)) / (d as f64).sqrt(); // [R, K, G, S]
+    let hidden = Tensor::<B, 1, Int>::arange(0..span as i64, &device).reshape([1, 1, 1, span]).greater_equal(lens.reshape([rows, 1, 1, 1]));
+    let out = softmax(scores.mask_fill(hidden, f32::NEG_INFINITY), 3).matmul(v); // [R, K, G, d]
+    to_dtype(out.reshape([rows, heads, d]), dtype)
 }
 
 #[cfg(all(test, feature = "flex"))]
@@ -248,7 +492,7 @@ mod tests {
     fn paged_decoding_equals_contiguous_attention() {
         let (layers, heads, kv_heads, d) = (2, 6, 2, 64);
         let n = kv_heads * d;
-        let mut cache = PagedKv::new(layers, kv_heads, d);
+        let mut cache = PagedKv::<burn::backend::Flex>::new(layers, kv_heads, d);
         // Per sequence and layer: all keys and values so far, contiguous.
         let mut dense: Vec<Vec<(Vec<f32>, Vec<f32>)>> = Vec::new();
         let mut seqs = Vec::new();

@@ -189,18 +189,25 @@ impl<B: Backend> Attention<B> {
     /// One decoding step from a paged KV cache (the fused CPU path, f32): `x` `[R, 1, D]`, one
     /// row per sequence of `seqs`, whose keys and values at this position are written to layer
     /// `layer` of `cache` ([`PagedKv::reserve`]d by the caller) before attending.
-    fn forward_paged(&self, x: Tensor<B, 3>, rope: &RopeTables<B>, cache: &mut PagedKv, layer: usize, seqs: &[SeqId]) -> Tensor<B, 3> {
+    fn forward_paged(&self, x: Tensor<B, 3>, rope: &RopeTables<B>, cache: &mut PagedKv<B>, layer: usize, seqs: &[SeqId]) -> Tensor<B, 3> {
         let [rows, seq, _] = x.dims();
         assert_eq!(seq, 1, "a paged KV cache decodes one position per sequence");
         let (heads, kv_heads, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let device = x.device();
         let [q, k, v] = proj::project_all(x, [&self.q_proj, &self.k_proj, &self.v_proj]);
-        let host = |t: Tensor<B, 4>| t.into_data().into_vec::<f32>().expect("f32 activations on the fused path");
-        let q = host(rope.apply_seq_major(q.reshape([rows, 1, heads, d])));
-        let k = host(rope.apply_seq_major(k.reshape([rows, 1, kv_heads, d])));
-        cache.write(layer, seqs, &k, &host(v.reshape([rows, 1, kv_heads, d])));
-        let out = cache.attend(layer, seqs, &q, heads);
-        self.o_proj.forward(Tensor::from_data(TensorData::new(out, [rows, 1, heads * d]), &device))
+        let q = rope.apply_seq_major(q.reshape([rows, 1, heads, d]));
+        let k = rope.apply_seq_major(k.reshape([rows, 1, kv_heads, d]));
+        let out = if cache.is_on_device() {
+            let dtype = q.dtype();
+            let out = cache.write_and_attend(layer, q.reshape([rows, heads, d]), k.reshape([rows, kv_heads, d]), v.reshape([rows, kv_heads, d]));
+            proj::to_dtype(out, dtype).reshape([rows, 1, heads * d])
+        } else {
+            let host = |t: Tensor<B, 4>| t.into_data().into_vec::<f32>().expect("f32 activations on the fused path");
+            cache.write(layer, seqs, &host(k), &host(v.reshape([rows, 1, kv_heads, d])));
+            let out = cache.attend(layer, seqs, &host(q), heads);
+            Tensor::from_data(TensorData::new(out, [rows, 1, heads * d]), &device)
+        };
+        self.o_proj.forward(out)
     }
 }
 
@@ -323,7 +330,7 @@ impl<B: Backend> DecoderLayer<B> {
 
     /// [`DecoderLayer::forward`] for one decoding step from a paged KV cache
     /// ([`Qwen2::decode_paged`]).
-    fn forward_paged(&self, x: Tensor<B, 3>, rope: &RopeTables<B>, cache: &mut PagedKv, layer: usize, seqs: &[SeqId]) -> Tensor<B, 3> {
+    fn forward_paged(&self, x: Tensor<B, 3>, rope: &RopeTables<B>, cache: &mut PagedKv<B>, layer: usize, seqs: &[SeqId]) -> Tensor<B, 3> {
         let h = x.clone() + self.self_attn.forward_paged(self.input_layernorm.forward(x), rope, cache, layer, seqs);
         h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
     }
@@ -422,16 +429,22 @@ impl<B: Backend> Qwen2<B> {
     }
 
     /// An empty paged KV cache for this model, where decoding takes one
-    /// ([`Qwen2::decode_paged`]): the Flex backend with f32 activations; `None` elsewhere.
-    pub fn new_paged_kv(&self) -> Option<PagedKv> {
-        let fused = crate::model::fused::is_flex::<B>() && self.activation_dtype() == Dtype::F32 && AttnMask::<B>::is_fused(DType::F32);
-        fused.then(|| PagedKv::new(self.config.num_hidden_layers, self.config.num_kv_heads(), self.config.head_dim()))
+    /// ([`Qwen2::decode_paged`]): in host memory on the Flex backend with f32 activations, in
+    /// device memory where the backend has a flash-decoding kernel (wgpu, CUDA); `None`
+    /// elsewhere.
+    pub fn new_paged_kv(&self) -> Option<PagedKv<B>> {
+        let (layers, kv_heads, d) = (self.config.num_hidden_layers, self.config.num_kv_heads(), self.config.head_dim());
+        let dtype = self.activation_dtype();
+        if crate::model::fused::is_flex::<B>() && dtype == Dtype::F32 && AttnMask::<B>::is_fused(DType::F32) {
+            return Some(PagedKv::new(layers, kv_heads, d));
+        }
+        kernels::<B>().paged_decode.map(|_| PagedKv::on_device(layers, kv_heads, d, dtype.burn(), &self.device()))
     }
 
     /// Final hidden states `[R, 1, D]` of one decoding step from a paged KV cache (from
     /// [`Qwen2::new_paged_kv`]): row `r` of `inputs` (`[R, 1]`) continues sequence `seqs[r]`,
     /// whose keys and values at this position join the cache.
-    pub fn decode_paged(&self, inputs: &Inputs<B>, cache: &mut PagedKv, seqs: &[SeqId]) -> Tensor<B, 3> {
+    pub fn decode_paged(&self, inputs: &Inputs<B>, cache: &mut PagedKv<B>, seqs: &[SeqId]) -> Tensor<B, 3> {
         cache.reserve(seqs);
         let rope = self.rope.tables(inputs.positions.clone());
         let mut x = self.embed(inputs.ids.clone());

@@ -8,6 +8,7 @@
 //!   seventeen (`rotate_half`'s concatenation stays two slice assignments under fusion);
 //! - flash attention ([`attention`]), forward and backward: no `[B, H, T, S]` scores in
 //!   training, prefill or decoding;
+//! - flash-decoding over a paged KV cache ([`decode`]), split over the key axis;
 //! - AdamW ([`adamw`]): one kernel per parameter for the whole update, where burn's ops take
 //!   about nine even fused.
 //!
@@ -17,6 +18,7 @@
 
 mod adamw;
 pub mod attention;
+pub mod decode;
 mod rope;
 
 #[cfg(test)]
@@ -69,6 +71,7 @@ pub fn table_for<B: Backend, R: CubeRuntime, BT: BoolElement>() -> Option<Kernel
         name: "cubecl",
         rope: rope::rope::<B, R, BT>,
         flash_attention: Some(attention::attention::<B, R, BT>),
+        paged_decode: Some(decode::paged_decode::<B, R, BT>),
         adamw: adamw::adamw::<B, R, BT>,
         ..reference::<B>()
     })

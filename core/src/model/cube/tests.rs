@@ -127,6 +127,65 @@ pub(crate) mod wgpu {
         let labels = Tensor::<Autodiff<Wgpu>, 2, Int>::from_inner(labels);
         assert!(kernels::<Autodiff<Wgpu>>().flash_attention.unwrap()(ad(&q), ad(&k), ad(&k), &labels).is_none());
     }
+
+    /// Flash-decoding over a paged cache (and the reference it falls back to) against [`dense`]
+    /// over each row's keys laid out contiguously: rows of 1, 63, 64, 65 and 300 keys (block
+    /// edges; up to three splits), the blocks scattered through the pool in another order, GQA
+    /// 3:1, 6:1 and 1:1, head sizes 64, 128 and 12; f32, then f16 inputs.
+    #[test]
+    fn paged_decode_is_dense_attention() {
+        use crate::model::paged_kv::{BLOCK, decode_reference};
+        use burn::tensor::DType;
+        let device = device();
+        let decode = kernels::<Wgpu>().paged_decode.expect("wgpu's table has flash-decoding");
+        let lens = [1usize, 63, 64, 65, 300];
+        let (rows, keys) = (lens.len(), 300usize);
+        let width = keys.div_ceil(BLOCK);
+        let blocks = rows * width;
+        // Row r's block i is block (r·width + i)·7 mod 25 of the pool (7 and 25 coprime).
+        let block_of = |r: usize, i: usize| (r * width + i) * 7 % blocks;
+        for (heads, kv_heads, d) in [(6, 2, 64), (6, 1, 128), (2, 2, 12)] {
+            let host = |n: usize, seed: u32| -> Vec<f32> { (0..n).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 / 1000.0 - 1.0).collect() };
+            // Contiguous keys [R, K, S, d], each row's at the end (left padding).
+            let (k, v, q) = (host(rows * kv_heads * keys * d, 1), host(rows * kv_heads * keys * d, 2), host(rows * heads * d, 3));
+            let (mut k_pool, mut v_pool) = (vec![0.0f32; blocks * BLOCK * kv_heads * d], vec![0.0f32; blocks * BLOCK * kv_heads * d]);
+            let mut table = vec![0i64; rows * width];
+            for (r, &len) in lens.iter().enumerate() {
+                for i in 0..len.div_ceil(BLOCK) {
+                    table[r * width + i] = block_of(r, i) as i64;
+                }
+                for p in 0..len {
+                    let slot = block_of(r, p / BLOCK) * BLOCK + p % BLOCK;
+                    for kh in 0..kv_heads {
+                        let from = ((r * kv_heads + kh) * keys + keys - len + p) * d;
+                        let to = (slot * kv_heads + kh) * d;
+                        k_pool[to..to + d].copy_from_slice(&k[from..from + d]);
+                        v_pool[to..to + d].copy_from_slice(&v[from..from + d]);
+                    }
+                }
+            }
+            let labels: Vec<i64> = lens.iter().flat_map(|&len| (0..keys).map(move |j| i64::from(j >= keys - len))).collect();
+            let labels = Tensor::<Wgpu, 2, Int>::from_data(TensorData::new(labels, [rows, keys]), &device);
+            fn t<const D: usize>(data: Vec<f32>, shape: [usize; D]) -> Tensor<Wgpu, D> {
+                Tensor::from_data(TensorData::new(data, shape), &super::wgpu::device())
+            }
+            let want = dense(t(q.clone(), [rows, heads, 1, d]), t(k, [rows, kv_heads, keys, d]), t(v, [rows, kv_heads, keys, d]), &labels).reshape([rows, heads, d]);
+            let table = Tensor::<Wgpu, 2, Int>::from_data(TensorData::new(table, [rows, width]), &device);
+            let lens_t = Tensor::<Wgpu, 1, Int>::from_data(TensorData::new(lens.map(|l| l as i64).to_vec(), [rows]), &device);
+            let (q, kp, vp): (Tensor<Wgpu, 3>, Tensor<Wgpu, 3>, Tensor<Wgpu, 3>) = (t(q, [rows, heads, d]), t(k_pool, [blocks * BLOCK, kv_heads, d]), t(v_pool, [blocks * BLOCK, kv_heads, d]));
+            let case = format!("H {heads}, K {kv_heads}, d {d}");
+            let ours = decode(q.clone(), kp.clone(), vp.clone(), table.clone(), lens_t.clone(), keys).expect("flash-decoding takes these");
+            close(&format!("{case}: kernel"), ours, want.clone());
+            close(&format!("{case}: reference"), decode_reference(q.clone(), kp.clone(), vp.clone(), table.clone(), lens_t.clone()), want.clone());
+            // f16 inputs: the same, within f16's rounding of the inputs and the output.
+            let half = |t: &Tensor<Wgpu, 3>| t.clone().cast(DType::F16);
+            let ours = decode(half(&q), half(&kp), half(&vp), table.clone(), lens_t.clone(), keys).expect("f16 too");
+            assert_eq!(ours.dtype(), DType::F16);
+            let (a, b) = (ours.cast(DType::F32).into_data().to_vec::<f32>().unwrap(), want.into_data().to_vec::<f32>().unwrap());
+            let err = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+            assert!(err < 5e-3, "{case}: f16 max error {err}");
+        }
+    }
 }
 
 
