@@ -48,8 +48,8 @@ pub struct BenchArgs {
     /// `--batch` sequences in all.
     #[arg(long, default_value_t = 1)]
     samples: usize,
-    /// Decode from the batch-shaped KV cache instead of the paged one the CPU uses in f32 (to
-    /// compare the two).
+    /// Decode from the batch-shaped KV cache instead of the paged one (the CPU in f32, wgpu and
+    /// CUDA), to compare the two.
     #[arg(long, conflicts_with = "train")]
     dense_kv: bool,
     /// Weights and activations in f32, bf16 or f16 (with --train: the mixed precision of that

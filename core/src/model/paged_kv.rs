@@ -107,6 +107,15 @@ impl<B: Backend> PagedKv<B> {
         Self { layers, kv_heads, head_dim, store, refs: Vec::new(), free: Vec::new(), seqs: Vec::new(), free_seqs: Vec::new() }
     }
 
+    /// Allocates device memory for `blocks` blocks at once (the pools otherwise grow by half
+    /// when full, copying what they hold); nothing for blocks in host memory.
+    pub fn preallocate(&mut self, blocks: usize) {
+        let (kv_heads, head_dim) = (self.kv_heads, self.head_dim);
+        if let Store::Device(pools) = &mut self.store {
+            pools.grow_to(blocks, kv_heads, head_dim);
+        }
+    }
+
     /// Whether the blocks live in device memory.
     pub fn is_on_device(&self) -> bool {
         matches!(self.store, Store::Device(_))
@@ -430,10 +439,18 @@ impl<B: Backend> DevicePools<B> {
 
     /// Room for half as many blocks again (at least 8 more, at most [`DevicePools::max_blocks`]).
     fn grow(&mut self, kv_heads: usize, head_dim: usize) {
-        let mut capacity = (self.capacity + self.capacity / 2).max(self.capacity + 8);
         if let Some(max) = self.max_blocks {
             assert!(self.capacity < max, "the KV cache's blocks exceed the device's largest buffer (the engine bounds them)");
-            capacity = capacity.min(max);
+        }
+        self.grow_to((self.capacity + self.capacity / 2).max(self.capacity + 8), kv_heads, head_dim);
+    }
+
+    /// Room for `blocks` blocks (at most [`DevicePools::max_blocks`]), where the pools hold
+    /// fewer.
+    fn grow_to(&mut self, blocks: usize, kv_heads: usize, head_dim: usize) {
+        let capacity = self.max_blocks.map_or(blocks, |max| blocks.min(max));
+        if capacity <= self.capacity {
+            return;
         }
         let extra = capacity - self.capacity;
         for layer in 0..self.pools.len() {

@@ -186,6 +186,56 @@ pub(crate) mod wgpu {
             assert!(err < 5e-3, "{case}: f16 max error {err}");
         }
     }
+
+    /// A paged cache in device memory, step by step against attention computed on the host over
+    /// each sequence's own keys: twelve sequences from empty (the pools grow from 8 blocks to
+    /// 16, then 24, keeping what they hold), one of them forked mid-block (its next write copies
+    /// the shared block), 70 steps (blocks of 64 positions: each sequence takes a second one),
+    /// GQA 2:1.
+    #[test]
+    fn device_paged_cache_decodes_each_sequence_over_its_own_keys() {
+        use crate::model::paged_kv::PagedKv;
+        let device = device();
+        let (heads, kv_heads, d) = (4, 2, 8);
+        let mut cache = PagedKv::<Wgpu>::on_device(1, kv_heads, d, burn::tensor::DType::F32, &device);
+        let mut seqs: Vec<_> = (0..11).map(|_| cache.insert(0)).collect();
+        // Each sequence's keys and values so far, per position `[K·d]`.
+        let mut host: Vec<(Vec<Vec<f32>>, Vec<Vec<f32>>)> = vec![(Vec::new(), Vec::new()); 11];
+        let value = |i: usize, salt: usize| ((i.wrapping_mul(2654435761) + salt) % 2001) as f32 / 1000.0 - 1.0;
+        for step in 0..70 {
+            if step == 10 {
+                seqs.push(cache.fork(seqs[0]));
+                host.push(host[0].clone());
+            }
+            let rows = seqs.len();
+            cache.reserve(&seqs);
+            let q: Vec<f32> = (0..rows * heads * d).map(|i| value(i, step * 7 + 1)).collect();
+            let k: Vec<f32> = (0..rows * kv_heads * d).map(|i| value(i, step * 7 + 2)).collect();
+            let v: Vec<f32> = (0..rows * kv_heads * d).map(|i| value(i, step * 7 + 3 + rows)).collect();
+            let t = |x: &Vec<f32>, n: usize| Tensor::<Wgpu, 3>::from_data(TensorData::new(x.clone(), [rows, n, d]), &device);
+            let out = cache.write_and_attend(0, t(&q, heads), t(&k, kv_heads), t(&v, kv_heads)).into_data().to_vec::<f32>().unwrap();
+            cache.advance(&seqs);
+            for (r, (keys, values)) in host.iter_mut().enumerate() {
+                keys.push(k[r * kv_heads * d..][..kv_heads * d].to_vec());
+                values.push(v[r * kv_heads * d..][..kv_heads * d].to_vec());
+                for h in 0..heads {
+                    let kh = h / (heads / kv_heads);
+                    let qh = &q[(r * heads + h) * d..][..d];
+                    let scores: Vec<f32> = keys.iter().map(|key| qh.iter().zip(&key[kh * d..][..d]).map(|(a, b)| a * b).sum::<f32>() / (d as f32).sqrt()).collect();
+                    let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let weights: Vec<f32> = scores.iter().map(|s| (s - m).exp()).collect();
+                    let sum: f32 = weights.iter().sum();
+                    for c in 0..d {
+                        let want: f32 = weights.iter().zip(values.iter()).map(|(w, val)| w * val[kh * d + c]).sum::<f32>() / sum;
+                        let got = out[(r * heads + h) * d + c];
+                        assert!((got - want).abs() < 1e-5, "step {step}, sequence {r}, head {h}: {got} vs {want}");
+                    }
+                }
+            }
+        }
+        // 70 positions: two blocks each, the fork's first its own copy of the block it shared.
+        assert_eq!(cache.blocks_in_use(), 12 * 2);
+    }
 }
 
 
