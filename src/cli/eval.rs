@@ -98,9 +98,9 @@ struct InterplayArgs {
     /// Sequences decoded together (per device).
     #[arg(long, default_value_t = 256)]
     batch_size: usize,
-    /// GiB of KV cache per device: on the CPU's paged cache (f32) a sample joins the batch
-    /// only while the 64-position blocks it may need fit (`kiln generate --kv-memory`)
-    /// [default: half the memory available]
+    /// GiB of KV cache per device: on a paged cache (the CPU in f32, wgpu, CUDA) a sample
+    /// joins the batch only while the 64-position blocks it may need fit (`kiln generate
+    /// --kv-memory`) [default: half the memory available]
     #[arg(long)]
     kv_memory: Option<f64>,
     /// Weights and activations in f32, bf16 or f16 (attention and log-probs in f32).

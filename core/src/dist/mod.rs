@@ -144,6 +144,17 @@ fn nccl_device<B: Backend>(device: &B::Device) -> Option<usize> {
     None
 }
 
+/// Bytes free on `device` now, where it is a CUDA device (`None` elsewhere: wgpu reports no
+/// free memory, and host memory is [`crate::model::weights`]'s).
+pub fn device_free_memory<B: Backend>(device: &B::Device) -> Option<u64> {
+    #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+    if let Some(ordinal) = nccl_cuda::cuda_ordinal::<B>(device) {
+        return nccl_cuda::free_memory(ordinal);
+    }
+    let _ = device;
+    None
+}
+
 /// The error of `grad_reduce_dtype = "bf16"` without NCCL.
 pub const BF16_NEEDS_NCCL: &str = "[train] grad_reduce_dtype = \"bf16\" needs NCCL (CUDA devices): kiln's TCP ring and burn-collective sum in f32; leave it out or set \"f32\"";
 

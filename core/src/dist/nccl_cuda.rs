@@ -43,6 +43,20 @@ pub(crate) fn cuda_ordinal<B: Backend>(device: &B::Device) -> Option<usize> {
     (device as &dyn Any).downcast_ref::<CudaDevice>().map(|d| d.index)
 }
 
+/// Bytes free on CUDA device `ordinal` now (`cuMemGetInfo` in its primary context, the one
+/// cubecl-cuda allocates from; memory cubecl's pools reserved counts as used).
+pub(crate) fn free_memory(ordinal: usize) -> Option<u64> {
+    cu::init().ok()?;
+    let device = cu::device::get(ordinal as i32).ok()?;
+    // SAFETY: `device` is a valid device; the primary context stays retained for the process
+    // (cubecl-cuda holds it too), and making it current changes no other context.
+    unsafe {
+        let ctx = cu::primary_ctx::retain(device).ok()?;
+        cu::ctx::set_current(ctx).ok()?;
+    }
+    cu::mem_get_info().ok().map(|(free, _total)| free as u64)
+}
+
 /// A replica's CUDA side before it joins: the device's primary context (the one cubecl-cuda
 /// runs on) and a stream of it for NCCL. Made before the NCCL id is handed out, so that a
 /// failure here is reported with every replica's status instead of stranding the others in

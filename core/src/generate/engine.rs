@@ -129,9 +129,10 @@ pub struct Engine<'a, B: Backend> {
     /// Bytes the KV cache may take (`kiln generate --kv-memory`): the paged cache admits a
     /// sample only when the blocks it may still need fit ([`Engine::blocks_for`]); the
     /// batch-shaped one decodes at most [`Engine::rows_within`] rows. `None`: the paged cache
-    /// takes at most half the memory available when a call starts (`MemAvailable`, as vLLM
-    /// sizes its cache from the device's free memory; the rest is left to the prefill's
-    /// activations), the batch-shaped one only [`Engine::max_batch_size`].
+    /// takes at most half the memory available when a call starts (`MemAvailable` for blocks in
+    /// host memory, a CUDA device's free memory for blocks there, as vLLM sizes its cache; the
+    /// rest is left to the prefill's activations; on wgpu, which reports none, only its largest
+    /// buffer bounds them), the batch-shaped one only [`Engine::max_batch_size`].
     pub kv_memory: Option<u64>,
     times: std::sync::Mutex<StepTimes>,
 }
@@ -326,10 +327,14 @@ impl<'a, B: Backend> Engine<'a, B> {
         // A KV memory bound: in blocks where they are paged (one sample of the longest prompt
         // must fit), else in rows.
         let lengths = prompts.iter().map(|p| (p.len(), params.max_new_tokens.min(model.context_len() - p.len())));
-        // Unset: half the host memory available now for blocks in host memory; for blocks on a
-        // device, what its largest buffer holds (one layer's keys are one buffer).
-        let host_pages = pages.as_ref().filter(|p| !p.is_on_device());
-        let default = host_pages.and_then(|_| crate::model::weights::available_memory()).map(|bytes| (bytes / 2, "half the memory available now"));
+        // Unset: half the memory available now (the host's for blocks in host memory, a CUDA
+        // device's for blocks there), and never more than a device's largest buffer holds (one
+        // layer's keys are one buffer).
+        let default = pages.as_ref().and_then(|p| match p.is_on_device() {
+            false => crate::model::weights::available_memory(),
+            true => crate::dist::device_free_memory::<B>(&device),
+        });
+        let default = default.map(|bytes| (bytes / 2, "half the memory available now"));
         let buffer = pages.as_ref().and_then(|p| Some((p.max_blocks()? as u64 * p.block_bytes(), "what the device's largest buffer holds")));
         let kv_memory = match (self.kv_memory.map(|bytes| (bytes, "")).or(default), buffer) {
             (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),

@@ -380,7 +380,6 @@ impl<B: Backend> PagedKv<B> {
     }
 }
 
-
 impl<B: Backend> PagedKv<B> {
     /// Copies prefilled prompts into their sequences (from [`PagedKv::insert`]): `rows[i] =
     /// (seq, row)` takes the last `len(seq)` positions of row `row` of `cache` (its left padding
@@ -414,7 +413,8 @@ impl<B: Backend> PagedKv<B> {
                 })
                 .collect();
             let Store::Device(pools) = &mut self.store else { unreachable!() };
-            let slots = Tensor::from_data(TensorData::new(slots.clone(), [slots.len(), 1]), &pools.device);
+            let n = slots.len();
+            let slots = Tensor::from_data(TensorData::new(slots, [n, 1]), &pools.device);
             pools.scatter(layer, slots, k, v);
         }
     }

@@ -125,9 +125,10 @@ pub struct RolloutSection {
     pub max_response_length: usize,
     /// Sequences decoded together.
     pub batch_size: usize,
-    /// GiB the rollout's KV cache may take (vLLM's memory share): on the CPU's paged cache a
-    /// sample joins the batch only while the blocks it may need fit; unset, the paged cache
-    /// takes at most half the memory available ([`crate::generate::Engine::kv_memory`]).
+    /// GiB the rollout's KV cache may take (vLLM's memory share): on a paged cache (the CPU in
+    /// f32, wgpu, CUDA) a sample joins the batch only while the blocks it may need fit; unset,
+    /// the paged cache takes at most half the memory available
+    /// ([`crate::generate::Engine::kv_memory`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_memory: Option<f64>,
     /// DAPO's dynamic sampling (verl's `algorithm.filter_groups`): `[rollout.filter_groups]`.
