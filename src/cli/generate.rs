@@ -72,7 +72,8 @@ pub struct GenerateArgs {
     batch_size: usize,
     /// GiB of KV cache. A paged cache (the CPU in f32, wgpu, CUDA) takes in a sample while the
     /// 64-position blocks it may need at its longest fit (a prompt's blocks counted once for all
-    /// its samples; default: half the memory available: the host's, a CUDA device's); the
+    /// its samples; default: half the memory available: the host's, a CUDA device's; on wgpu
+    /// only its largest buffer bounds it); the
     /// batch-shaped cache decodes at most as many sequences as fit at the longest prompt plus
     /// --max-new-tokens. Either way at most
     /// --batch-size together (and --prompt-logprobs scores as many rows as fit).

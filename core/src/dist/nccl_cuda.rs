@@ -44,17 +44,22 @@ pub(crate) fn cuda_ordinal<B: Backend>(device: &B::Device) -> Option<usize> {
 }
 
 /// Bytes free on CUDA device `ordinal` now (`cuMemGetInfo` in its primary context, the one
-/// cubecl-cuda allocates from; memory cubecl's pools reserved counts as used).
+/// cubecl-cuda allocates from; memory cubecl's pools reserved counts as used). The calling
+/// thread's current context is restored, and the primary context's retain released.
 pub(crate) fn free_memory(ordinal: usize) -> Option<u64> {
     cu::init().ok()?;
     let device = cu::device::get(ordinal as i32).ok()?;
-    // SAFETY: `device` is a valid device; the primary context stays retained for the process
-    // (cubecl-cuda holds it too), and making it current changes no other context.
+    let previous = cu::ctx::get_current().ok()?;
+    // SAFETY: `device` is a valid device; its primary context is retained while it is current
+    // here (cubecl-cuda retains it too), and the thread's previous context (or none) is made
+    // current again before the retain is released.
     unsafe {
         let ctx = cu::primary_ctx::retain(device).ok()?;
-        cu::ctx::set_current(ctx).ok()?;
+        let free = cu::ctx::set_current(ctx).ok().and_then(|_| cu::mem_get_info().ok());
+        let _ = cu::ctx::set_current(previous.unwrap_or(std::ptr::null_mut()));
+        let _ = cu::primary_ctx::release(device);
+        free.map(|(free, _total)| free as u64)
     }
-    cu::mem_get_info().ok().map(|(free, _total)| free as u64)
 }
 
 /// A replica's CUDA side before it joins: the device's primary context (the one cubecl-cuda

@@ -123,7 +123,7 @@ pub struct Engine<'a, B: Backend> {
     /// Largest number of sequences decoded together.
     pub max_batch_size: usize,
     /// Decode from a paged KV cache where the model offers one ([`Qwen2::new_paged_kv`]: the
-    /// CPU's fused path); `false` keeps the batch-shaped cache everywhere (for comparison: `kiln
+    /// CPU's fused path, wgpu, CUDA); `false` keeps the batch-shaped cache everywhere (for comparison: `kiln
     /// bench --dense-kv`, or `KILN_KV_CACHE=dense` for any command). Default: true.
     pub paged: bool,
     /// Bytes the KV cache may take (`kiln generate --kv-memory`): the paged cache admits a
@@ -332,10 +332,13 @@ impl<'a, B: Backend> Engine<'a, B> {
         // layer's keys are one buffer).
         let default = pages.as_ref().and_then(|p| match p.is_on_device() {
             false => crate::model::weights::available_memory(),
-            true => crate::dist::device_free_memory::<B>(&device),
+            // cubecl's pools keep memory freed since (the last call's blocks): free to us too.
+            true => crate::dist::device_free_memory::<B>(&device)
+                .map(|free| free + kiln_backends::device::memory_usage::<B>(&device).map_or(0, |m| m.reserved.saturating_sub(m.in_use))),
         });
         let default = default.map(|bytes| (bytes / 2, "half the memory available now"));
-        let buffer = pages.as_ref().and_then(|p| Some((p.max_blocks()? as u64 * p.block_bytes(), "what the device's largest buffer holds")));
+        const BUFFER: &str = "what the device's largest buffer holds";
+        let buffer = pages.as_ref().and_then(|p| Some((p.max_blocks()? as u64 * p.block_bytes(), BUFFER)));
         let kv_memory = match (self.kv_memory.map(|bytes| (bytes, "")).or(default), buffer) {
             (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
             (a, b) => a.or(b),
@@ -355,10 +358,12 @@ impl<'a, B: Backend> Engine<'a, B> {
             }
             (None, _) => None,
         };
-        // Device blocks for the whole batch at its longest, within the bound: allocated once.
-        if let Some(pages) = pages.as_mut().filter(|p| p.is_on_device()) {
+        // Device blocks for the whole batch at its longest, within a memory bound: allocated
+        // once. Bounded only by the largest buffer (wgpu, no --kv-memory), they grow as needed.
+        let memory_bound = kv_memory.is_some_and(|(_, what)| what != BUFFER);
+        if let (Some(pages), Some(limit), true) = (pages.as_mut().filter(|p| p.is_on_device()), block_limit, memory_bound) {
             let longest = prompts.iter().map(|p| Self::blocks_for(p.len(), params.max_new_tokens.min(model.context_len() - p.len()))).max().unwrap_or(0);
-            pages.preallocate(block_limit.map_or(capacity * longest, |limit| limit.min(capacity * longest)));
+            pages.preallocate(limit.min(capacity * longest));
         }
         // Samples not yet started, prompt by prompt: (prompt index, next sample, samples left).
         let mut waiting: VecDeque<(usize, usize, usize)> = order.iter().map(|&p| (p, 0, n)).collect();

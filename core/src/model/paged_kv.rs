@@ -64,7 +64,8 @@ enum Store<B: Backend> {
 /// Blocks in device memory: per layer, keys and values `[capacity·BLOCK, K, d]`.
 #[derive(Debug)]
 struct DevicePools<B: Backend> {
-    /// `None` only while a layer's pool is being replaced (scattered into in place).
+    /// `None` before the first block is allocated, and while a layer's pool is being replaced
+    /// (written in place).
     pools: Vec<Option<[Tensor<B, 3>; 2]>>,
     /// Blocks the pools hold.
     capacity: usize,
@@ -178,25 +179,39 @@ impl<B: Backend> PagedKv<B> {
         block
     }
 
-    /// Copies block `src` into block `dst`, every layer.
-    fn copy_block(&mut self, src: usize, dst: usize) {
+    /// Copies each `(src, dst)` block pair, every layer (on the device: one gather and one
+    /// scatter per pool, so that the pool is written in place).
+    fn copy_blocks(&mut self, pairs: &[(usize, usize)]) {
+        if pairs.is_empty() {
+            return;
+        }
         match &mut self.store {
             Store::Host(blocks) => {
-                let (src, dst) = if src < dst {
-                    let (lo, hi) = blocks.split_at_mut(dst);
-                    (&lo[src], &mut hi[0])
-                } else {
-                    let (lo, hi) = blocks.split_at_mut(src);
-                    (&hi[0], &mut lo[dst])
-                };
-                dst.copy_from_slice(src);
+                for &(src, dst) in pairs {
+                    let (src, dst) = if src < dst {
+                        let (lo, hi) = blocks.split_at_mut(dst);
+                        (&lo[src], &mut hi[0])
+                    } else {
+                        let (lo, hi) = blocks.split_at_mut(src);
+                        (&hi[0], &mut lo[dst])
+                    };
+                    dst.copy_from_slice(src);
+                }
             }
             Store::Device(pools) => {
+                let rows = |block: usize| (block * BLOCK..(block + 1) * BLOCK).map(|r| r as i64);
+                let src: Vec<i64> = pairs.iter().flat_map(|&(src, _)| rows(src)).collect();
+                let dst: Vec<i64> = pairs.iter().flat_map(|&(_, dst)| rows(dst)).collect();
+                let n = src.len();
+                let src = Tensor::<B, 1, Int>::from_data(TensorData::new(src, [n]), &pools.device);
+                let dst = Tensor::<B, 2, Int>::from_data(TensorData::new(dst, [n, 1]), &pools.device);
                 for layer in 0..self.layers {
                     let [k, v] = pools.take(layer);
+                    // `select` writes a new buffer (a slice would be a view of the pool, and the
+                    // pool then copied whole to be written).
                     let copy = |t: Tensor<B, 3>| {
-                        let block = t.clone().slice(src * BLOCK..(src + 1) * BLOCK);
-                        t.slice_assign(dst * BLOCK..(dst + 1) * BLOCK, block)
+                        let blocks = t.clone().select(0, src.clone());
+                        t.scatter_nd(dst.clone(), blocks, IndexingUpdateOp::Assign)
                     };
                     pools.pools[layer] = Some([copy(k), copy(v)]);
                 }
@@ -272,6 +287,7 @@ impl<B: Backend> PagedKv<B> {
     /// a private copy of it where another sequence shares it. Then [`PagedKv::write`] every
     /// layer, and [`PagedKv::advance`].
     pub fn reserve(&mut self, seqs: &[SeqId]) {
+        let mut copies = Vec::new();
         for &s in seqs {
             let (len, last) = {
                 let seq = self.seq(s);
@@ -281,7 +297,7 @@ impl<B: Backend> PagedKv<B> {
                 None => self.alloc(),
                 Some(b) if self.refs[b] > 1 => {
                     let copy = self.alloc();
-                    self.copy_block(b, copy);
+                    copies.push((b, copy));
                     self.refs[b] -= 1;
                     copy
                 }
@@ -293,6 +309,7 @@ impl<B: Backend> PagedKv<B> {
                 None => seq.blocks.push(block),
             }
         }
+        self.copy_blocks(&copies);
         if self.is_on_device() {
             let step = self.step_tensors(seqs);
             let Store::Device(pools) = &mut self.store else { unreachable!() };
@@ -373,7 +390,7 @@ impl<B: Backend> PagedKv<B> {
         decode_paged(heads, self.kv_heads, self.head_dim, BLOCK, q, &rows, 1.0 / (self.head_dim as f32).sqrt())
     }
 
-    /// Without the `flex` feature no model hands out a paged cache ([`crate::model::Qwen2::new_paged_kv`]).
+    /// Without the `flex` feature no model hands out a cache in host memory ([`crate::model::Qwen2::new_paged_kv`]).
     #[cfg(not(feature = "flex"))]
     pub fn attend(&self, _layer: usize, _seqs: &[SeqId], _q: &[f32], _heads: usize) -> Vec<f32> {
         unreachable!("a paged KV cache exists only with the flex feature")
@@ -385,10 +402,25 @@ impl<B: Backend> PagedKv<B> {
     /// (seq, row)` takes the last `len(seq)` positions of row `row` of `cache` (its left padding
     /// left out), a layer at a time.
     pub fn fill_from(&mut self, cache: KvCache<B>, rows: &[(SeqId, usize)]) {
+        // The pools' rows of every position of the sequences (device store).
+        let slots = match &self.store {
+            Store::Host(_) => None,
+            Store::Device(pools) => {
+                let slots: Vec<i64> = rows
+                    .iter()
+                    .flat_map(|&(s, _)| {
+                        let seq = self.seq(s);
+                        (0..seq.len).map(|p| (seq.blocks[p / BLOCK] * BLOCK + p % BLOCK) as i64)
+                    })
+                    .collect();
+                let n = slots.len();
+                Some(Tensor::<B, 2, Int>::from_data(TensorData::new(slots, [n, 1]), &pools.device))
+            }
+        };
         for (layer, kv) in cache.into_seq_major_layers().enumerate() {
             let (k, v) = kv.expect("a prefilled cache");
             let [batch, seq, kv_heads, d] = k.dims();
-            if !self.is_on_device() {
+            let Some(slots) = slots.clone() else {
                 let host = |t: Tensor<B, 4>| t.into_data().into_vec::<f32>().expect("the fused path's cache is f32");
                 let (k, v) = (host(k), host(v));
                 let per_row = k.len() / batch;
@@ -397,7 +429,7 @@ impl<B: Backend> PagedKv<B> {
                     self.fill(s, layer, &k[from..(row + 1) * per_row], &v[from..(row + 1) * per_row]);
                 }
                 continue;
-            }
+            };
             let positions = |t: &Tensor<B, 4>| -> Vec<Tensor<B, 3>> {
                 rows.iter().map(|&(s, row)| {
                     let len = self.seq(s).len;
@@ -405,16 +437,7 @@ impl<B: Backend> PagedKv<B> {
                 }).collect()
             };
             let (k, v) = (Tensor::cat(positions(&k), 0), Tensor::cat(positions(&v), 0));
-            let slots: Vec<i64> = rows
-                .iter()
-                .flat_map(|&(s, _)| {
-                    let seq = self.seq(s);
-                    (0..seq.len).map(|p| (seq.blocks[p / BLOCK] * BLOCK + p % BLOCK) as i64)
-                })
-                .collect();
-            let Store::Device(pools) = &mut self.store else { unreachable!() };
-            let n = slots.len();
-            let slots = Tensor::from_data(TensorData::new(slots, [n, 1]), &pools.device);
+            let Store::Device(pools) = &mut self.store else { unreachable!("slots are the device store's") };
             pools.scatter(layer, slots, k, v);
         }
     }

@@ -186,9 +186,10 @@ impl<B: Backend> Attention<B> {
         self.o_proj.forward(out.reshape([batch, seq, heads * d]))
     }
 
-    /// One decoding step from a paged KV cache (the fused CPU path, f32): `x` `[R, 1, D]`, one
-    /// row per sequence of `seqs`, whose keys and values at this position are written to layer
-    /// `layer` of `cache` ([`PagedKv::reserve`]d by the caller) before attending.
+    /// One decoding step from a paged KV cache (host blocks on the fused CPU path, f32; device
+    /// pools on wgpu/CUDA): `x` `[R, 1, D]`, one row per sequence of `seqs`, whose keys and
+    /// values at this position are written to layer `layer` of `cache` ([`PagedKv::reserve`]d
+    /// by the caller) before attending.
     fn forward_paged(&self, x: Tensor<B, 3>, rope: &RopeTables<B>, cache: &mut PagedKv<B>, layer: usize, seqs: &[SeqId]) -> Tensor<B, 3> {
         let [rows, seq, _] = x.dims();
         assert_eq!(seq, 1, "a paged KV cache decodes one position per sequence");

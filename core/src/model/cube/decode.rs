@@ -4,9 +4,10 @@
 //! (the `G` query heads of a KV head read its keys once).
 //!
 //! A cube per (split, KV head, sequence), one unit per element of the head (`d` units): the
-//! units load a tile of keys and values into shared memory, compute the tile's `G · tile`
-//! scores (a unit each), and each unit keeps the running `(max, sum)` of the `G` heads and
-//! their weighted sums in its own element of the head. Each split writes its unnormalised sums
+//! units load a tile of keys and values into shared memory (16 KiB in all, what WebGPU
+//! guarantees), compute the tile's `G · tile` scores and then their weights (a unit each), and
+//! each unit keeps the running `(max, sum)` of the `G` heads and their weighted sums in its own
+//! element of the head. Each split writes its unnormalised sums
 //! and `(max, sum)`; the splits are merged by a few burn operations. Scores, softmax and sums in
 //! f32 whatever the cache's dtype. No cooperative matrices: it runs on every wgpu adapter
 //! (lavapipe, WebGPU) and on CUDA; a split's loops stay far below lavapipe's budget (see
@@ -24,9 +25,15 @@ use crate::model::paged_kv::BLOCK;
 /// and a long sequence's splits are merged cheaply.
 pub const SPLIT: usize = 2 * BLOCK;
 
-/// Keys per tile in shared memory: one score per unit (`d` units for `G` heads).
-fn tile(d: usize, group: usize) -> usize {
-    (d / group).max(1)
+/// f32 values of shared memory a cube may take: 16 KiB, what WebGPU guarantees.
+const SHARED: usize = 4096;
+
+/// Keys per tile in shared memory: at most one score per unit (`d` units for `G` heads), and
+/// the group's queries, the tile's keys and values and its scores and weights within
+/// [`SHARED`]; `None` where not even one key fits.
+fn tile(d: usize, group: usize) -> Option<usize> {
+    let fit = SHARED.checked_sub(group * d)? / (2 * d + 2 * group);
+    (fit >= 1 && group <= d).then(|| fit.min(d / group))
 }
 
 mod kernel {
@@ -71,6 +78,7 @@ mod kernel {
         let mut k_tile = SharedMemory::<f32>::new(tile * d);
         let mut v_tile = SharedMemory::<f32>::new(tile * d);
         let mut scores = SharedMemory::<f32>::new(tile * group);
+        let mut weights = SharedMemory::<f32>::new(tile * group);
         let q_row = (r * kv_heads + kh) * group * d;
         let mut e = u;
         while e < group * d {
@@ -108,24 +116,37 @@ mod kernel {
                 scores[u] = select(t + j < end, dot, f32::new(HIDDEN));
             }
             sync_cube();
+            // Every unit takes each head's new maximum (reads only); a unit per score then
+            // takes its weight, once for the cube.
+            let mut correction = Array::<f32>::new(group);
+            let mut mine = f32::new(HIDDEN);
             for g in 0..group {
                 let mut tile_max = f32::new(HIDDEN);
                 for j in 0..tile {
                     tile_max = max(tile_max, scores[j * group + g]);
                 }
                 let m_new = max(m[g], tile_max);
-                let correction = (m[g] - m_new).exp();
-                let mut sum = l[g] * correction;
-                let mut a = acc[g] * correction;
+                correction[g] = (m[g] - m_new).exp();
+                m[g] = m_new;
+                if u < tile * group && u % group == g {
+                    mine = m_new;
+                }
+            }
+            if u < tile * group {
+                let score = scores[u];
+                weights[u] = select(score > HIDDEN, (score - mine).exp(), 0.0f32);
+            }
+            sync_cube();
+            for g in 0..group {
+                let mut sum = l[g] * correction[g];
+                let mut a = acc[g] * correction[g];
                 for j in 0..tile {
-                    let score = scores[j * group + g];
-                    let weight = select(score > HIDDEN, (score - m_new).exp(), 0.0f32);
+                    let weight = weights[j * group + g];
                     sum += weight;
                     a += weight * v_tile[j * d + u];
                 }
                 l[g] = sum;
                 acc[g] = a;
-                m[g] = m_new;
             }
             sync_cube();
             t += tile;
@@ -168,7 +189,7 @@ fn launch<R: CubeRuntime>(inputs: [CubeTensor<R>; 5], splits: usize) -> Vec<Cube
         1.0 / (d as f32).sqrt(),
         d,
         group,
-        tile(d, group),
+        tile(d, group).expect("paged_decode() checked the tile fits"),
         SPLIT,
         BLOCK,
         dtype.into(),
@@ -178,8 +199,9 @@ fn launch<R: CubeRuntime>(inputs: [CubeTensor<R>; 5], splits: usize) -> Vec<Cube
 
 /// [`crate::model::kernels::Kernels::paged_decode`] on `Fused<R, BT>`: q `[R, H, d]`, the
 /// pools `[N·BLOCK, K, d]`, the block tables `[R, W]`, the keys to read `[R]`; `[R, H, d]` in
-/// q's dtype. `None` where it does not apply (another backend, dtype or head size; more than
-/// `d` query heads per KV head), and the caller takes the reference.
+/// q's dtype. `None` where it does not apply (another backend, dtype or head size; a group of
+/// query heads too large for a tile in 16 KiB of shared memory), and the caller takes the
+/// reference.
 pub fn paged_decode<B: burn::tensor::backend::Backend, R: CubeRuntime, BT: BoolElement>(
     q: Tensor<B, 3>,
     keys: Tensor<B, 3>,
@@ -191,7 +213,7 @@ pub fn paged_decode<B: burn::tensor::backend::Backend, R: CubeRuntime, BT: BoolE
     let [rows, heads, d] = q.dims();
     let [_, kv_heads, kd] = keys.dims();
     let same = q.dtype() == keys.dtype() && keys.dtype() == values.dtype();
-    if !float(q.dtype()) || !same || !(1..=256).contains(&d) || kd != d || kv_heads == 0 || heads % kv_heads != 0 || heads / kv_heads > d || max_len == 0 {
+    if !float(q.dtype()) || !same || !(1..=256).contains(&d) || kd != d || kv_heads == 0 || heads % kv_heads != 0 || tile(d, heads / kv_heads).is_none() || max_len == 0 {
         return None;
     }
     let (group, width, dtype) = (heads / kv_heads, table.dims()[1], q.dtype());

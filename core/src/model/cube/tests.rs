@@ -131,7 +131,8 @@ pub(crate) mod wgpu {
     /// Flash-decoding over a paged cache (and the reference it falls back to) against [`dense`]
     /// over each row's keys laid out contiguously: rows of 1, 63, 64, 65 and 300 keys (block
     /// edges; up to three splits), the blocks scattered through the pool in another order, GQA
-    /// 3:1, 6:1 and 1:1, head sizes 64, 128 and 12; f32, then f16 inputs.
+    /// 3:1, 6:1 and 1:1, head sizes 64, 128 and 12; f32, then f16 inputs. A group whose queries
+    /// alone fill the 16 KiB of shared memory is declined (the reference takes it).
     #[test]
     fn paged_decode_is_dense_attention() {
         use crate::model::paged_kv::{BLOCK, decode_reference};
@@ -144,7 +145,7 @@ pub(crate) mod wgpu {
         let blocks = rows * width;
         // Row r's block i is block (r·width + i)·7 mod 25 of the pool (7 and 25 coprime).
         let block_of = |r: usize, i: usize| (r * width + i) * 7 % blocks;
-        for (heads, kv_heads, d) in [(6, 2, 64), (6, 1, 128), (2, 2, 12)] {
+        for (heads, kv_heads, d) in [(6, 2, 64), (6, 1, 128), (2, 2, 128), (2, 2, 12)] {
             let host = |n: usize, seed: u32| -> Vec<f32> { (0..n).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 / 1000.0 - 1.0).collect() };
             // Contiguous keys [R, K, S, d], each row's at the end (left padding).
             let (k, v, q) = (host(rows * kv_heads * keys * d, 1), host(rows * kv_heads * keys * d, 2), host(rows * heads * d, 3));
@@ -185,6 +186,9 @@ pub(crate) mod wgpu {
             let err = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
             assert!(err < 5e-3, "{case}: f16 max error {err}");
         }
+        let zeros = |n: usize| Tensor::<Wgpu, 3>::zeros([64, n, 256], &device);
+        let one = |v: i64| Tensor::<Wgpu, 1, Int>::from_data(TensorData::new(vec![v], [1]), &device);
+        assert!(decode(Tensor::zeros([1, 16, 256], &device), zeros(1), zeros(1), one(0).reshape([1, 1]), one(1), 1).is_none());
     }
 
     /// A paged cache in device memory, step by step against attention computed on the host over
