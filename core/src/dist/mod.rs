@@ -145,10 +145,13 @@ fn nccl_device<B: Backend>(device: &B::Device) -> Option<usize> {
 }
 
 /// Bytes free on `device` now, where it is a CUDA device (`None` elsewhere: wgpu reports no
-/// free memory, and host memory is [`crate::model::weights`]'s).
+/// free memory, and host memory is [`crate::model::weights`]'s). The pages cubecl's pools keep
+/// unused are given back first (a free page serves only requests no larger than itself, so
+/// they are not free to a new large buffer).
 pub fn device_free_memory<B: Backend>(device: &B::Device) -> Option<u64> {
     #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
     if let Some(ordinal) = nccl_cuda::cuda_ordinal::<B>(device) {
+        B::memory_cleanup(device);
         return nccl_cuda::free_memory(ordinal);
     }
     let _ = device;

@@ -332,13 +332,12 @@ impl<'a, B: Backend> Engine<'a, B> {
         // layer's keys are one buffer).
         let default = pages.as_ref().and_then(|p| match p.is_on_device() {
             false => crate::model::weights::available_memory(),
-            // cubecl's pools keep memory freed since (the last call's blocks): free to us too.
-            true => crate::dist::device_free_memory::<B>(&device)
-                .map(|free| free + kiln_backends::device::memory_usage::<B>(&device).map_or(0, |m| m.reserved.saturating_sub(m.in_use))),
+            true => crate::dist::device_free_memory::<B>(&device),
         });
         let default = default.map(|bytes| (bytes / 2, "half the memory available now"));
-        const BUFFER: &str = "what the device's largest buffer holds";
-        let buffer = pages.as_ref().and_then(|p| Some((p.max_blocks()? as u64 * p.block_bytes(), BUFFER)));
+        // A bound from memory (--kv-memory, or the memory available), not only a buffer's size.
+        let memory_bound = self.kv_memory.is_some() || default.is_some();
+        let buffer = pages.as_ref().and_then(|p| Some((p.max_blocks()? as u64 * p.block_bytes(), "what the device's largest buffer holds")));
         let kv_memory = match (self.kv_memory.map(|bytes| (bytes, "")).or(default), buffer) {
             (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
             (a, b) => a.or(b),
@@ -360,7 +359,6 @@ impl<'a, B: Backend> Engine<'a, B> {
         };
         // Device blocks for the whole batch at its longest, within a memory bound: allocated
         // once. Bounded only by the largest buffer (wgpu, no --kv-memory), they grow as needed.
-        let memory_bound = kv_memory.is_some_and(|(_, what)| what != BUFFER);
         if let (Some(pages), Some(limit), true) = (pages.as_mut().filter(|p| p.is_on_device()), block_limit, memory_bound) {
             let longest = prompts.iter().map(|p| Self::blocks_for(p.len(), params.max_new_tokens.min(model.context_len() - p.len()))).max().unwrap_or(0);
             pages.preallocate(limit.min(capacity * longest));

@@ -30,10 +30,12 @@ const SHARED: usize = 4096;
 
 /// Keys per tile in shared memory: at most one score per unit (`d` units for `G` heads), and
 /// the group's queries, the tile's keys and values and its scores and weights within
-/// [`SHARED`]; `None` where not even one key fits.
+/// [`SHARED`], each array counted as WebGPU does (rounded up to 16 bytes); `None` where not even
+/// one key fits.
 fn tile(d: usize, group: usize) -> Option<usize> {
-    let fit = SHARED.checked_sub(group * d)? / (2 * d + 2 * group);
-    (fit >= 1 && group <= d).then(|| fit.min(d / group))
+    let size = |n: usize| n.next_multiple_of(4);
+    let fits = |tile: usize| size(group * d) + 2 * size(tile * d) + 2 * size(tile * group) <= SHARED;
+    (1..=d / group.max(1)).rev().find(|&tile| fits(tile))
 }
 
 mod kernel {
