@@ -334,20 +334,22 @@ impl<'a, B: Backend> Engine<'a, B> {
             false => crate::model::weights::available_memory(),
             true => crate::dist::device_free_memory::<B>(&device),
         });
-        let default = default.map(|bytes| (bytes / 2, "half the memory available now"));
+        // Each bound with what it is, for the error line (nothing where --kv-memory gave it).
+        let default = default.map(|bytes| (bytes / 2, Some("half the memory available now")));
         // A bound from memory (--kv-memory, or the memory available), not only a buffer's size.
         let memory_bound = self.kv_memory.is_some() || default.is_some();
-        let buffer = pages.as_ref().and_then(|p| Some((p.max_blocks()? as u64 * p.block_bytes(), "what the device's largest buffer holds")));
-        let kv_memory = match (self.kv_memory.map(|bytes| (bytes, "")).or(default), buffer) {
+        let buffer = pages.as_ref().and_then(|p| Some((p.max_blocks()? as u64 * p.block_bytes(), Some("what the device's largest buffer holds"))));
+        let kv_memory = match (self.kv_memory.map(|bytes| (bytes, None)).or(default), buffer) {
             (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
             (a, b) => a.or(b),
         };
+        // The sample taking the most blocks: (prompt, new tokens).
+        let (prompt, new) = lengths.clone().max_by_key(|&(p, new)| (Self::blocks_for(p, new), p + new)).unwrap_or((0, 0));
         let block_limit = match (kv_memory, pages.as_ref()) {
             (Some((bytes, what)), Some(pages)) => {
-                let (prompt, new) = lengths.max_by_key(|&(p, new)| (Self::blocks_for(p, new), p + new)).unwrap_or((0, 0));
                 Self::fit(bytes, pages.block_bytes() * Self::blocks_for(prompt, new) as u64, prompt + new).map_err(|e| match what {
-                    "" => e,
-                    what => Error::InvalidInput(format!("{e} ({what}; shorten the sequences or free memory)")),
+                    None => e,
+                    Some(what) => Error::InvalidInput(format!("{e} ({what}; shorten the sequences or free memory)")),
                 })?;
                 Some((bytes / pages.block_bytes()) as usize)
             }
@@ -360,8 +362,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         // Device blocks for the whole batch at its longest, within a memory bound: allocated
         // once. Bounded only by the largest buffer (wgpu, no --kv-memory), they grow as needed.
         if let (Some(pages), Some(limit), true) = (pages.as_mut().filter(|p| p.is_on_device()), block_limit, memory_bound) {
-            let longest = prompts.iter().map(|p| Self::blocks_for(p.len(), params.max_new_tokens.min(model.context_len() - p.len()))).max().unwrap_or(0);
-            pages.preallocate(limit.min(capacity * longest));
+            pages.preallocate(limit.min(capacity * Self::blocks_for(prompt, new)));
         }
         // Samples not yet started, prompt by prompt: (prompt index, next sample, samples left).
         let mut waiting: VecDeque<(usize, usize, usize)> = order.iter().map(|&p| (p, 0, n)).collect();

@@ -39,6 +39,13 @@ struct Seq {
     len: usize,
 }
 
+impl Seq {
+    /// Where position `p` lies: its row in a device pool, `[blocks·BLOCK]`.
+    fn slot(&self, p: usize) -> i64 {
+        (self.blocks[p / BLOCK] * BLOCK + p % BLOCK) as i64
+    }
+}
+
 /// Keys and values of many sequences in shared blocks; see the module docs.
 #[derive(Debug)]
 pub struct PagedKv<B: Backend> {
@@ -325,7 +332,7 @@ impl<B: Backend> PagedKv<B> {
         let (mut slots, mut table, mut lens) = (Vec::with_capacity(rows), vec![0i64; rows * width], Vec::with_capacity(rows));
         for (r, &s) in seqs.iter().enumerate() {
             let seq = self.seq(s);
-            slots.push((seq.blocks[seq.len / BLOCK] * BLOCK + seq.len % BLOCK) as i64);
+            slots.push(seq.slot(seq.len));
             for (i, &b) in seq.blocks.iter().enumerate() {
                 table[r * width + i] = b as i64;
             }
@@ -410,7 +417,7 @@ impl<B: Backend> PagedKv<B> {
                     .iter()
                     .flat_map(|&(s, _)| {
                         let seq = self.seq(s);
-                        (0..seq.len).map(|p| (seq.blocks[p / BLOCK] * BLOCK + p % BLOCK) as i64)
+                        (0..seq.len).map(|p| seq.slot(p))
                     })
                     .collect();
                 let n = slots.len();

@@ -199,9 +199,7 @@ impl<B: Backend> Attention<B> {
         let q = rope.apply_seq_major(q.reshape([rows, 1, heads, d]));
         let k = rope.apply_seq_major(k.reshape([rows, 1, kv_heads, d]));
         let out = if cache.is_on_device() {
-            let dtype = q.dtype();
-            let out = cache.write_and_attend(layer, q.reshape([rows, heads, d]), k.reshape([rows, kv_heads, d]), v.reshape([rows, kv_heads, d]));
-            proj::to_dtype(out, dtype).reshape([rows, 1, heads * d])
+            cache.write_and_attend(layer, q.reshape([rows, heads, d]), k.reshape([rows, kv_heads, d]), v.reshape([rows, kv_heads, d])).reshape([rows, 1, heads * d])
         } else {
             let host = |t: Tensor<B, 4>| t.into_data().into_vec::<f32>().expect("f32 activations on the fused path");
             cache.write(layer, seqs, &host(k), &host(v.reshape([rows, 1, kv_heads, d])));

@@ -383,7 +383,8 @@ fn cube_count(blocks: usize, heads: usize, batch: usize) -> cubecl::CubeCount {
     cubecl::CubeCount::Static(blocks as u32, heads as u32, batch as u32)
 }
 
-fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape, dtype: DType) -> CubeTensor<R> {
+/// An uninitialised contiguous tensor on `like`'s device.
+pub(super) fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape, dtype: DType) -> CubeTensor<R> {
     empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, dtype)
 }
 

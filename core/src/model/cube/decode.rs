@@ -15,9 +15,9 @@
 
 use burn::tensor::{DType, Int, Shape, Tensor};
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::{BoolElement, CubeRuntime, tensor::CubeTensor};
 
+use super::attention::{empty, supports};
 use super::{Fused, custom, float, retype, wrap};
 use crate::model::paged_kv::BLOCK;
 
@@ -164,18 +164,14 @@ mod kernel {
     }
 }
 
-fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape) -> CubeTensor<R> {
-    empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, DType::F32)
-}
-
 /// The kernel on CubeCL tensors: `[acc, stats]`.
 fn launch<R: CubeRuntime>(inputs: [CubeTensor<R>; 5], splits: usize) -> Vec<CubeTensor<R>> {
     let [q, keys, values, table, lens] = inputs.map(into_contiguous);
     let [rows, heads, d] = q.meta.shape().dims::<3>();
     let kv_heads = keys.meta.shape().dims::<3>()[1];
     let group = heads / kv_heads;
-    let acc = empty(&q, Shape::new([rows, kv_heads, splits, group * d]));
-    let stats = empty(&q, Shape::new([rows, kv_heads, splits, group * 2]));
+    let acc = empty(&q, Shape::new([rows, kv_heads, splits, group * d]), DType::F32);
+    let stats = empty(&q, Shape::new([rows, kv_heads, splits, group * 2]), DType::F32);
     let (client, dtype) = (q.client.clone(), q.dtype);
     kernel::paged_decode::launch::<R>(
         &client,
@@ -215,7 +211,7 @@ pub fn paged_decode<B: burn::tensor::backend::Backend, R: CubeRuntime, BT: BoolE
     let [rows, heads, d] = q.dims();
     let [_, kv_heads, kd] = keys.dims();
     let same = q.dtype() == keys.dtype() && keys.dtype() == values.dtype();
-    if !float(q.dtype()) || !same || !(1..=256).contains(&d) || kd != d || kv_heads == 0 || heads % kv_heads != 0 || tile(d, heads / kv_heads).is_none() || max_len == 0 {
+    if !float(q.dtype()) || !same || !supports(d) || kd != d || kv_heads == 0 || heads % kv_heads != 0 || tile(d, heads / kv_heads).is_none() || max_len == 0 {
         return None;
     }
     let (group, width, dtype) = (heads / kv_heads, table.dims()[1], q.dtype());
