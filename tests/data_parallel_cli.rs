@@ -174,6 +174,39 @@ fn two_and_three_nodes_match_one_process_with_the_whole_batch() {
     }
 }
 
+/// Each decoder layer's gradients are summed over the ring while the backward pass goes on to
+/// the layers below (`[train] overlap_grad_reduce`, the default), which changes no bit: two
+/// processes give the weights and losses of sums taken after the backward pass, with and without
+/// recomputation (grad_accum = 2: the layers' sums include the first micro-batch's gradients).
+/// The metrics count the values summed during the backward pass: every decoder layer's.
+#[test]
+fn gradients_summed_during_the_backward_pass_equal_the_sums_after_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let steps = 3;
+    let run = |name: &str, train: &str| {
+        let config = write_config(dir, name, 2, steps, "");
+        let text = std::fs::read_to_string(&config).unwrap().replace("seed = 5", &format!("seed = 5\n{train}"));
+        std::fs::write(&config, text).unwrap();
+        succeed(&run_nodes(&[&config, &config], &[]));
+        let records = kiln::train::trainer::read_metrics(&dir.join(name).join("metrics.jsonl")).unwrap();
+        assert_eq!(records.len(), steps as usize, "{name}");
+        let overlapped: Vec<f64> = records.iter().map(|r| r["grad_values_overlapped"].as_f64().unwrap()).collect();
+        assert!(records.iter().all(|r| r["grad_reduce_wait_s"].as_f64().is_some_and(|s| s >= 0.0)), "{name}: {records:?}");
+        (weights(&dir.join(name).join(format!("checkpoint-{steps}"))), losses(&dir.join(name)), overlapped)
+    };
+    let (after, after_losses, none) = run("after", "overlap_grad_reduce = false");
+    assert!(none.iter().all(|&n| n == 0.0), "nothing is summed during the backward pass when off: {none:?}");
+    let layer_values: usize = after.iter().filter(|(name, _)| name.starts_with("model.layers.")).map(|(_, v)| v.len()).sum();
+    for (name, train) in [("overlapped", ""), ("overlapped_recompute", "recompute = true"), ("after_recompute", "recompute = true\noverlap_grad_reduce = false")] {
+        let (w, l, overlapped) = run(name, train);
+        assert!(w == after, "{name}: the weights differ from the sums after the backward pass");
+        assert_eq!(l, after_losses, "{name}");
+        let want = if name.starts_with("after") { 0.0 } else { layer_values as f64 };
+        assert!(overlapped.iter().all(|&n| n == want), "{name}: {overlapped:?} values summed during the backward pass, want {want} each step");
+    }
+}
+
 /// Two processes of two replicas each (the engine inside a process, the ring between them), and
 /// one process of two replicas named in the config, against one device with the whole batch;
 /// the optimizer state sharded over the four replicas changes nothing but its size.

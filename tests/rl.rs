@@ -729,6 +729,31 @@ fn opd_on_two_replicas_matches_one_device() {
     let held = |dir: &str| read_metrics(&work.join(dir).join("op2_3_metrics.jsonl")).unwrap()[1]["optimizer_state_values"].as_f64().unwrap();
     assert!((held("sharded") - held("two") / 2.0).abs() <= 2.0, "{} of {}", held("sharded"), held("two"));
 
+    // The same two replicas as two processes (`kiln opd --nnodes 2`) over kiln's ring, each
+    // layer's gradients averaged while the backward pass goes on: the weights of the two
+    // replicas of one process, bit for bit.
+    let nodes_path = work.join("nodes.toml");
+    std::fs::write(&nodes_path, text("nodes")).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let nodes: Vec<_> = (0..2)
+        .map(|rank| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+                .args(["opd", "--config", nodes_path.to_str().unwrap(), "--nnodes", "2", "--node-rank", &rank.to_string()])
+                .args(["--master-addr", &format!("127.0.0.1:{port}"), "--dist-timeout", "60"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (rank, node) in nodes.into_iter().enumerate() {
+        let out = node.wait_with_output().unwrap();
+        assert!(out.status.success(), "node {rank}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert!(tensors("two") == tensors("nodes"), "two nodes over the ring changed the weights");
+    let overlapped = read_metrics(&work.join("nodes/op2_3_metrics.jsonl")).unwrap()[1]["grad_values_overlapped"].as_f64().unwrap();
+    assert!(overlapped > 0.0, "no gradient was averaged during the backward pass");
+
     // 4 prompts per step do not split over 3 replicas.
     let three = vec![burn::tensor::Device::<B>::default(); 3];
     let err = kiln::rl::run::run_replicated::<B>(&config, Method::Opd, &three, None, false, |_| {}, |_| {}).unwrap_err();

@@ -45,6 +45,7 @@ mod local;
 pub mod nccl;
 #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
 mod nccl_cuda;
+mod overlap;
 mod params;
 mod ring;
 
@@ -78,6 +79,7 @@ use serde_json::Value;
 
 pub use group::NodeSpec;
 pub use launcher::{DEFAULT_PORT, Launched, Launcher, expand_nodelist};
+pub use overlap::Overlap;
 pub use params::{OptimizerShard, gather_owned_moments, gather_owned_weights, reduce_gradients, reduce_records, sync_start};
 
 use self::group::Group;

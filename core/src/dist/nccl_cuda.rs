@@ -9,9 +9,11 @@
 //! `ncclAllReduce` from the input's buffer into a new one on its own stream, and waits for that,
 //! so the kernels after it read the sum. Every wait on NCCL also watches the run's abort flag and
 //! the communicator's asynchronous error: a replica or node that failed ends the others' waits
-//! (the communicator is then aborted), instead of leaving them in NCCL forever. (Launching the buckets while the backward pass still
-//! runs, to overlap the two, needs the gradients as they are produced, which burn's backward
-//! pass does not hand out.)
+//! (the communicator is then aborted), instead of leaving them in NCCL forever. The sums wait for
+//! the backward pass to end: the layer-by-layer backward pass hands each layer's gradients out as
+//! they are made ([`super::Overlap`] sums them on kiln's ring meanwhile), but launching NCCL
+//! without waiting (the inputs kept alive and the stream waited on when the update ends) is not
+//! done: it needs a GPU to be tested on.
 
 use std::any::{Any, TypeId};
 use std::sync::atomic::{AtomicBool, Ordering};

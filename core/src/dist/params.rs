@@ -4,7 +4,7 @@
 //! Tensors travel in the order of the parameters' Hugging Face names, never of burn's
 //! `ParamId`s (random per process), so replicas need not share ids.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
@@ -22,7 +22,8 @@ use crate::train::{Objective, Start};
 type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
 
 /// The gradients of one optimizer update summed (or averaged, `op`) over all replicas, in
-/// `dtype` (`[train] grad_reduce_dtype`). A parameter without a gradient counts as zeros.
+/// `dtype` (`[train] grad_reduce_dtype`), but for the parameters in `done` (summed already, by
+/// an [`super::Overlap`]). A parameter without a gradient counts as zeros.
 pub fn reduce_gradients<AB: AutodiffBackend, M: AutodiffModule<AB>>(
     replica: &Replica,
     model: &M,
@@ -30,14 +31,16 @@ pub fn reduce_gradients<AB: AutodiffBackend, M: AutodiffModule<AB>>(
     mut grads: GradientsParams,
     op: Reduce,
     dtype: ReduceDtype,
+    done: &HashSet<ParamId>,
 ) -> Result<GradientsParams> {
     if replica.is_single() {
         return Ok(grads);
     }
-    let flat = flatten::<AB, M>(model, names, Source::Grads(&mut grads));
+    let (summed, flat): (Vec<_>, Vec<_>) = flatten::<AB, M>(model, names, Source::Grads(&mut grads)).into_iter().partition(|f| done.contains(&f.1));
     let ids: Vec<ParamId> = flat.iter().map(|f| f.1).collect();
     let reduced = replica.all_reduce_many_in(flat.into_iter().map(|f| f.2).collect(), op, dtype)?;
-    let mut put = PutGrads { grads: &mut grads, by_id: ids.into_iter().zip(reduced).collect() };
+    let by_id = ids.into_iter().zip(reduced).chain(summed.into_iter().map(|f| (f.1, f.2))).collect();
+    let mut put = PutGrads { grads: &mut grads, by_id };
     model.visit(&mut put);
     Ok(grads)
 }

@@ -21,9 +21,15 @@
 //! `kiln_backends::run_training_with` picks for `recompute`): a trainable model of that type
 //! tapes its forward passes, which only [`gradients`] turns into gradients (`loss.backward()`
 //! alone would give the layers none).
+//!
+//! Without recomputation the backward pass can go layer by layer too ([`split_layers`]: the
+//! forward pass keeps each layer's graph, cut at its input, and nothing is recomputed), so that
+//! [`gradients_with`] hands out each layer's gradients as soon as they are made: data-parallel
+//! training all-reduces them while the layers below are still differentiated
+//! ([`crate::dist::Overlap`]). The gradients are the same bits either way.
 
 use std::any::Any;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use burn::module::{Module, ParamId};
 use burn::optim::{GradientsAccumulator, GradientsParams};
@@ -38,8 +44,11 @@ struct Tape<B: Backend> {
     /// The model's embedding, to check that the tape is `gradients`' model's.
     model: ParamId,
     ids: Tensor<B, 2, Int>,
-    /// The inputs of layers 1.. (layer 0's is recomputed from `ids`), untracked.
+    /// The inputs of layers 1.. (layer 0's is recomputed from `ids`), untracked; or, under
+    /// [`split_layers`], every layer's input (tracked from layer 0's embedding, leaves above)
+    /// and output with its graph, nothing recomputed.
     inputs: Vec<Tensor<B, 3>>,
+    kept: Vec<(Tensor<B, 3>, Tensor<B, 3>)>,
     /// The last layer's output as a leaf: the rest of the forward pass is tracked from it.
     leaf: Tensor<B, 3>,
     rope: RopeTables<B>,
@@ -48,21 +57,43 @@ struct Tape<B: Backend> {
 
 thread_local! {
     static TAPES: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+    static SPLIT: Cell<bool> = const { Cell::new(false) };
 }
 
-/// The decoder layers over `x` (the embedding's output, tracked) without keeping their
-/// activations: their output as a new leaf, the inputs taped for [`gradients`].
-pub(crate) fn forward<B: Backend>(model: &Qwen2<B>, ids: &Tensor<B, 2, Int>, x: Tensor<B, 3>, rope: &RopeTables<B>, mask: &AttnMask<B>) -> Tensor<B, 3> {
-    let mut x = x.detach();
-    let mut inputs = Vec::with_capacity(model.layers.len().saturating_sub(1));
+/// Whether this thread's training forward passes keep each layer's graph apart (without
+/// recomputation), for a backward pass that hands out the layers' gradients as they are made
+/// ([`gradients_with`]). The training loop sets it for the micro-batch whose gradients it
+/// all-reduces while differentiating, and clears it after.
+pub fn split_layers(on: bool) {
+    SPLIT.with(|s| s.set(on));
+}
+
+/// Whether a training forward pass on this thread goes through [`forward`]: under burn's
+/// `BalancedCheckpointing` (`recompute`), or [`split_layers`].
+pub(crate) fn taping(recompute: bool) -> bool {
+    recompute || SPLIT.with(Cell::get)
+}
+
+/// The decoder layers over `x` (the embedding's output, tracked): their output as a new leaf,
+/// what [`gradients`] needs taped. With `recompute`, without keeping their activations (the
+/// inputs taped); else each layer's graph, cut at its input.
+pub(crate) fn forward<B: Backend>(model: &Qwen2<B>, ids: &Tensor<B, 2, Int>, x: Tensor<B, 3>, rope: &RopeTables<B>, mask: &AttnMask<B>, recompute: bool) -> Tensor<B, 3> {
+    let (mut inputs, mut kept) = (Vec::new(), Vec::new());
+    let mut x = if recompute { x.detach() } else { x };
     for (i, layer) in model.layers.iter().enumerate() {
-        if i > 0 {
-            inputs.push(x.clone());
+        if recompute {
+            if i > 0 {
+                inputs.push(x.clone());
+            }
+            x = layer.clone().no_grad().forward(x, rope, mask, None);
+        } else {
+            let input = if i > 0 { x.detach().require_grad() } else { x };
+            x = layer.forward(input.clone(), rope, mask, None);
+            kept.push((input, x.clone()));
         }
-        x = layer.clone().no_grad().forward(x, rope, mask, None);
     }
     let leaf = x.detach().require_grad();
-    let tape = Tape { model: model.embed_tokens.weight.id, ids: ids.clone(), inputs, leaf: leaf.clone(), rope: rope.clone(), mask: mask.clone() };
+    let tape = Tape { model: model.embed_tokens.weight.id, ids: ids.clone(), inputs, kept, leaf: leaf.clone(), rope: rope.clone(), mask: mask.clone() };
     TAPES.with(|t| t.borrow_mut().push(Box::new(tape)));
     leaf
 }
@@ -83,6 +114,14 @@ pub fn taped() -> usize {
 /// `GradientsParams::from_grads(loss.backward(), model)`). A taped pass the loss does not
 /// depend on is dropped.
 pub fn gradients<B: AutodiffBackend>(loss: Tensor<B, 1>, model: &Qwen2<B>) -> GradientsParams {
+    gradients_with(loss, model, |_, _| {})
+}
+
+/// [`gradients`], calling `layer_done(i, grads)` as soon as decoder layer `i`'s parameters have
+/// their gradients (`grads`: those of layer `i`'s backward pass, which are its parameters' whole
+/// gradients), last layer first. Called only when the loss comes from one taped forward pass
+/// (with more, a layer's gradient is complete only after the last).
+pub fn gradients_with<B: AutodiffBackend>(loss: Tensor<B, 1>, model: &Qwen2<B>, mut layer_done: impl FnMut(usize, &GradientsParams)) -> GradientsParams {
     let tapes: Vec<Box<dyn Any>> = TAPES.with(|t| std::mem::take(&mut *t.borrow_mut()));
     let mut grads = loss.backward();
     let mut pending = Vec::new();
@@ -98,19 +137,30 @@ pub fn gradients<B: AutodiffBackend>(loss: Tensor<B, 1>, model: &Qwen2<B>) -> Gr
     }
     let mut sum = GradientsAccumulator::<Qwen2<B>>::new();
     sum.accumulate(model, GradientsParams::from_grads(grads, model));
+    let single = pending.len() == 1;
     for (tape, g) in pending {
-        let Tape { ids, mut inputs, rope, mask, .. } = *tape;
+        let Tape { ids, mut inputs, mut kept, rope, mask, .. } = *tape;
         let mut g = Tensor::<B, 3>::from_inner(g);
-        for layer in model.layers.iter().rev() {
-            // Layer 0 recomputes the embedding too: its gradient reaches the embedding's weight.
-            let x = match inputs.pop() {
-                Some(input) => input.require_grad(),
-                None => model.embed(ids.clone()),
+        for (i, layer) in model.layers.iter().enumerate().rev() {
+            let (x, y) = match kept.pop() {
+                Some(graph) => graph,
+                None => {
+                    // Layer 0 recomputes the embedding too: its gradient reaches the embedding's
+                    // weight.
+                    let x = match inputs.pop() {
+                        Some(input) => input.require_grad(),
+                        None => model.embed(ids.clone()),
+                    };
+                    (x.clone(), layer.forward(x, &rope, &mask, None))
+                }
             };
-            let y = layer.forward(x.clone(), &rope, &mask, None);
             let mut grads = (y * g).backward();
             let dx = x.grad_remove(&mut grads);
-            sum.accumulate(model, GradientsParams::from_grads(grads, model));
+            let grads = GradientsParams::from_grads(grads, model);
+            if single {
+                layer_done(i, &grads);
+            }
+            sum.accumulate(model, grads);
             match dx {
                 Some(dx) => g = Tensor::from_inner(dx),
                 None => break,
@@ -128,7 +178,6 @@ mod tests {
     use burn::tensor::Tensor;
     use burn_flex::Flex;
 
-    use super::gradients;
     use crate::model::{Dtype, HostBatch, Qwen2, Qwen2Config};
 
     fn config() -> Qwen2Config {
@@ -140,8 +189,16 @@ mod tests {
         .unwrap()
     }
 
-    /// One loss's gradients, every parameter's values in name order.
+    /// One loss's gradients, every parameter's values in visiting order.
     fn grads<B: burn::tensor::backend::AutodiffBackend>(device: &B::Device, dtype: Option<Dtype>) -> (usize, Vec<Vec<f32>>) {
+        let (tapes, out, _) = grads_split::<B>(device, dtype, false);
+        (tapes, out)
+    }
+
+    /// [`grads`], the layers split apart (`split`: [`super::split_layers`]); also what
+    /// `gradients_with` handed out: each layer's index and its parameters' gradients.
+    #[allow(clippy::type_complexity)]
+    fn grads_split<B: burn::tensor::backend::AutodiffBackend>(device: &B::Device, dtype: Option<Dtype>, split: bool) -> (usize, Vec<Vec<f32>>, Vec<(usize, Vec<Vec<f32>>)>) {
         crate::model::custom_op::install::<B>();
         let mut model = Qwen2::<B>::random(&config(), 7, device).unwrap();
         if let Some(dtype) = dtype {
@@ -151,19 +208,26 @@ mod tests {
         let rows: Vec<Vec<u32>> = [24, 17].iter().map(|&n| (0..n).map(|i| (i * 37 % 97) as u32).collect()).collect();
         let inputs = HostBatch::right_padded(&rows, 0).unwrap().to_device::<B>(device);
         let taped = super::taped();
+        super::split_layers(split);
         let loss = model.forward(&inputs).cast(burn::tensor::DType::F32).powi_scalar(2).mean();
+        super::split_layers(false);
         let tapes = super::taped() - taped;
-        let mut grads = gradients(loss, &model);
+        let mut handed = Vec::new();
+        let grads = super::gradients_with(loss, &model, |i, grads| {
+            let mut out = Vec::new();
+            model.layers[i].visit(&mut Collect(grads, &mut out));
+            handed.push((i, out));
+        });
         let mut out = Vec::new();
-        model.visit(&mut Collect(&mut grads, &mut out));
-        (tapes, out)
+        model.visit(&mut Collect(&grads, &mut out));
+        (tapes, out, handed)
     }
 
-    struct Collect<'a>(&'a mut burn::optim::GradientsParams, &'a mut Vec<Vec<f32>>);
+    struct Collect<'a>(&'a burn::optim::GradientsParams, &'a mut Vec<Vec<f32>>);
 
     impl<B: burn::tensor::backend::AutodiffBackend> burn::module::ModuleVisitor<B> for Collect<'_> {
         fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<B, D>>) {
-            let g = self.0.remove::<B::InnerBackend, D>(param.id).expect("every parameter has a gradient");
+            let g = self.0.get::<B::InnerBackend, D>(param.id).expect("every parameter has a gradient");
             self.1.push(g.cast(burn::tensor::DType::F32).into_data().to_vec::<f32>().unwrap());
         }
     }
@@ -186,6 +250,17 @@ mod tests {
         for dtype in [None, Some(half)] {
             let (tapes, whole) = grads::<Autodiff<I>>(device, dtype);
             assert_eq!(tapes, 0, "no tape without checkpointing");
+            // Split by layer, nothing recomputed (the overlapped all-reduce's backward pass): the
+            // same bits, and each layer's gradients handed out whole, last layer first.
+            let (tapes, split, handed) = grads_split::<Autodiff<I>>(device, dtype, true);
+            assert_eq!(tapes, 1, "the split forward pass tapes its layers");
+            assert!(whole.iter().zip(&split).all(|(a, b)| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())), "{dtype:?}: split gradients differ");
+            assert_eq!(handed.iter().map(|h| h.0).collect::<Vec<_>>(), [2, 1, 0]);
+            for (i, layer) in &handed {
+                // The layers' parameters follow the embedding's in visiting order.
+                let start = 1 + i * layer.len();
+                assert_eq!(layer, &split[start..start + layer.len()], "layer {i}: the gradients handed out are not the final ones");
+            }
             let (tapes, checkpointed) = grads::<Autodiff<I, BalancedCheckpointing>>(device, dtype);
             assert_eq!(tapes, 1, "the forward pass tapes its layers");
             assert_eq!(whole.len(), checkpointed.len());

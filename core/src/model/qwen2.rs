@@ -414,10 +414,12 @@ impl<B: Backend> Qwen2<B> {
 
         let mut x = self.embed(inputs.ids.clone());
         let mask = AttnMask::padded(key_valid, queries, pad, kv_heads, group, x.dtype());
-        // Checkpointed when training (parameters that take gradients) asks for it.
+        // Taped layer by layer (checkpointed, or split for an overlapped all-reduce) when training
+        // (parameters that take gradients) asks for it.
         let trains = || self.embed_tokens.weight.val().is_require_grad() || self.layers.iter().any(|l| l.input_layernorm.weight.val().is_require_grad());
-        if cache.is_none() && kernels::<B>().layer_checkpoints && trains() {
-            x = checkpoint::forward(self, &inputs.ids, x, &rope, &mask);
+        let recompute = kernels::<B>().layer_checkpoints;
+        if cache.is_none() && checkpoint::taping(recompute) && trains() {
+            x = checkpoint::forward(self, &inputs.ids, x, &rope, &mask, recompute);
         } else {
             for (i, layer) in self.layers.iter().enumerate() {
                 let layer_cache = cache.as_deref_mut().map(|c| &mut c.layers[i]);

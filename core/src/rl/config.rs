@@ -75,6 +75,8 @@ pub struct PgTrain {
     pub shard_optimizer: bool,
     /// See [`crate::train::config::NextTokenTrain::grad_reduce_dtype`].
     pub grad_reduce_dtype: crate::dist::ReduceDtype,
+    /// See [`crate::train::config::NextTokenTrain::overlap_grad_reduce`].
+    pub overlap_grad_reduce: bool,
 }
 
 impl PgTrain {

@@ -127,6 +127,7 @@ fn prepare<'a, B: AutodiffBackend>(
     loop_config.precision = config.train.precision;
     loop_config.shard_optimizer = config.train.shard_optimizer;
     loop_config.grad_reduce_dtype = config.train.grad_reduce_dtype;
+    loop_config.overlap_grad_reduce = config.train.overlap_grad_reduce;
     let validator = match &config.eval {
         Some(eval) if replica.is_main() => {
             let dir = eval.rows.as_path();

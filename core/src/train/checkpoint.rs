@@ -251,7 +251,7 @@ impl<B: Backend> ModuleVisitor<B> for Sizes {
 
 /// Settings a resumed run may change without `--allow-config-change`: where and how often it
 /// saves and evaluates, how long it runs (`steps`/`epochs`: the new total is warned about),
-/// recomputation and optimizer sharding (memory only) and the sandbox layers code rewards run under (how the machine
+/// recomputation, optimizer sharding (memory only) and the all-reduce's overlap (speed only) and the sandbox layers code rewards run under (how the machine
 /// contains programs, not what they score; recorded in `environment.json`).
 const RESUMABLE: &[&str] = &[
     "output",
@@ -260,6 +260,7 @@ const RESUMABLE: &[&str] = &[
     "train.epochs",
     "train.recompute",
     "train.shard_optimizer",
+    "train.overlap_grad_reduce",
     "task.sandbox_without",
     "task.sandbox_landlock_abi",
 ];

@@ -206,6 +206,7 @@ fn prepare<'a, B: AutodiffBackend>(config: &'a RunConfig, replica: &Replica, dev
     loop_config.precision = t.precision;
     loop_config.shard_optimizer = t.shard_optimizer;
     loop_config.grad_reduce_dtype = t.grad_reduce_dtype;
+    loop_config.overlap_grad_reduce = t.overlap_grad_reduce;
     let objective = NextTokenLoss::packed(samples, micro_batch, grad_accum, pad_id, seed)?.padding_free(t.padding_free).shard(replica.rank(), replica.world());
     let mut held_out = match replica.is_main() {
         true => {
@@ -258,6 +259,7 @@ pub fn loop_config(
         precision: Default::default(),
         shard_optimizer: false,
         grad_reduce_dtype: Default::default(),
+        overlap_grad_reduce: true,
     })
 }
 

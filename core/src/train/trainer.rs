@@ -106,6 +106,10 @@ pub struct LoopConfig {
     /// The dtype gradients are all-reduced in over data-parallel replicas (`[train]
     /// grad_reduce_dtype`, [`dist::ReduceDtype`]); bf16 needs NCCL. One replica: no effect.
     pub grad_reduce_dtype: dist::ReduceDtype,
+    /// All-reduce each decoder layer's gradients while the backward pass goes on to the layers
+    /// below (`[train] overlap_grad_reduce`, [`dist::Overlap`]) where the sums go through kiln's
+    /// ring (one replica per process); otherwise, and when off, after the backward pass.
+    pub overlap_grad_reduce: bool,
 }
 
 impl LoopConfig {
@@ -131,6 +135,7 @@ impl LoopConfig {
             precision: Precision::default(),
             shard_optimizer: false,
             grad_reduce_dtype: dist::ReduceDtype::F32,
+            overlap_grad_reduce: true,
         }
     }
 }
@@ -314,6 +319,7 @@ where
     // Attention with its own chunked backward pass (memory linear in the sequence length).
     crate::model::custom_op::install::<B>();
     crate::model::checkpoint::clear();
+    crate::model::checkpoint::split_layers(false);
     if config.grad_reduce_dtype == dist::ReduceDtype::Bf16 && !replica.is_single() && !replica.sums_with_nccl::<B::InnerBackend>(&start.model.device()) {
         return Err(Error::InvalidInput(dist::BF16_NEEDS_NCCL.into()));
     }
@@ -361,22 +367,52 @@ where
         let lr = config.schedule.lr(config.optimizer.lr, step);
         // Several updates per step (RL mini-batches) log their mean loss and gradient norm.
         let (mut loss_sum, mut norm_sum, mut skipped) = (0.0, 0.0, 0u64);
+        // Seconds waiting for the gradients' sums after the backward passes; values summed while
+        // they ran.
+        let (mut reduce_wait, mut overlapped_sum) = (0.0, 0usize);
         let mut changed: Option<(u64, u64)> = None;
         let mut extras = Record::new();
         for micros in &updates {
             let mut accumulator = GradientsAccumulator::new();
-            for micro in micros {
+            // The last micro-batch's backward pass hands each layer's gradients to the
+            // all-reduce as it goes (`[train] overlap_grad_reduce`, kiln's ring).
+            let mut overlap = match config.overlap_grad_reduce {
+                true => replica.overlap::<B>(model.layers.len(), &model.device())?,
+                false => None,
+            };
+            for (i, micro) in micros.iter().enumerate() {
+                let last = i + 1 == micros.len();
+                crate::model::checkpoint::split_layers(last && overlap.is_some());
                 let (loss, metrics) = objective.loss(&model, micro)?;
                 loss_sum += loss.clone().into_scalar().elem::<f64>();
                 let loss = match &loss_scale {
                     Some(s) => loss.mul_scalar(s.scale),
                     None => loss,
                 };
-                let grads = crate::model::checkpoint::gradients(loss, &model);
-                accumulator.accumulate(&model, grads);
+                match overlap.as_mut().filter(|_| last) {
+                    Some(overlap) => {
+                        let earlier = accumulator.grads();
+                        let grads = crate::model::checkpoint::gradients_with(loss, &model, |l, grads| overlap.launch(l, &model.layers[l], &names, grads, &earlier));
+                        accumulator.accumulate(&model, earlier);
+                        accumulator.accumulate(&model, grads);
+                    }
+                    None => accumulator.accumulate(&model, crate::model::checkpoint::gradients(loss, &model)),
+                }
+                crate::model::checkpoint::split_layers(false);
                 add_metrics(&mut extras, metrics);
             }
-            let grads = dist::reduce_gradients(replica, &model, &names, accumulator.grads(), objective.gradient_reduction(), config.grad_reduce_dtype)?;
+            let reduce_began = Instant::now();
+            let mut grads = accumulator.grads();
+            let done = match overlap {
+                Some(overlap) => {
+                    let (done, overlapped) = overlap.finish(&model.layers, &names, &mut grads, objective.gradient_reduction())?;
+                    overlapped_sum += overlapped;
+                    done
+                }
+                None => Default::default(),
+            };
+            let grads = dist::reduce_gradients(replica, &model, &names, grads, objective.gradient_reduction(), config.grad_reduce_dtype, &done)?;
+            reduce_wait += reduce_began.elapsed().as_secs_f64();
             let (next, grad_norm) = match &mut loss_scale {
                 // f16 loss scaling: an overflow halves the scale and skips the update (expected,
                 // not warned; the scale is in the metrics).
@@ -407,6 +443,8 @@ where
         if replica.world() > 1 {
             let held: usize = optimizer.moments.values().map(|m| 2 * m.exp_avg.dims()[0]).sum();
             metrics::OPTIMIZER_STATE_VALUES.set(&mut extras, held as u64);
+            metrics::GRAD_REDUCE_WAIT_S.set(&mut extras, reduce_wait);
+            metrics::GRAD_VALUES_OVERLAPPED.set(&mut extras, overlapped_sum as u64);
         }
         if optimizer.shard.is_some() {
             // Each replica counted the weights it updated.

@@ -20,6 +20,7 @@ recompute = false
 padding_free = false
 shard_optimizer = false
 grad_reduce_dtype = "f32"
+overlap_grad_reduce = true
 
 [optimizer]
 weight_decay = 0.0
@@ -51,6 +52,7 @@ precision = "f32"
 recompute = false
 shard_optimizer = false
 grad_reduce_dtype = "f32"
+overlap_grad_reduce = true
 
 [rollout]
 n = 6

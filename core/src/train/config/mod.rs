@@ -8,6 +8,7 @@
 //! [data]       # kind = "mixture" (pretrain) | "sft" (sft) | "prompts" (rl, opd)
 //! [train]      # steps | epochs; precision = "f32" | "bf16-mixed" | "f16-mixed" | "bf16-pure";
 //!              # recompute; devices; shard_optimizer; grad_reduce_dtype = "f32" | "bf16";
+//!              # overlap_grad_reduce;
 //!              # pretrain, sft: micro_batch, grad_accum,
 //!              # seed, padding_free
 //!              # ([NextTokenTrain]); rl, opd: prompts_per_step, mini_batch, micro_batch
@@ -131,6 +132,9 @@ pub struct NextTokenTrain {
     /// `"f32"` or `"bf16"`: the dtype data-parallel replicas all-reduce gradients in
     /// ([`crate::dist::ReduceDtype`]; bf16 needs NCCL).
     pub grad_reduce_dtype: crate::dist::ReduceDtype,
+    /// All-reduce each decoder layer's gradients during the backward pass (Megatron's
+    /// `overlap_grad_reduce`; [`crate::train::LoopConfig::overlap_grad_reduce`]); default on.
+    pub overlap_grad_reduce: bool,
 }
 
 impl NextTokenTrain {
