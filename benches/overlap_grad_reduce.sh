@@ -6,8 +6,11 @@
 # each run the mean over steps 2-4 of the metrics step_s and grad_reduce_wait_s (the time a step
 # waits for its sums after the backward pass) and grad_values_overlapped (values summed during
 # it), and whether the runs' final weights are the same bytes.
-# Usage: benches/overlap_grad_reduce.sh [KILN_BIN]   (default target/release/kiln). About 5
-# minutes a round on 2 cores.
+# On one machine the ring's traffic is memory copies that compete with the training for the same
+# cores; LINK=4gbit (root, Linux `tc`) instead shapes all loopback traffic to that rate for the
+# runs (a token bucket on `lo`, removed at exit), a stand-in for the network between two nodes.
+# Usage: [LINK=4gbit] [ROUNDS=2] [RECOMPUTE="false true"] benches/overlap_grad_reduce.sh [KILN_BIN]
+# (default target/release/kiln). About a minute a run on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KILN="$(realpath "${1:-${KILN_BIN:-target/release/kiln}}")"
@@ -15,7 +18,11 @@ FIX="$PWD/tests/fixtures/interplay/qwen2_100M"
 ROUNDS="${ROUNDS:-2}"
 RECOMPUTE="${RECOMPUTE:-false true}"
 TMP="$(mktemp -d)"
-trap 'rm -rf "$TMP"' EXIT
+trap 'rm -rf "$TMP"; [ -z "${LINK:-}" ] || tc qdisc del dev lo root 2>/dev/null || true' EXIT
+if [ -n "${LINK:-}" ]; then
+    tc qdisc replace dev lo root tbf rate "$LINK" burst 4mb latency 200ms
+    echo "loopback shaped to $LINK: $(tc qdisc show dev lo)"
+fi
 "$KILN" data interplay --ops 2 --per-op 200 --seed 1 --split train --out "$TMP/data" >/dev/null 2>&1
 port=$((29600 + RANDOM % 1000))
 printf '%-10s %-9s %-6s %10s %20s %24s\n' recompute overlap round step_s grad_reduce_wait_s grad_values_overlapped

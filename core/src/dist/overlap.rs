@@ -2,8 +2,11 @@
 //! `overlap_grad_reduce`): the training loop's last micro-batch of an update goes backward one
 //! decoder layer at a time ([`crate::model::checkpoint::gradients_with`]), and each layer's
 //! gradients, whole as soon as its backward pass ends, are handed to a thread that sums them
-//! over kiln's ring while the layers below are differentiated. What is left (the embedding, the
-//! final norm, and any layer not handed over) is summed after the backward pass, as before.
+//! over kiln's ring while the layers below are differentiated. When the update ends, the layers
+//! not handed over go to the same thread, and the rest (the embedding, the final norm, an untied
+//! `lm_head`) is summed by [`super::reduce_gradients`] as before. At most two buckets wait for
+//! the thread: a backward pass faster than the ring waits for it rather than keeping every
+//! layer's copy.
 //!
 //! Every replica sums the same buckets in the same order — each layer's parameters in name
 //! order, cut at [`super::BUCKET`] values, last layer first, then the rest — whatever its own
@@ -15,7 +18,7 @@
 //! differ.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::mpsc::{Receiver, SyncSender, channel, sync_channel};
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
@@ -35,7 +38,7 @@ pub struct Overlap<AB: AutodiffBackend> {
     launched: Vec<bool>,
     /// Each bucket sent, in order: its parameters, lengths and dtypes.
     buckets: Vec<Vec<(ParamId, usize, DType)>>,
-    to_ring: Option<Sender<Tensor<Inner<AB>, 1>>>,
+    to_ring: Option<SyncSender<Tensor<Inner<AB>, 1>>>,
     from_ring: Receiver<Result<Vec<f32>>>,
     device: burn::tensor::Device<Inner<AB>>,
     /// Values handed over during the backward pass.
@@ -51,14 +54,19 @@ impl Replica {
         if self.local_size > 1 || super::collective() == super::Collective::Nccl || super::nccl_device::<Inner<AB>>(device).is_some() {
             return Ok(None);
         }
-        let (to_ring, buckets) = channel::<Tensor<Inner<AB>, 1>>();
+        let (to_ring, buckets) = sync_channel::<Tensor<Inner<AB>, 1>>(2);
         let (sums, from_ring) = channel();
+        let local = self.local;
         std::thread::Builder::new()
             .name("kiln-grad-ring".into())
             .spawn(move || {
                 for bucket in buckets {
-                    let mut data = host_f32(bucket);
-                    let sum = group.all_reduce_sum(&mut data).map(|()| data);
+                    // A device failure while reading the bucket is the run's error, named.
+                    let sum = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        let mut data = host_f32(bucket);
+                        group.all_reduce_sum(&mut data).map(|()| data)
+                    }))
+                    .unwrap_or_else(|payload| Err(super::replica_panic(local, payload)));
                     let failed = sum.is_err();
                     if sums.send(sum).is_err() || failed {
                         break;

@@ -18,11 +18,11 @@
 //! none has more: with several, a tied embedding's gradient sums more terms, in another order).
 //!
 //! The switch is the backend type (`Autodiff<_, BalancedCheckpointing>`, which
-//! `kiln_backends::run_training_with` picks for `recompute`): a trainable model of that type
-//! tapes its forward passes, which only [`gradients`] turns into gradients (`loss.backward()`
-//! alone would give the layers none).
+//! `kiln_backends::run_training_with` picks for `recompute`), or [`Split`] below: a trainable
+//! model then tapes its forward passes, which only [`gradients`] turns into gradients
+//! (`loss.backward()` alone would give the layers none).
 //!
-//! Without recomputation the backward pass can go layer by layer too ([`split_layers`]: the
+//! Without recomputation the backward pass can go layer by layer too ([`Split`]: the
 //! forward pass keeps each layer's graph, cut at its input, and nothing is recomputed), so that
 //! [`gradients_with`] hands out each layer's gradients as soon as they are made: data-parallel
 //! training all-reduces them while the layers below are still differentiated
@@ -44,10 +44,11 @@ struct Tape<B: Backend> {
     /// The model's embedding, to check that the tape is `gradients`' model's.
     model: ParamId,
     ids: Tensor<B, 2, Int>,
-    /// The inputs of layers 1.. (layer 0's is recomputed from `ids`), untracked; or, under
-    /// [`split_layers`], every layer's input (tracked from layer 0's embedding, leaves above)
-    /// and output with its graph, nothing recomputed.
+    /// With recomputation: the inputs of layers 1.. (layer 0's is recomputed from `ids`),
+    /// untracked.
     inputs: Vec<Tensor<B, 3>>,
+    /// Under [`Split`]: every layer's input (layer 0's the embedding's tracked output, leaves
+    /// above) and its output with the layer's graph; nothing is recomputed.
     kept: Vec<(Tensor<B, 3>, Tensor<B, 3>)>,
     /// The last layer's output as a leaf: the rest of the forward pass is tracked from it.
     leaf: Tensor<B, 3>,
@@ -60,16 +61,30 @@ thread_local! {
     static SPLIT: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Whether this thread's training forward passes keep each layer's graph apart (without
-/// recomputation), for a backward pass that hands out the layers' gradients as they are made
-/// ([`gradients_with`]). The training loop sets it for the micro-batch whose gradients it
-/// all-reduces while differentiating, and clears it after.
-pub fn split_layers(on: bool) {
-    SPLIT.with(|s| s.set(on));
+/// While held (and made `on`), this thread's training forward passes keep each layer's graph
+/// apart, without recomputation, for a backward pass that hands out the layers' gradients as
+/// they are made ([`gradients_with`]). The training loop holds one for the micro-batch whose
+/// gradients it all-reduces while differentiating; dropped (after the backward pass, or an
+/// error), it turns the mode off and drops any tape left.
+pub struct Split(());
+
+impl Split {
+    /// Splits this thread's forward passes by layer if `on`.
+    pub fn on(on: bool) -> Self {
+        SPLIT.with(|s| s.set(on));
+        Split(())
+    }
+}
+
+impl Drop for Split {
+    fn drop(&mut self) {
+        SPLIT.with(|s| s.set(false));
+        clear();
+    }
 }
 
 /// Whether a training forward pass on this thread goes through [`forward`]: under burn's
-/// `BalancedCheckpointing` (`recompute`), or [`split_layers`].
+/// `BalancedCheckpointing` (`recompute`), or a [`Split`].
 pub(crate) fn taping(recompute: bool) -> bool {
     recompute || SPLIT.with(Cell::get)
 }
@@ -109,8 +124,8 @@ pub fn taped() -> usize {
     TAPES.with(|t| t.borrow().len())
 }
 
-/// `loss.backward()` as the parameters' gradients, through the checkpointed layers of every
-/// forward pass of `model` since the last call on this thread (without checkpointing, exactly
+/// `loss.backward()` as the parameters' gradients, through the checkpointed (or split) layers of
+/// every forward pass of `model` since the last call on this thread (with no tape, exactly
 /// `GradientsParams::from_grads(loss.backward(), model)`). A taped pass the loss does not
 /// depend on is dropped.
 pub fn gradients<B: AutodiffBackend>(loss: Tensor<B, 1>, model: &Qwen2<B>) -> GradientsParams {
@@ -120,7 +135,8 @@ pub fn gradients<B: AutodiffBackend>(loss: Tensor<B, 1>, model: &Qwen2<B>) -> Gr
 /// [`gradients`], calling `layer_done(i, grads)` as soon as decoder layer `i`'s parameters have
 /// their gradients (`grads`: those of layer `i`'s backward pass, which are its parameters' whole
 /// gradients), last layer first. Called only when the loss comes from one taped forward pass
-/// (with more, a layer's gradient is complete only after the last).
+/// and reaches no layer's parameters outside it (else a layer's gradient is complete only at
+/// the end).
 pub fn gradients_with<B: AutodiffBackend>(loss: Tensor<B, 1>, model: &Qwen2<B>, mut layer_done: impl FnMut(usize, &GradientsParams)) -> GradientsParams {
     let tapes: Vec<Box<dyn Any>> = TAPES.with(|t| std::mem::take(&mut *t.borrow_mut()));
     let mut grads = loss.backward();
@@ -135,9 +151,10 @@ pub fn gradients_with<B: AutodiffBackend>(loss: Tensor<B, 1>, model: &Qwen2<B>, 
     if pending.is_empty() {
         return GradientsParams::from_grads(grads, model);
     }
+    let rest = GradientsParams::from_grads(grads, model);
+    let single = pending.len() == 1 && !model.layers.iter().any(|layer| has_any(layer, &rest));
     let mut sum = GradientsAccumulator::<Qwen2<B>>::new();
-    sum.accumulate(model, GradientsParams::from_grads(grads, model));
-    let single = pending.len() == 1;
+    sum.accumulate(model, rest);
     for (tape, g) in pending {
         let Tape { ids, mut inputs, mut kept, rope, mask, .. } = *tape;
         let mut g = Tensor::<B, 3>::from_inner(g);
@@ -170,6 +187,19 @@ pub fn gradients_with<B: AutodiffBackend>(loss: Tensor<B, 1>, model: &Qwen2<B>, 
     sum.grads()
 }
 
+/// Whether `grads` holds a gradient of one of `module`'s parameters.
+fn has_any<B: AutodiffBackend, M: Module<B>>(module: &M, grads: &GradientsParams) -> bool {
+    struct Any<'a>(&'a GradientsParams, bool);
+    impl<B: AutodiffBackend> burn::module::ModuleVisitor<B> for Any<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<B, D>>) {
+            self.1 |= self.0.get::<B::InnerBackend, D>(param.id).is_some();
+        }
+    }
+    let mut any = Any(grads, false);
+    module.visit(&mut any);
+    any.1
+}
+
 #[cfg(all(test, feature = "flex"))]
 mod tests {
     use burn::backend::Autodiff;
@@ -195,7 +225,7 @@ mod tests {
         (tapes, out)
     }
 
-    /// [`grads`], the layers split apart (`split`: [`super::split_layers`]); also what
+    /// [`grads`], the layers split apart (`split`: [`super::Split`]); also what
     /// `gradients_with` handed out: each layer's index and its parameters' gradients.
     #[allow(clippy::type_complexity)]
     fn grads_split<B: burn::tensor::backend::AutodiffBackend>(device: &B::Device, dtype: Option<Dtype>, split: bool) -> (usize, Vec<Vec<f32>>, Vec<(usize, Vec<Vec<f32>>)>) {
@@ -208,9 +238,8 @@ mod tests {
         let rows: Vec<Vec<u32>> = [24, 17].iter().map(|&n| (0..n).map(|i| (i * 37 % 97) as u32).collect()).collect();
         let inputs = HostBatch::right_padded(&rows, 0).unwrap().to_device::<B>(device);
         let taped = super::taped();
-        super::split_layers(split);
+        let splitting = super::Split::on(split);
         let loss = model.forward(&inputs).cast(burn::tensor::DType::F32).powi_scalar(2).mean();
-        super::split_layers(false);
         let tapes = super::taped() - taped;
         let mut handed = Vec::new();
         let grads = super::gradients_with(loss, &model, |i, grads| {
@@ -218,6 +247,7 @@ mod tests {
             model.layers[i].visit(&mut Collect(grads, &mut out));
             handed.push((i, out));
         });
+        drop(splitting);
         let mut out = Vec::new();
         model.visit(&mut Collect(&grads, &mut out));
         (tapes, out, handed)

@@ -36,7 +36,7 @@ pub const OPTIMIZER_STATE_VALUES: Metric = Metric("optimizer_state_values");
 /// Data parallel: seconds a step waited for its gradients' all-reduce after the backward passes
 /// (what overlapping did not hide).
 pub const GRAD_REDUCE_WAIT_S: Metric = Metric("grad_reduce_wait_s");
-/// Data parallel: gradient values all-reduced while the backward pass ran (`[train]
+/// Data parallel: gradient values handed to the all-reduce while the backward pass ran (`[train]
 /// overlap_grad_reduce`; 0 where the sums wait for it).
 pub const GRAD_VALUES_OVERLAPPED: Metric = Metric("grad_values_overlapped");
 /// The optimizer step a record belongs to (0: the evaluation before training).

@@ -319,7 +319,6 @@ where
     // Attention with its own chunked backward pass (memory linear in the sequence length).
     crate::model::custom_op::install::<B>();
     crate::model::checkpoint::clear();
-    crate::model::checkpoint::split_layers(false);
     if config.grad_reduce_dtype == dist::ReduceDtype::Bf16 && !replica.is_single() && !replica.sums_with_nccl::<B::InnerBackend>(&start.model.device()) {
         return Err(Error::InvalidInput(dist::BF16_NEEDS_NCCL.into()));
     }
@@ -382,7 +381,7 @@ where
             };
             for (i, micro) in micros.iter().enumerate() {
                 let last = i + 1 == micros.len();
-                crate::model::checkpoint::split_layers(last && overlap.is_some());
+                let split = crate::model::checkpoint::Split::on(last && overlap.is_some());
                 let (loss, metrics) = objective.loss(&model, micro)?;
                 loss_sum += loss.clone().into_scalar().elem::<f64>();
                 let loss = match &loss_scale {
@@ -398,7 +397,7 @@ where
                     }
                     None => accumulator.accumulate(&model, crate::model::checkpoint::gradients(loss, &model)),
                 }
-                crate::model::checkpoint::split_layers(false);
+                drop(split);
                 add_metrics(&mut extras, metrics);
             }
             let reduce_began = Instant::now();

@@ -133,7 +133,8 @@ pub struct NextTokenTrain {
     /// ([`crate::dist::ReduceDtype`]; bf16 needs NCCL).
     pub grad_reduce_dtype: crate::dist::ReduceDtype,
     /// All-reduce each decoder layer's gradients during the backward pass (Megatron's
-    /// `overlap_grad_reduce`; [`crate::train::LoopConfig::overlap_grad_reduce`]); default on.
+    /// `overlap_grad_reduce`), where kiln's ring carries the sums (one replica per process;
+    /// [`crate::train::LoopConfig::overlap_grad_reduce`]); default on. The same results.
     pub overlap_grad_reduce: bool,
 }
 
