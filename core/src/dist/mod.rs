@@ -166,6 +166,20 @@ pub const BF16_NEEDS_NCCL: &str = "[train] grad_reduce_dtype = \"bf16\" needs NC
 /// Elements per all-reduce call: gradients are flattened into buckets of at most this many.
 const BUCKET: usize = 1 << 24;
 
+/// Tensors of `lengths` values, in order, cut into buckets of whole tensors of at most
+/// [`BUCKET`] values each (a longer tensor alone): each bucket's range of tensors.
+fn buckets(lengths: &[usize]) -> Vec<Range<usize>> {
+    let (mut out, mut start, mut filled) = (Vec::new(), 0, 0);
+    for (i, &length) in lengths.iter().enumerate() {
+        filled += length;
+        if lengths.get(i + 1).is_none_or(|next| filled + next > BUCKET) {
+            out.push(start..i + 1);
+            (start, filled) = (i + 1, 0);
+        }
+    }
+    out
+}
+
 struct Shared {
     abort: Arc<Abort>,
     rounds: Rounds,
@@ -344,23 +358,16 @@ impl Replica {
         if self.shared.is_none() {
             return Ok(tensors);
         }
-        let mut out = Vec::with_capacity(tensors.len());
-        let mut bucket: Vec<Tensor<B, 1>> = Vec::new();
-        let mut filled = 0;
-        let mut tensors = tensors.into_iter().peekable();
-        while let Some(tensor) = tensors.next() {
-            filled += tensor.dims()[0];
-            bucket.push(tensor);
-            let full = tensors.peek().is_none_or(|next| filled + next.dims()[0] > BUCKET);
-            if full {
-                let lengths: Vec<usize> = bucket.iter().map(|t| t.dims()[0]).collect();
-                let reduced = self.all_reduce_in(Tensor::cat(std::mem::take(&mut bucket), 0), op, reduce)?;
-                let mut start = 0;
-                for length in lengths {
-                    out.push(reduced.clone().slice(start..start + length));
-                    start += length;
-                }
-                filled = 0;
+        let lengths: Vec<usize> = tensors.iter().map(|t| t.dims()[0]).collect();
+        let mut out = Vec::with_capacity(lengths.len());
+        let mut tensors = tensors.into_iter();
+        for range in buckets(&lengths) {
+            let bucket: Vec<Tensor<B, 1>> = tensors.by_ref().take(range.len()).collect();
+            let reduced = self.all_reduce_in(Tensor::cat(bucket, 0), op, reduce)?;
+            let mut start = 0;
+            for &length in &lengths[range] {
+                out.push(reduced.clone().slice(start..start + length));
+                start += length;
             }
         }
         Ok(out)

@@ -20,12 +20,13 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{Receiver, SyncSender, channel, sync_channel};
 
-use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
+use burn::module::{AutodiffModule, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Tensor, TensorData};
 
-use super::{BUCKET, Reduce, Replica, host_f32};
+use super::params::{PutGrads, Source, flatten};
+use super::{Reduce, Replica, host_f32};
 use crate::error::{Error, Result};
 
 type Inner<AB> = <AB as AutodiffBackend>::InnerBackend;
@@ -106,7 +107,6 @@ impl<AB: AutodiffBackend> Overlap<AB> {
             }
         }
         drop(self.to_ring.take());
-        let mut done = HashSet::new();
         let mut sums: HashMap<ParamId, Tensor<Inner<AB>, 1>> = HashMap::new();
         for bucket in std::mem::take(&mut self.buckets) {
             let sum = self.from_ring.recv().map_err(|_| Error::Distributed("the gradient all-reduce thread stopped".into()))??;
@@ -115,12 +115,13 @@ impl<AB: AutodiffBackend> Overlap<AB> {
             let mut start = 0;
             for (id, length, dtype) in bucket {
                 sums.insert(id, crate::model::proj::to_dtype(sum.clone().slice(start..start + length), dtype));
-                done.insert(id);
                 start += length;
             }
         }
+        let done = sums.keys().copied().collect();
+        let mut put = PutGrads { grads, by_id: sums };
         for layer in layers {
-            layer.visit(&mut Put::<AB> { grads, sums: &mut sums });
+            layer.visit(&mut put);
         }
         Ok((done, self.overlapped))
     }
@@ -129,68 +130,18 @@ impl<AB: AutodiffBackend> Overlap<AB> {
     /// in buckets; the number of values sent.
     fn send_layer<M: AutodiffModule<AB>>(&mut self, layer: usize, module: &M, names: &HashMap<ParamId, String>, grads: &GradientsParams, earlier: Option<&GradientsParams>) -> usize {
         self.launched[layer] = true;
-        let mut take = Take::<AB> { names, grads, earlier, out: Vec::new() };
-        module.visit(&mut take);
-        let mut flat = take.out;
-        flat.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut bucket: Vec<(ParamId, usize, DType)> = Vec::new();
-        let mut tensors = Vec::new();
-        let (mut filled, mut sent) = (0, 0);
-        let mut flat = flat.into_iter().peekable();
-        while let Some((_, id, tensor)) = flat.next() {
-            let length = tensor.dims()[0];
-            bucket.push((id, length, tensor.dtype()));
-            tensors.push(crate::model::proj::to_dtype(tensor, DType::F32));
-            filled += length;
-            sent += length;
-            if flat.peek().is_none_or(|next| filled + next.2.dims()[0] > BUCKET) {
-                let all = Tensor::cat(std::mem::take(&mut tensors), 0);
-                // A closed channel means the thread stopped on an error, which `finish` reports.
-                if let Some(to_ring) = &self.to_ring {
-                    let _ = to_ring.send(all);
-                }
-                self.buckets.push(std::mem::take(&mut bucket));
-                filled = 0;
+        let flat = flatten::<AB, M>(module, names, Source::Sum { grads, earlier });
+        let lengths: Vec<usize> = flat.iter().map(|f| f.2.dims()[0]).collect();
+        let mut flat = flat.into_iter();
+        for range in super::buckets(&lengths) {
+            let bucket: Vec<_> = flat.by_ref().take(range.len()).collect();
+            self.buckets.push(bucket.iter().map(|(_, id, t)| (*id, t.dims()[0], t.dtype())).collect());
+            let all = Tensor::cat(bucket.into_iter().map(|f| crate::model::proj::to_dtype(f.2, DType::F32)).collect(), 0);
+            // A closed channel means the thread stopped on an error, which `finish` reports.
+            if let Some(to_ring) = &self.to_ring {
+                let _ = to_ring.send(all);
             }
         }
-        sent
-    }
-}
-
-/// A layer's parameters as `(name, id, flat gradient)`.
-struct Take<'a, AB: AutodiffBackend> {
-    names: &'a HashMap<ParamId, String>,
-    grads: &'a GradientsParams,
-    earlier: Option<&'a GradientsParams>,
-    out: Vec<(String, ParamId, Tensor<Inner<AB>, 1>)>,
-}
-
-impl<AB: AutodiffBackend> ModuleVisitor<AB> for Take<'_, AB> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
-        let grad = self.grads.get::<Inner<AB>, D>(param.id);
-        let earlier = self.earlier.and_then(|e| e.get::<Inner<AB>, D>(param.id));
-        let value = match (earlier, grad) {
-            (Some(earlier), Some(grad)) => earlier.add(grad),
-            (Some(one), None) | (None, Some(one)) => one,
-            (None, None) => param.val().inner().zeros_like(),
-        };
-        let numel = value.dims().iter().product::<usize>();
-        let name = self.names.get(&param.id).cloned().unwrap_or_else(|| format!("param-{}", param.id));
-        self.out.push((name, param.id, value.reshape([numel])));
-    }
-}
-
-/// Puts the summed gradients back in their parameters' shapes.
-struct Put<'a, AB: AutodiffBackend> {
-    grads: &'a mut GradientsParams,
-    sums: &'a mut HashMap<ParamId, Tensor<Inner<AB>, 1>>,
-}
-
-impl<AB: AutodiffBackend> ModuleVisitor<AB> for Put<'_, AB> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
-        if let Some(sum) = self.sums.remove(&param.id) {
-            self.grads.remove::<Inner<AB>, D>(param.id);
-            self.grads.register::<Inner<AB>, D>(param.id, sum.reshape(param.val().dims()));
-        }
+        lengths.iter().sum()
     }
 }

@@ -383,16 +383,20 @@ pub fn reduce_records(records: Vec<Value>, loss: Reduce) -> Map<String, Value> {
     out
 }
 
-enum Source<'a> {
+pub(super) enum Source<'a> {
     /// Take each parameter's gradient out of these (zeros where there is none).
     Grads(&'a mut GradientsParams),
+    /// Each parameter's gradient in `grads` plus its gradient in `earlier` (an update's earlier
+    /// micro-batches', added as burn's `GradientsAccumulator` adds them), left in place (zeros
+    /// where neither has one).
+    Sum { grads: &'a GradientsParams, earlier: Option<&'a GradientsParams> },
     /// The parameters' values, or zeros of their size.
     Values { zeros: bool },
 }
 
 /// Every parameter of `model` as `(name, id, flat tensor)` from `source`, in name order (the
 /// order the replicas agree on).
-fn flatten<AB: AutodiffBackend, M: AutodiffModule<AB>>(model: &M, names: &HashMap<ParamId, String>, source: Source<'_>) -> Vec<(String, ParamId, Tensor<Inner<AB>, 1>)> {
+pub(super) fn flatten<AB: AutodiffBackend, M: AutodiffModule<AB>>(model: &M, names: &HashMap<ParamId, String>, source: Source<'_>) -> Vec<(String, ParamId, Tensor<Inner<AB>, 1>)> {
     let mut visitor = Flatten::<Inner<AB>> { names, source, out: Vec::new() };
     model.visit(&mut visitor);
     let mut flat = visitor.out;
@@ -419,6 +423,11 @@ impl<AB: AutodiffBackend> ModuleVisitor<AB> for Flatten<'_, AB::InnerBackend> {
                 Some(grad) => grad.reshape([numel]),
                 None => value.reshape([numel]).zeros_like(),
             },
+            Source::Sum { grads, earlier } => match (earlier.and_then(|e| e.get::<AB::InnerBackend, D>(param.id)), grads.get::<AB::InnerBackend, D>(param.id)) {
+                (Some(earlier), Some(grad)) => earlier.add(grad).reshape([numel]),
+                (Some(one), None) | (None, Some(one)) => one.reshape([numel]),
+                (None, None) => value.reshape([numel]).zeros_like(),
+            },
             Source::Values { zeros: true } => value.reshape([numel]).zeros_like(),
             Source::Values { zeros: false } => value.reshape([numel]),
         };
@@ -426,9 +435,10 @@ impl<AB: AutodiffBackend> ModuleVisitor<AB> for Flatten<'_, AB::InnerBackend> {
     }
 }
 
-struct PutGrads<'a, B: Backend> {
-    grads: &'a mut GradientsParams,
-    by_id: HashMap<ParamId, Tensor<B, 1>>,
+/// Puts flat gradients back in their parameters' shapes (replacing what `grads` held).
+pub(super) struct PutGrads<'a, B: Backend> {
+    pub grads: &'a mut GradientsParams,
+    pub by_id: HashMap<ParamId, Tensor<B, 1>>,
 }
 
 impl<AB: AutodiffBackend> ModuleVisitor<AB> for PutGrads<'_, AB::InnerBackend> {

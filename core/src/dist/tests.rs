@@ -339,3 +339,15 @@ fn a_lost_node_stops_the_others() {
         assert!(err.contains("node 2"), "{err}");
     }
 }
+
+/// Buckets take whole tensors while they fit in `BUCKET` values; a longer tensor goes alone.
+#[test]
+fn buckets_take_whole_tensors_up_to_the_limit() {
+    use super::{BUCKET, buckets};
+    assert!(buckets(&[]).is_empty());
+    let one = buckets(&[3, 4, 5]);
+    assert!(one.len() == 1 && one[0] == (0..3), "{one:?}");
+    assert_eq!(buckets(&[BUCKET / 2, BUCKET / 2, 1]), [0..2, 2..3]);
+    assert_eq!(buckets(&[1, 2 * BUCKET, 1]), [0..1, 1..2, 2..3]);
+    assert_eq!(buckets(&[BUCKET, 0, 1]), [0..2, 2..3]);
+}
