@@ -136,7 +136,7 @@ fn validate(model_dir: &Path, val: &Path) -> Result<serde_json::Map<String, Valu
     let model = hf::load::<Cpu>(model_dir, &device)?;
     let tokenizer = Tokenizer::from_file(model_dir)?;
     let eos = model_eos_ids(model_dir, &Qwen2Config::from_file(model_dir.join("config.json"))?, Some(&tokenizer))?;
-    let settings = ValidationSettings { id_max_level: Some(4), rows_per_op: None, max_prompt_length: 512, max_new_tokens: 256, batch_size: 128, kv_memory: None };
+    let settings = ValidationSettings { id_max_level: Some(4), rows_per_op: None, max_prompt_length: 512, max_new_tokens: 256, batch_size: 128, kv_memory: None, max_prefill_tokens: kiln::generate::MAX_PREFILL_TOKENS };
     let validator = Validator::load(val, &tokenizer, eos, &settings)?;
     Ok(validator.evaluate(&model)?)
 }

@@ -645,7 +645,7 @@ fn a_custom_reward_plugs_in_and_flat_groups_carry_no_signal() {
     let tokenizer = Tokenizer::from_file(paper_tokenizer()).unwrap();
     let prompts = PromptSet::load(&[fixture("interplay/rows/op2.jsonl")], &tokenizer, 512, Some(8)).unwrap();
     let settings = PgSettings {
-        rollout: RolloutSettings { n: 3, sampler: Sampler::default(), max_response_length: 6, batch_size: 64, kv_memory: None, dtype: None },
+        rollout: RolloutSettings { n: 3, sampler: Sampler::default(), max_response_length: 6, batch_size: 64, kv_memory: None, max_prefill_tokens: kiln::generate::MAX_PREFILL_TOKENS, dtype: None },
         prompts_per_step: 4,
         mini_batch: 2,
         micro_batch: 3,
@@ -774,7 +774,7 @@ fn rollouts_sample_in_the_configured_dtype() {
         let tokenizer = Tokenizer::from_file(paper_tokenizer()).unwrap();
         let prompts = PromptSet::load(&[fixture("interplay/rows/op2.jsonl")], &tokenizer, 512, Some(4)).unwrap();
         let settings = PgSettings {
-            rollout: RolloutSettings { n: 2, sampler: Sampler::default(), max_response_length: 6, batch_size: 64, kv_memory: None, dtype },
+            rollout: RolloutSettings { n: 2, sampler: Sampler::default(), max_response_length: 6, batch_size: 64, kv_memory: None, max_prefill_tokens: kiln::generate::MAX_PREFILL_TOKENS, dtype },
             prompts_per_step: 2,
             mini_batch: 2,
             micro_batch: 4,

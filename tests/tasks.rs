@@ -119,7 +119,7 @@ fn a_custom_task_drives_rl_prompts_and_validation() {
     assert_eq!(prompts.report.files.iter().map(|f| f.kept).collect::<Vec<_>>(), [2, 2, 1]);
     assert!(prompts.iter().all(|p| p.ids == tokenizer.encode(&p.item.prompt).unwrap()));
 
-    let settings = ValidationSettings { id_max_level: Some(1), rows_per_op: Some(2), max_prompt_length: 512, max_new_tokens: 3, batch_size: 8, kv_memory: None };
+    let settings = ValidationSettings { id_max_level: Some(1), rows_per_op: Some(2), max_prompt_length: 512, max_new_tokens: 3, batch_size: 8, kv_memory: None, max_prefill_tokens: kiln::generate::MAX_PREFILL_TOKENS };
     let validator = Validator::from_task(Arc::new(Scored), &val, &tokenizer, vec![3], &settings).unwrap();
     let record = validator.evaluate(&model).unwrap();
     let number = |key: &str| record.get(key).and_then(Value::as_f64).unwrap_or_else(|| panic!("{key} missing: {record:?}"));

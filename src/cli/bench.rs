@@ -26,14 +26,14 @@ pub struct BenchArgs {
     model: Option<PathBuf>,
     #[arg(long, default_value = "cpu", value_parser = super::parse_backend)]
     backend: DeviceSpec,
-    #[arg(long, default_value_t = 8, value_parser = positive)]
+    #[arg(long, default_value_t = 8, value_parser = super::positive)]
     batch: usize,
-    #[arg(long, default_value_t = 64, value_parser = positive)]
+    #[arg(long, default_value_t = 64, value_parser = super::positive)]
     prompt_len: usize,
-    #[arg(long, default_value_t = 128, value_parser = positive)]
+    #[arg(long, default_value_t = 128, value_parser = super::positive)]
     new_tokens: usize,
     /// Timed repetitions (the best is reported); one untimed warm-up run precedes them.
-    #[arg(long, default_value_t = 3, value_parser = positive)]
+    #[arg(long, default_value_t = 3, value_parser = super::positive)]
     repeats: usize,
     /// Measure training steps instead (AdamW, batch × prompt-len tokens; the median of
     /// `--repeats` steps after 2 warm-up steps is reported).
@@ -52,6 +52,10 @@ pub struct BenchArgs {
     /// CUDA), to compare the two.
     #[arg(long, conflicts_with = "train")]
     dense_kv: bool,
+    /// The most tokens (padding included) one prefill pass takes; the prompts are prefilled in
+    /// groups within it.
+    #[arg(long, default_value_t = kiln::generate::MAX_PREFILL_TOKENS, value_parser = super::positive, conflicts_with = "train")]
+    max_prefill_tokens: usize,
     /// Weights and activations in f32, bf16 or f16 (with --train: the mixed precision of that
     /// dtype unless --precision says otherwise).
     #[arg(long, default_value = "f32")]
@@ -77,18 +81,10 @@ pub struct BenchArgs {
     #[arg(long, conflicts_with_all = ["train", "rollout", "all_reduce", "all_gather"])]
     matmul: bool,
     /// With --all-reduce or --all-gather: buffer sizes in bytes [default: 1 MiB to 256 MiB by 4].
-    #[arg(long, value_delimiter = ',', value_parser = positive)]
+    #[arg(long, value_delimiter = ',', value_parser = super::positive)]
     sizes: Vec<usize>,
     #[command(flatten)]
     dist: super::dist::DistArgs,
-}
-
-/// A count of at least 1.
-fn positive(text: &str) -> Result<usize, String> {
-    match text.parse::<usize>() {
-        Ok(n) if n >= 1 => Ok(n),
-        _ => Err(format!("expected a whole number of at least 1, got {text:?}")),
-    }
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -258,6 +254,7 @@ fn generation_figures<B: Backend>(model: &Qwen2<B>, args: &BenchArgs, sampler: S
     let mut engine = Engine::new(model, None);
     engine.max_batch_size = sequences;
     engine.paged = !args.dense_kv;
+    engine.max_prefill_tokens = args.max_prefill_tokens;
     // A warm-up, then a prefill-only and a whole generation per repeat.
     let bar = super::progress::with_eta(1 + 2 * args.repeats.max(1) as u64, "runs");
     let time = |new_tokens: usize| -> Result<(f64, StepTimes)> {
@@ -303,8 +300,12 @@ fn generation_figures<B: Backend>(model: &Qwen2<B>, args: &BenchArgs, sampler: S
         "decode_step_ms": 1e3 * steps.total_s / steps.steps.max(1) as f64,
         "kv_cache": if engine.pages_kv() { "paged" } else { "dense" },
         "kv_cache_peak_bytes": engine.pages_kv().then_some(steps.kv_bytes_peak),
+        "prefills": steps.prefills,
+        "prefill_tokens_max": steps.prefill_tokens_max,
         "host_share_of_step": host_share,
         "device_memory": memory.figures(),
+        "peak_rss_mib": kiln::train::metrics::peak_rss_mib(),
+        "file_rss_mib": kiln::train::metrics::file_rss_mib(),
         "autotune": autotune(args.backend),
     }))
 }

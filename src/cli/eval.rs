@@ -103,6 +103,11 @@ struct InterplayArgs {
     /// --kv-memory`) [default: half the memory available]
     #[arg(long)]
     kv_memory: Option<f64>,
+    /// The most tokens (padding included) one prefill pass takes: the prompts joining the batch
+    /// are prefilled in groups within it (vLLM's --max-num-batched-tokens bounds its steps the
+    /// same way)
+    #[arg(long, default_value_t = kiln::generate::MAX_PREFILL_TOKENS, value_parser = super::positive)]
+    max_prefill_tokens: usize,
     /// Weights and activations in f32, bf16 or f16 (attention and log-probs in f32).
     #[arg(long, default_value = "f32")]
     dtype: Dtype,
@@ -201,6 +206,7 @@ fn interplay(args: InterplayArgs) -> Result<()> {
         shard_prompts: args.shard_prompts,
         batch_size: args.batch_size,
         kv_memory: args.kv_memory.map(kiln::generate::gib_bytes),
+        max_prefill_tokens: args.max_prefill_tokens,
         loss: args.loss,
         keep_generations: args.keep_generations,
         overwrite: args.overwrite,

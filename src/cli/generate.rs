@@ -79,6 +79,11 @@ pub struct GenerateArgs {
     /// --batch-size together (and --prompt-logprobs scores as many rows as fit).
     #[arg(long)]
     kv_memory: Option<f64>,
+    /// The most tokens (padding included) one prefill pass takes: the prompts joining the batch
+    /// are prefilled in groups within it (vLLM's --max-num-batched-tokens bounds its steps the
+    /// same way)
+    #[arg(long, default_value_t = kiln::generate::MAX_PREFILL_TOKENS, value_parser = super::positive)]
+    max_prefill_tokens: usize,
     /// Print one JSON object per sample.
     #[arg(long)]
     json: bool,
@@ -175,6 +180,7 @@ impl Job for GenerateJob {
         let mut engine = Engine::new(&model, tokenizer.as_ref());
         engine.max_batch_size = args.batch_size.max(1);
         engine.kv_memory = args.kv_memory.map(kiln::generate::gib_bytes);
+        engine.max_prefill_tokens = args.max_prefill_tokens;
 
         let prompt_logprobs = match args.prompt_logprobs {
             true => {

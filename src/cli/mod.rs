@@ -104,6 +104,14 @@ impl Cli {
     }
 }
 
+/// A count of at least 1.
+pub(crate) fn positive(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("expected a whole number of at least 1, got {text:?}")),
+    }
+}
+
 /// Parses `1,2,3` into token ids.
 fn parse_ids(text: &str) -> Result<Vec<u32>> {
     text.split(',')

@@ -53,6 +53,8 @@ pub struct EvalSettings {
     pub batch_size: usize,
     /// Bytes the KV cache may take ([`crate::generate::Engine::kv_memory`]).
     pub kv_memory: Option<u64>,
+    /// Tokens one prefill pass takes at most ([`crate::generate::Engine::max_prefill_tokens`]).
+    pub max_prefill_tokens: usize,
     /// Also compute the teacher-forced loss of every item (Interplay's `avg_loss` fields).
     pub loss: bool,
     /// Rows per teacher-forced forward pass.
@@ -77,6 +79,7 @@ impl Default for EvalSettings {
             shard_prompts: 32,
             batch_size: 256,
             kv_memory: None,
+            max_prefill_tokens: crate::generate::MAX_PREFILL_TOKENS,
             loss: false,
             loss_batch_size: 8,
             keep_generations: false,
@@ -311,6 +314,7 @@ fn evaluate_model<B: Backend>(
     let mut engine = Engine::new(&model, Some(&tokenizer));
     engine.max_batch_size = settings.batch_size.max(1);
     engine.kv_memory = settings.kv_memory;
+    engine.max_prefill_tokens = settings.max_prefill_tokens;
     let work = ShardWork { evaluation, parts: &parts, prompts: &prompts, settings };
     let progress = Progress::new(name, &parts, &missing, settings);
     generate_shards(replica, &engine, &work, &missing, progress, store.as_ref(), on_event)?;

@@ -1,5 +1,6 @@
-//! The batched generation engine: one prefill per prompt (left-padded batch), fanned out to `n`
-//! samples by copying cache rows, then token-by-token decoding with a KV cache. Finished rows
+//! The batched generation engine: each prompt prefilled once (left-padded, in passes of at most
+//! [`Engine::max_prefill_tokens`]), fanned out to its `n` samples (sharing its blocks in a paged
+//! cache, copying its row of a batch-shaped one), then token-by-token decoding with a KV cache. Finished rows
 //! are dropped from the batch once a quarter of it is done, so long tails do not pay for short
 //! ones. Sequences stop at the model's and the tokenizer's EOS ids unless
 //! [`SamplingParams::ignore_eos`] is set, at the request's own stop tokens and strings, and at the
@@ -96,6 +97,10 @@ pub struct StepTimes {
     /// The most bytes the paged KV cache's blocks in use took at once (0 for the batch-shaped
     /// cache).
     pub kv_bytes_peak: u64,
+    /// Prefill passes (see [`Engine::max_prefill_tokens`]).
+    pub prefills: usize,
+    /// The most tokens one prefill pass took, padding included.
+    pub prefill_tokens_max: usize,
 }
 
 impl StepTimes {
@@ -134,8 +139,18 @@ pub struct Engine<'a, B: Backend> {
     /// rest is left to the prefill's activations; on wgpu, which reports none, only its largest
     /// buffer bounds them), the batch-shaped one only [`Engine::max_batch_size`].
     pub kv_memory: Option<u64>,
+    /// The most tokens (padding included) one prefill pass takes: the prompts joining the batch
+    /// are prefilled in groups within it, shortest first (a longer prompt alone), so the
+    /// prefill's activations stay bounded however large the batch, as vLLM's
+    /// `max_num_batched_tokens` bounds a step's. Default: [`MAX_PREFILL_TOKENS`].
+    pub max_prefill_tokens: usize,
     times: std::sync::Mutex<StepTimes>,
 }
+
+/// [`Engine::max_prefill_tokens`]'s default: vLLM's `max_num_batched_tokens` default (8,192);
+/// a prefill of this many tokens keeps a GPU's matrix units busy and, in the 1.5B model, takes
+/// about 1 GiB of activations in bf16.
+pub const MAX_PREFILL_TOKENS: usize = 8192;
 
 /// Per-sample decoding state.
 struct Sequence {
@@ -161,7 +176,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         eos_ids.extend(tokenizer.and_then(Tokenizer::eos_id));
         eos_ids.sort_unstable();
         eos_ids.dedup();
-        Self { model, tokenizer, pad_id, eos_ids, max_batch_size: 64, paged: std::env::var("KILN_KV_CACHE").map_or(true, |v| v != "dense"), kv_memory: None, times: Default::default() }
+        Self { model, tokenizer, pad_id, eos_ids, max_batch_size: 64, paged: std::env::var("KILN_KV_CACHE").map_or(true, |v| v != "dense"), kv_memory: None, max_prefill_tokens: MAX_PREFILL_TOKENS, times: Default::default() }
     }
 
     /// Bytes of KV cache one cached position of one sequence takes: keys and values of every
@@ -387,7 +402,7 @@ impl<'a, B: Backend> Engine<'a, B> {
                     };
                     limit.saturating_sub(pages.blocks_in_use() + promised)
                 });
-                match (self.admit(&mut waiting, free, prompts, &mut prefilled, params, spare, pages.as_mut())?, batch.take()) {
+                match (self.admit(&mut waiting, free, prompts, &mut prefilled, params, spare, pages.as_mut(), &mut times)?, batch.take()) {
                     (Some(joining), None) => batch = Some(joining),
                     (Some(joining), Some(running)) => batch = Some(Running::join(running, joining)),
                     (None, running) => batch = running,
@@ -512,6 +527,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         params: &SamplingParams,
         mut spare: Option<usize>,
         mut pages: Option<&mut PagedKv<B>>,
+        times: &mut StepTimes,
     ) -> Result<Option<Running<B>>> {
         let n = params.n;
         let mut take: Vec<(usize, usize, usize)> = Vec::new(); // (prompt, first sample, count)
@@ -539,27 +555,13 @@ impl<'a, B: Backend> Engine<'a, B> {
             }
         }
         let new: Vec<usize> = take.iter().map(|t| t.0).filter(|p| !prefilled.entries.contains_key(p)).collect();
-        if !new.is_empty() {
-            let rows: Vec<Vec<u32>> = new.iter().map(|&p| prompts[p].clone()).collect();
-            let device = self.model.device();
-            let inputs = HostBatch::left_padded(&rows, self.pad_id)?.to_device::<B>(&device);
-            let mut cache = self.model.new_cache();
-            let hidden = self.model.forward_hidden(&inputs, Some(&mut cache));
-            let [batch, seq, _] = hidden.dims();
-            let logits = self.model.logits(hidden.narrow(1, seq - 1, 1)).reshape([batch, self.model.config().vocab_size]);
-            let rows: Vec<Rows<B>> = match pages.as_deref_mut() {
-                // Each prompt's positions (its left padding left out) copied into blocks once,
-                // a layer at a time.
-                Some(pages) => {
-                    let seqs: Vec<(SeqId, usize)> = new.iter().enumerate().map(|(i, &p)| (pages.insert(prompts[p].len()), i)).collect();
-                    pages.fill_from(cache, &seqs);
-                    seqs.into_iter().map(|(s, _)| Rows::Paged(vec![s])).collect()
-                }
-                None => (0..new.len()).map(|i| Rows::Dense(cache.clone().select_rows(index_tensor::<B>(&[i], &device)))).collect(),
-            };
-            for ((i, &p), rows) in new.iter().enumerate().zip(rows) {
-                prefilled.entries.insert(p, (rows, logits.clone().select(0, index_tensor::<B>(&[i], &device))));
-            }
+        let mut rest = new.as_slice();
+        while !rest.is_empty() {
+            let group = prefill_group(rest.iter().map(|&p| prompts[p].len()), self.max_prefill_tokens);
+            let tokens = self.prefill(&rest[..group], prompts, prefilled, pages.as_deref_mut())?;
+            times.prefills += 1;
+            times.prefill_tokens_max = times.prefill_tokens_max.max(tokens);
+            rest = &rest[group..];
         }
         let mut parts = Vec::with_capacity(take.len());
         for &(p, first, count) in &take {
@@ -584,6 +586,35 @@ impl<'a, B: Backend> Engine<'a, B> {
             parts.push(Running { rows, logits: logits.select(0, fan_out), slots: (first..first + count).map(|s| p * n + s).collect() });
         }
         Ok(parts.into_iter().reduce(Running::join))
+    }
+
+    /// Prefills prompts `new` (indices into `prompts`) in one pass, their keys and values
+    /// written into `pages` where the cache is paged, and records each prompt's rows and
+    /// next-token logits in `prefilled`; returns the tokens the pass took, padding included.
+    fn prefill(&self, new: &[usize], prompts: &[Vec<u32>], prefilled: &mut Prefilled<B>, pages: Option<&mut PagedKv<B>>) -> Result<usize> {
+        let rows: Vec<Vec<u32>> = new.iter().map(|&p| prompts[p].clone()).collect();
+        let device = self.model.device();
+        let inputs = HostBatch::left_padded(&rows, self.pad_id)?.to_device::<B>(&device);
+        let (hidden, rows): (_, Vec<Rows<B>>) = match pages {
+            // Each prompt's positions (its left padding left out) written into its blocks
+            // by the prefill, a layer at a time.
+            Some(pages) => {
+                let seqs: Vec<(SeqId, usize)> = new.iter().enumerate().map(|(i, &p)| (pages.insert(prompts[p].len()), i)).collect();
+                let hidden = self.model.prefill_paged(&inputs, pages, &seqs);
+                (hidden, seqs.into_iter().map(|(s, _)| Rows::Paged(vec![s])).collect())
+            }
+            None => {
+                let mut cache = self.model.new_cache();
+                let hidden = self.model.forward_hidden(&inputs, Some(&mut cache));
+                (hidden, (0..new.len()).map(|i| Rows::Dense(cache.clone().select_rows(index_tensor::<B>(&[i], &device)))).collect())
+            }
+        };
+        let [batch, seq, _] = hidden.dims();
+        let logits = self.model.logits(hidden.narrow(1, seq - 1, 1)).reshape([batch, self.model.config().vocab_size]);
+        for ((i, &p), rows) in new.iter().enumerate().zip(rows) {
+            prefilled.entries.insert(p, (rows, logits.clone().select(0, index_tensor::<B>(&[i], &device))));
+        }
+        Ok(batch * seq)
     }
 
     /// The `[rows, 1]` step input: each live row feeds its last token at its next position;
@@ -615,9 +646,24 @@ pub fn gib_bytes(gib: f64) -> u64 {
 }
 
 /// Free rows at which a running batch takes in waiting samples: an eighth of it, so a refill
-/// (a prefill and a copy of the cache) is paid for by several rows at once.
+/// (a prefill, and on the batch-shaped cache a copy of it) is paid for by several rows at once.
 fn refill_at(capacity: usize) -> usize {
     (capacity / 8).max(1)
+}
+
+/// How many of the prompts of `lengths` (shortest first) one prefill pass takes: as many as
+/// fit `max_tokens` padded to the longest of them, at least one.
+fn prefill_group(lengths: impl Iterator<Item = usize>, max_tokens: usize) -> usize {
+    let mut longest = 0;
+    let mut count = 0;
+    for len in lengths {
+        longest = longest.max(len);
+        if count > 0 && longest * (count + 1) > max_tokens {
+            break;
+        }
+        count += 1;
+    }
+    count
 }
 
 /// Prompts prefilled whose samples have not all started: prompt → (its cache row, its logits).
@@ -754,6 +800,42 @@ mod tests {
             }
         }
         peak
+    }
+
+    #[test]
+    fn prefill_groups_fit_the_token_bound() {
+        // Padded to the group's longest prompt; a prompt longer than the bound goes alone.
+        assert_eq!(prefill_group([10, 20, 30, 40].into_iter(), 60), 2);
+        assert_eq!(prefill_group([30, 30].into_iter(), 60), 2);
+        assert_eq!(prefill_group([30, 31].into_iter(), 60), 1);
+        assert_eq!(prefill_group([100, 100].into_iter(), 60), 1);
+        assert_eq!(prefill_group([5; 9].into_iter(), 8192), 9);
+    }
+
+    /// Prompts prefilled in several passes (`max_prefill_tokens`) give the samples of one pass,
+    /// on the paged cache and the batch-shaped one; no pass takes more tokens than the bound.
+    #[test]
+    fn prefill_in_groups_changes_no_sample() {
+        let model = random_model([50, 64, 96, 2, 4, 2, 512], 7);
+        let prompts: Vec<Vec<u32>> = [1usize, 63, 64, 65, 130, 20].iter().map(|&len| (0..len).map(|i| (i * 5 % 47 + 2) as u32).collect()).collect();
+        let params = SamplingParams { n: 2, max_new_tokens: 12, sampler: Sampler { temperature: 1.0, ..Sampler::default() }, seed: 3, ..SamplingParams::default() };
+        for paged in [true, false] {
+            let run = |max_prefill_tokens: usize| {
+                let mut engine = Engine::new(&model, None);
+                (engine.paged, engine.max_prefill_tokens) = (paged, max_prefill_tokens);
+                (engine.generate(&prompts, &params, |_| {}).unwrap(), engine.step_times())
+            };
+            let ((one, one_pass), (groups, passes)) = (run(MAX_PREFILL_TOKENS), run(130));
+            assert_eq!((one_pass.prefills, one_pass.prefill_tokens_max), (1, 6 * 130), "paged {paged}: the twelve samples fit the batch: one pass");
+            // Shortest first, padded to each group's longest: [1, 20], [63, 64], [65], [130].
+            assert_eq!((passes.prefills, passes.prefill_tokens_max), (4, 130), "paged {paged}");
+            for (a, b) in one.iter().flatten().zip(groups.iter().flatten()) {
+                assert_eq!(a.token_ids, b.token_ids, "paged {paged}: prompt {} sample {}", a.prompt_index, a.sample_index);
+                for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+                    assert!((x - y).abs() <= 1e-4, "paged {paged}: prompt {}: {x} vs {y}", a.prompt_index);
+                }
+            }
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ pub mod sampler;
 pub mod stop;
 pub mod stream;
 
-pub use engine::{Completion, Engine, Progress, SamplingParams, StepTimes, gib_bytes};
+pub use engine::{Completion, Engine, MAX_PREFILL_TOKENS, Progress, SamplingParams, StepTimes, gib_bytes};
 pub use sampler::{Sampled, Sampler, uniform};
 pub use stop::{FinishReason, StopCriteria, StopReason, model_eos_ids};
 pub use stream::Stream;

@@ -50,6 +50,17 @@ impl<B: Backend> LayerCache<B> {
         self.kv.as_ref().map(|(k, v)| (k.clone().narrow(dim, 0, len), v.clone().narrow(dim, 0, len)))
     }
 
+    /// Takes the filled keys and values out, sequence-major `[B, S, K, d]` whichever layout the
+    /// cache keeps (`None` if never appended to), leaving the layer empty.
+    pub(crate) fn take_seq_major(&mut self) -> Option<(Tensor<B, 4>, Tensor<B, 4>)> {
+        let (k, v) = self.filled()?;
+        *self = Self::empty(self.seq_dim);
+        Some(match self.seq_dim {
+            1 => (k, v),
+            _ => (k.swap_dims(1, 2), v.swap_dims(1, 2)),
+        })
+    }
+
     /// Appends new keys/values `[batch, kv_heads, new, head_dim]` and returns the full ones.
     pub fn append(&mut self, k: Tensor<B, 4>, v: Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>) {
         self.append_along(k, v, 2)
@@ -212,17 +223,6 @@ impl<B: Backend> KvCache<B> {
             .collect()
     }
 
-    /// Each layer's filled keys and values `[B, S, K, d]` (sequence-major, whichever layout the
-    /// cache keeps), `None` for a layer never appended to.
-    pub fn into_seq_major_layers(self) -> impl Iterator<Item = Option<(Tensor<B, 4>, Tensor<B, 4>)>> {
-        self.layers.into_iter().map(|layer| {
-            let (k, v) = layer.filled()?;
-            Some(match layer.seq_dim {
-                1 => (k, v),
-                _ => (k.swap_dims(1, 2), v.swap_dims(1, 2)),
-            })
-        })
-    }
 
     /// `rows` on the host, when the Flex fast path may take them (reading them back is free there).
     fn host_rows(&self, rows: &Tensor<B, 1, Int>) -> Option<Vec<usize>> {

@@ -21,7 +21,6 @@
 use burn::tensor::activation::softmax;
 use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorData, backend::Backend};
 
-use super::kv_cache::KvCache;
 use super::proj::to_dtype;
 
 /// Positions per block: a multiple of 16 (the decoding kernel's groups of keys), large enough
@@ -239,16 +238,16 @@ impl<B: Backend> PagedKv<B> {
         }
     }
 
-    /// A new sequence of `len` positions (a prefilled prompt), whose keys and values each layer
-    /// then writes with [`PagedKv::fill`].
+    /// A new sequence of `len` positions (a prompt), whose keys and values the prefill then
+    /// writes a layer at a time ([`PagedKv::fill_layer`]).
     pub fn insert(&mut self, len: usize) -> SeqId {
         let blocks: Vec<usize> = (0..len.div_ceil(BLOCK)).map(|_| self.alloc()).collect();
         self.add_seq(Seq { blocks, len })
     }
 
     /// Writes layer `layer`'s keys and values of all positions of `seq`: `k` and `v` `[len,
-    /// K, d]` contiguous (a prefill's cache row, its padding left out).
-    pub fn fill(&mut self, seq: SeqId, layer: usize, k: &[f32], v: &[f32]) {
+    /// K, d]` contiguous (a prefill's row, its padding left out).
+    fn fill(&mut self, seq: SeqId, layer: usize, k: &[f32], v: &[f32]) {
         let ((ko, vo), per_position) = (self.offsets(layer), self.kv_heads * self.head_dim);
         let Seq { blocks, len } = self.seqs[seq.0].as_ref().expect("a live sequence");
         let Store::Host(store) = &mut self.store else { unreachable!("fill() is the host store's") };
@@ -405,48 +404,49 @@ impl<B: Backend> PagedKv<B> {
 }
 
 impl<B: Backend> PagedKv<B> {
-    /// Copies prefilled prompts into their sequences (from [`PagedKv::insert`]): `rows[i] =
-    /// (seq, row)` takes the last `len(seq)` positions of row `row` of `cache` (its left padding
-    /// left out), a layer at a time.
-    pub fn fill_from(&mut self, cache: KvCache<B>, rows: &[(SeqId, usize)]) {
-        // The pools' rows of every position of the sequences (device store).
-        let slots = match &self.store {
-            Store::Host(_) => None,
-            Store::Device(pools) => {
-                let slots: Vec<i64> = rows
-                    .iter()
-                    .flat_map(|&(s, _)| {
-                        let seq = self.seq(s);
-                        (0..seq.len).map(|p| seq.slot(p))
-                    })
-                    .collect();
-                let n = slots.len();
-                Some(Tensor::<B, 2, Int>::from_data(TensorData::new(slots, [n, 1]), &pools.device))
+    /// The pools' rows `[P, 1]` of every position of the sequences `rows` (from
+    /// [`PagedKv::insert`]), in order, where [`PagedKv::fill_layer`] scatters a prefill's keys
+    /// (device store; `None` for blocks in host memory).
+    pub fn prefill_slots(&self, rows: &[(SeqId, usize)]) -> Option<Tensor<B, 2, Int>> {
+        let Store::Device(pools) = &self.store else { return None };
+        let slots: Vec<i64> = rows
+            .iter()
+            .flat_map(|&(s, _)| {
+                let seq = self.seq(s);
+                (0..seq.len).map(|p| seq.slot(p))
+            })
+            .collect();
+        let n = slots.len();
+        Some(Tensor::from_data(TensorData::new(slots, [n, 1]), &pools.device))
+    }
+
+    /// Writes one layer of a prefill into its sequences (from [`PagedKv::insert`]): `rows[i] =
+    /// (seq, row)` takes the last `len(seq)` positions of row `row` of the layer's keys and
+    /// values `[B, S, K, d]` (its left padding left out); `slots` from
+    /// [`PagedKv::prefill_slots`] with the same `rows`.
+    pub fn fill_layer(&mut self, layer: usize, k: Tensor<B, 4>, v: Tensor<B, 4>, rows: &[(SeqId, usize)], slots: Option<&Tensor<B, 2, Int>>) {
+        let [batch, seq, kv_heads, d] = k.dims();
+        let Some(slots) = slots else {
+            let host = |t: Tensor<B, 4>| t.into_data().into_vec::<f32>().expect("the fused path's cache is f32");
+            let (k, v) = (host(k), host(v));
+            let per_row = k.len() / batch;
+            for &(s, row) in rows {
+                let from = row * per_row + (seq - self.seq(s).len) * kv_heads * d;
+                self.fill(s, layer, &k[from..(row + 1) * per_row], &v[from..(row + 1) * per_row]);
             }
+            return;
         };
-        for (layer, kv) in cache.into_seq_major_layers().enumerate() {
-            let (k, v) = kv.expect("a prefilled cache");
-            let [batch, seq, kv_heads, d] = k.dims();
-            let Some(slots) = slots.clone() else {
-                let host = |t: Tensor<B, 4>| t.into_data().into_vec::<f32>().expect("the fused path's cache is f32");
-                let (k, v) = (host(k), host(v));
-                let per_row = k.len() / batch;
-                for &(s, row) in rows {
-                    let from = row * per_row + (seq - self.seq(s).len) * kv_heads * d;
-                    self.fill(s, layer, &k[from..(row + 1) * per_row], &v[from..(row + 1) * per_row]);
-                }
-                continue;
-            };
-            let positions = |t: &Tensor<B, 4>| -> Vec<Tensor<B, 3>> {
-                rows.iter().map(|&(s, row)| {
+        let positions = |t: &Tensor<B, 4>| -> Vec<Tensor<B, 3>> {
+            rows.iter()
+                .map(|&(s, row)| {
                     let len = self.seq(s).len;
                     t.clone().narrow(0, row, 1).narrow(1, seq - len, len).reshape([len, kv_heads, d])
-                }).collect()
-            };
-            let (k, v) = (Tensor::cat(positions(&k), 0), Tensor::cat(positions(&v), 0));
-            let Store::Device(pools) = &mut self.store else { unreachable!("slots are the device store's") };
-            pools.scatter(layer, slots, k, v);
-        }
+                })
+                .collect()
+        };
+        let (k, v) = (Tensor::cat(positions(&k), 0), Tensor::cat(positions(&v), 0));
+        let Store::Device(pools) = &mut self.store else { unreachable!("slots are the device store's") };
+        pools.scatter(layer, slots.clone(), k, v);
     }
 
     /// Writes layer `layer`'s keys and values `[R, K, d]` of the step's rows (device store;

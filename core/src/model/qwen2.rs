@@ -381,7 +381,27 @@ impl<B: Backend> Qwen2<B> {
 
     /// Final hidden states `[B, T, D]` (after the last norm) for `inputs`. With a cache, the
     /// inputs continue the cached sequences and are appended to the cache.
-    pub fn forward_hidden(&self, inputs: &Inputs<B>, mut cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
+    pub fn forward_hidden(&self, inputs: &Inputs<B>, cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
+        self.forward_layers(inputs, cache, |_, _| {})
+    }
+
+    /// Final hidden states `[B, T, D]` of a prefill whose keys and values go straight into a
+    /// paged cache, a layer at a time (each layer's dropped as soon as its blocks hold it: the
+    /// whole model's batch-shaped cache never exists): `rows[i] = (seq, row)` gives row `row` of
+    /// `inputs` (left-padded prompts, no cache before them) to sequence `seq`, made by
+    /// [`PagedKv::insert`] with the prompt's length.
+    pub fn prefill_paged(&self, inputs: &Inputs<B>, pages: &mut PagedKv<B>, rows: &[(SeqId, usize)]) -> Tensor<B, 3> {
+        let slots = pages.prefill_slots(rows);
+        let mut cache = self.new_cache();
+        self.forward_layers(inputs, Some(&mut cache), |i, layer| {
+            if let Some((k, v)) = layer.take_seq_major() {
+                pages.fill_layer(i, k, v, rows, slots.as_ref());
+            }
+        })
+    }
+
+    /// [`Qwen2::forward_hidden`], handing each layer's cache to `layer_done` after the layer.
+    fn forward_layers(&self, inputs: &Inputs<B>, mut cache: Option<&mut KvCache<B>>, mut layer_done: impl FnMut(usize, &mut LayerCache<B>)) -> Tensor<B, 3> {
         let queries = inputs.ids.dims()[1];
         // Key labels: 0 padding, else the key's document + 1 (1 for every real token unpacked).
         let valid = match &inputs.documents {
@@ -422,8 +442,13 @@ impl<B: Backend> Qwen2<B> {
             x = checkpoint::forward(self, &inputs.ids, x, &rope, &mask, recompute);
         } else {
             for (i, layer) in self.layers.iter().enumerate() {
-                let layer_cache = cache.as_deref_mut().map(|c| &mut c.layers[i]);
-                x = layer.forward(x, &rope, &mask, layer_cache);
+                match cache.as_deref_mut() {
+                    Some(cache) => {
+                        x = layer.forward(x, &rope, &mask, Some(&mut cache.layers[i]));
+                        layer_done(i, &mut cache.layers[i]);
+                    }
+                    None => x = layer.forward(x, &rope, &mask, None),
+                }
             }
         }
         self.norm.forward(x)

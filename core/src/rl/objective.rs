@@ -156,6 +156,9 @@ impl PgSettings {
         if r.kv_memory == Some(0) {
             return Err("[rollout] kv_memory must be more than 0 GiB".into());
         }
+        if r.max_prefill_tokens == 0 {
+            return Err("[rollout] max_prefill_tokens must be at least 1".into());
+        }
         if c.dual <= 1.0 || c.low < 0.0 || c.high < 0.0 {
             return Err(format!("clip ratios must be non-negative and the dual clip must exceed 1 (got {c:?})"));
         }
@@ -775,7 +778,7 @@ mod tests {
         let tokenizer = Tokenizer::from_file(fixtures.join("qwen2_100M")).unwrap();
         let prompts = PromptSet::load(&[fixtures.join("rows/op2.jsonl")], &tokenizer, 512, Some(4)).unwrap();
         let settings = PgSettings {
-            rollout: RolloutSettings { n: 4, sampler: Sampler::default(), max_response_length: 6, batch_size: 64, kv_memory: None, dtype: None },
+            rollout: RolloutSettings { n: 4, sampler: Sampler::default(), max_response_length: 6, batch_size: 64, kv_memory: None, max_prefill_tokens: crate::generate::MAX_PREFILL_TOKENS, dtype: None },
             prompts_per_step: 4,
             mini_batch: 2,
             micro_batch: 4,

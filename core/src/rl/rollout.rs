@@ -21,6 +21,8 @@ pub struct RolloutSettings {
     pub batch_size: usize,
     /// Bytes the KV cache may take ([`crate::generate::Engine::kv_memory`]).
     pub kv_memory: Option<u64>,
+    /// Tokens one prefill pass takes at most ([`crate::generate::Engine::max_prefill_tokens`]).
+    pub max_prefill_tokens: usize,
     /// The policy samples in this dtype (`[model] dtype`; default: the dtype it computes in).
     pub dtype: Option<Dtype>,
 }
@@ -59,6 +61,7 @@ pub fn rollout<B: Backend>(
     let mut engine = Engine::new(model, Some(tokenizer));
     engine.max_batch_size = settings.batch_size;
     engine.kv_memory = settings.kv_memory;
+    engine.max_prefill_tokens = settings.max_prefill_tokens;
     let params = SamplingParams {
         n: settings.n,
         sampler: settings.sampler,

@@ -138,6 +138,7 @@ fn prepare<'a, B: AutodiffBackend>(
                 max_new_tokens: eval.max_new_tokens.unwrap_or(settings.rollout.max_response_length),
                 batch_size: settings.rollout.batch_size,
                 kv_memory: settings.rollout.kv_memory,
+                max_prefill_tokens: settings.rollout.max_prefill_tokens,
             };
             let files = task.files(Some(dir), &eval.ops, &[])?;
             Some(Validator::from_files(task.clone(), &files, &tokenizer, eos_ids.clone(), &validation)?)

@@ -34,6 +34,8 @@ pub struct ValidationSettings {
     pub batch_size: usize,
     /// Bytes the KV cache may take (the rollout's, `[rollout] kv_memory`).
     pub kv_memory: Option<u64>,
+    /// Tokens one prefill pass takes at most (the rollout's, `[rollout] max_prefill_tokens`).
+    pub max_prefill_tokens: usize,
 }
 
 /// Greedy validation on a directory of per-op files.
@@ -62,8 +64,15 @@ impl Validator {
     pub fn from_files(task: Arc<dyn Task>, files: &[PathBuf], tokenizer: &Tokenizer, eos_ids: Vec<u32>, settings: &ValidationSettings) -> Result<Self> {
         let prompts = PromptSet::from_task(task.as_ref(), files, tokenizer, settings.max_prompt_length, settings.rows_per_op)?;
         let reward = task.reward(&RewardConfig::Outcome)?;
-        let rollout =
-            RolloutSettings { n: 1, sampler: Sampler::greedy(), max_response_length: settings.max_new_tokens, batch_size: settings.batch_size, kv_memory: settings.kv_memory, dtype: None };
+        let rollout = RolloutSettings {
+            n: 1,
+            sampler: Sampler::greedy(),
+            max_response_length: settings.max_new_tokens,
+            batch_size: settings.batch_size,
+            kv_memory: settings.kv_memory,
+            max_prefill_tokens: settings.max_prefill_tokens,
+            dtype: None,
+        };
         let id_max_level = settings.id_max_level.or_else(|| task.id_max_level());
         Ok(Self { prompts, reward, tokenizer: tokenizer.clone(), eos_ids, id_max_level, rollout })
     }

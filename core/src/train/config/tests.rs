@@ -227,6 +227,12 @@ id_max_op = 10
     assert_eq!(old.settings().rollout.kv_memory, None);
     let bounded = PgConfig::from_toml(&path, &new_text.replace("max_response_length = 1024\n", "max_response_length = 1024\nkv_memory = 1.5\n")).unwrap();
     assert_eq!(bounded.settings().rollout.kv_memory, Some(3 << 29));
+    // Prefill passes of 8,192 tokens unless given; 0 is refused.
+    assert_eq!(old.settings().rollout.max_prefill_tokens, 8192);
+    let prefill = |n: &str| PgConfig::from_toml(&path, &new_text.replace("max_response_length = 1024\n", &format!("max_response_length = 1024\nmax_prefill_tokens = {n}\n")));
+    assert_eq!(prefill("2048").unwrap().settings().rollout.max_prefill_tokens, 2048);
+    let err = prefill("0").unwrap_err().to_string();
+    assert!(err.contains("[rollout] max_prefill_tokens must be at least 1"), "{err}");
 
     // The OPD config leaves the optimizer, schedule and validation to the defaults.
     let path = repo("examples/configs/opd_refkl_op11_14.toml");
