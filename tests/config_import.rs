@@ -126,12 +126,13 @@ fn every_verl_value_is_carried_not_defaulted() {
         "actor_rollout_ref.rollout.response_length=900",
         "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
         "actor_rollout_ref.actor.fsdp_config.dtype=float16",
+        "actor_rollout_ref.rollout.max_num_batched_tokens=4096",
     ])
     .unwrap();
     let c = pg(&imported);
     let (o, l, r, t) = (&c.optimizer, &c.loss, &c.rollout, &c.train);
     assert_eq!((o.lr, o.weight_decay, o.max_grad_norm), (3e-6, 0.05, Some(0.7)));
-    assert_eq!((r.n, r.temperature, r.top_p, r.max_response_length), (7, 0.9, 0.95, 900));
+    assert_eq!((r.n, r.temperature, r.top_p, r.max_response_length, r.max_prefill_tokens), (7, 0.9, 0.95, 900, 4096));
     assert_eq!((l.kl_coef, l.kl_estimator), (0.005, KlEstimator::K2));
     assert_eq!((l.clip_ratio, l.clip_ratio_low, l.clip_ratio_high, l.clip_ratio_c), (0.25, Some(0.15), Some(0.3), 4.0));
     assert_eq!(l.agg, LossAgg::SeqMeanTokenMean);
@@ -162,6 +163,7 @@ fn every_verl_value_is_carried_not_defaulted() {
         "actor_rollout_ref.rollout.response_length",
         "actor_rollout_ref.actor.loss_agg_mode",
         "actor_rollout_ref.actor.fsdp_config.dtype",
+        "actor_rollout_ref.rollout.max_num_batched_tokens",
     ] {
         assert!(carried.contains(&key), "{key} not reported carried: {carried:?}");
     }

@@ -48,6 +48,7 @@ pub const MAPPING: &[(&str, &str)] = &[
     ("actor_rollout_ref.rollout.temperature", "[rollout] temperature"),
     ("actor_rollout_ref.rollout.top_p", "[rollout] top_p"),
     ("actor_rollout_ref.rollout.top_k", "[rollout] top_k (-1 -> 0)"),
+    ("actor_rollout_ref.rollout.max_num_batched_tokens", "[rollout] max_prefill_tokens (tokens one prefill pass takes)"),
     ("actor_rollout_ref.actor.optim.lr", "[optimizer] lr"),
     ("actor_rollout_ref.actor.optim.weight_decay", "[optimizer] weight_decay"),
     ("actor_rollout_ref.actor.optim.betas", "[optimizer] beta1, beta2"),
@@ -176,7 +177,6 @@ pub const INFRASTRUCTURE: &[(&str, &str)] = &[
     ("actor_rollout_ref.rollout.data_parallel_size", "the inference engine's parallelism"),
     ("actor_rollout_ref.rollout.expert_parallel_size", "the inference engine's parallelism"),
     ("actor_rollout_ref.rollout.pipeline_model_parallel_size", "the inference engine's parallelism"),
-    ("actor_rollout_ref.rollout.max_num_batched_tokens", "the inference engine's batching"),
     ("actor_rollout_ref.rollout.max_model_len", "the inference engine's memory"),
     ("actor_rollout_ref.rollout.max_num_seqs", "the inference engine's batching"),
     ("actor_rollout_ref.rollout.enable_chunked_prefill", "the inference engine"),
@@ -427,6 +427,12 @@ pub fn import(path: &Path, text: &str, overrides: &[String]) -> Result<Imported>
     let key = format!("{R}.top_k");
     let top_k = c.get(&key).as_i64().ok_or_else(|| c.refuse(&key, &Value::Null, "expected an integer"))?;
     c.carry(&key, "rollout.top_k", top_k.max(0));
+    // vLLM's bound on a step's tokens bounds kiln's prefill passes (absent: kiln's default).
+    let key = format!("{R}.max_num_batched_tokens");
+    if !c.get(&key).is_null() {
+        let v = c.usize(&key)?;
+        c.carry(&key, "rollout.max_prefill_tokens", v);
+    }
 
     // [optimizer], [schedule]
     let o = format!("{A}.optim");

@@ -516,7 +516,8 @@ impl<'a, B: Backend> Engine<'a, B> {
     /// Takes up to `free` waiting samples (whole prompts' worth where possible) and, on a
     /// paged cache with a memory bound, as many as `spare` blocks can hold at their longest
     /// ([`Engine::blocks_for`], a prompt's blocks counted once); prefills the prompts not
-    /// prefilled yet (together), and returns the batch of their rows (`None`: none fit).
+    /// prefilled yet (in passes of at most [`Engine::max_prefill_tokens`]), and returns the batch
+    /// of their rows (`None`: none fit).
     #[allow(clippy::too_many_arguments)]
     fn admit(
         &self,
@@ -752,11 +753,12 @@ mod tests {
     fn paged_and_batch_shaped_caches_generate_the_same() {
         let model = random_model([50, 64, 96, 2, 4, 2, 512], 7);
         assert!(model.new_paged_kv().is_some_and(|p| !p.is_on_device()), "the Flex backend in f32 decodes from a paged cache in host memory");
-        paged_matches_batch_shaped(&model, 1e-4);
+        paged_matches_batch_shaped(&model, 1e-4, MAX_PREFILL_TOKENS);
     }
 
     /// The same on wgpu, whose blocks live in device memory (scattered into pools allocated for
-    /// the batch, copied on write there, read by the flash-decoding kernel).
+    /// the batch, copied on write there, read by the flash-decoding kernel), the prompts
+    /// prefilled in passes of at most 130 tokens (scattered into the pools pass by pass).
     #[cfg(feature = "wgpu")]
     #[test]
     fn device_paged_and_batch_shaped_caches_generate_the_same() {
@@ -765,12 +767,12 @@ mod tests {
         let config = random_model([50, 64, 96, 2, 4, 2, 512], 7).config().clone();
         let model = Qwen2::<Wgpu>::random(&config, 7, &device).unwrap();
         let block = model.new_paged_kv().filter(|p| p.is_on_device()).expect("wgpu decodes from a paged cache on the device").block_bytes();
-        let peak = paged_matches_batch_shaped(&model, 1e-3);
+        let peak = paged_matches_batch_shaped(&model, 1e-3, 130);
         assert!(peak > 8 * block, "the batch's sequences held their blocks on the device: {peak} bytes at most");
     }
 
     /// The peak bytes of the paged cache's blocks.
-    fn paged_matches_batch_shaped<B: Backend>(model: &Qwen2<B>, tolerance: f32) -> u64 {
+    fn paged_matches_batch_shaped<B: Backend>(model: &Qwen2<B>, tolerance: f32, max_prefill_tokens: usize) -> u64 {
         // Prompts across block edges (64 positions), 3 samples each, stop tokens that end
         // samples at different steps, and more samples than the batch holds at once.
         let prompts: Vec<Vec<u32>> = [1usize, 63, 64, 65, 130].iter().map(|&len| (0..len).map(|i| (i * 7 % 49 + 1) as u32).collect()).collect();
@@ -786,6 +788,7 @@ mod tests {
             let mut engine = Engine::new(model, None);
             engine.paged = paged;
             engine.max_batch_size = 8;
+            engine.max_prefill_tokens = max_prefill_tokens;
             let out = engine.generate(&prompts, &params, |_| {}).unwrap();
             (out, engine.step_times().kv_bytes_peak)
         };

@@ -223,7 +223,6 @@ impl<B: Backend> KvCache<B> {
             .collect()
     }
 
-
     /// `rows` on the host, when the Flex fast path may take them (reading them back is free there).
     fn host_rows(&self, rows: &Tensor<B, 1, Int>) -> Option<Vec<usize>> {
         if !fused::is_flex::<B>() {

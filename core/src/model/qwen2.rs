@@ -394,9 +394,8 @@ impl<B: Backend> Qwen2<B> {
         let slots = pages.prefill_slots(rows);
         let mut cache = self.new_cache();
         self.forward_layers(inputs, Some(&mut cache), |i, layer| {
-            if let Some((k, v)) = layer.take_seq_major() {
-                pages.fill_layer(i, k, v, rows, slots.as_ref());
-            }
+            let (k, v) = layer.take_seq_major().expect("a layer's prefill fills its cache");
+            pages.fill_layer(i, k, v, rows, slots.as_ref());
         })
     }
 

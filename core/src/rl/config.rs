@@ -134,10 +134,9 @@ pub struct RolloutSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_memory: Option<f64>,
     /// The most tokens (padding included) one prefill pass takes: the prompts joining the
-    /// batch are prefilled in groups within it ([`crate::generate::Engine::max_prefill_tokens`];
-    /// verl's `rollout.max_num_batched_tokens` bounds vLLM's steps the same way); unset: 8,192.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_prefill_tokens: Option<usize>,
+    /// batch are prefilled in passes within it ([`crate::generate::Engine::max_prefill_tokens`];
+    /// verl's `rollout.max_num_batched_tokens`, vLLM's bound on a step's tokens, is carried here).
+    pub max_prefill_tokens: usize,
     /// DAPO's dynamic sampling (verl's `algorithm.filter_groups`): `[rollout.filter_groups]`.
     pub filter_groups: Option<FilterGroups>,
 }
@@ -287,7 +286,7 @@ impl PgConfig {
                 max_response_length: r.max_response_length,
                 batch_size: r.batch_size,
                 kv_memory: r.kv_memory.map(crate::generate::gib_bytes),
-                max_prefill_tokens: r.max_prefill_tokens.unwrap_or(crate::generate::MAX_PREFILL_TOKENS),
+                max_prefill_tokens: r.max_prefill_tokens,
                 dtype: self.model.dtype,
             },
             prompts_per_step: t.prompts_per_step,

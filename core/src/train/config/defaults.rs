@@ -62,6 +62,7 @@ top_k = 0
 min_p = 0.0
 max_response_length = 1024
 batch_size = 64
+max_prefill_tokens = 8192
 
 [optimizer]
 lr = 1e-6
