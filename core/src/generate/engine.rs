@@ -600,9 +600,9 @@ impl<'a, B: Backend> Engine<'a, B> {
             // Each prompt's positions (its left padding left out) written into its blocks
             // by the prefill, a layer at a time.
             Some(pages) => {
-                let seqs: Vec<(SeqId, usize)> = new.iter().enumerate().map(|(i, &p)| (pages.insert(prompts[p].len()), i)).collect();
+                let seqs: Vec<SeqId> = new.iter().map(|&p| pages.insert(prompts[p].len())).collect();
                 let hidden = self.model.prefill_paged(&inputs, pages, &seqs);
-                (hidden, seqs.into_iter().map(|(s, _)| Rows::Paged(vec![s])).collect())
+                (hidden, seqs.into_iter().map(|s| Rows::Paged(vec![s])).collect())
             }
             None => {
                 let mut cache = self.model.new_cache();

@@ -404,14 +404,14 @@ impl<B: Backend> PagedKv<B> {
 }
 
 impl<B: Backend> PagedKv<B> {
-    /// The pools' rows `[P, 1]` of every position of the sequences `rows` (from
+    /// The pools' rows `[P, 1]` of every position of the sequences `seqs` (from
     /// [`PagedKv::insert`]), in order, where [`PagedKv::fill_layer`] scatters a prefill's keys
     /// (device store; `None` for blocks in host memory).
-    pub fn prefill_slots(&self, rows: &[(SeqId, usize)]) -> Option<Tensor<B, 2, Int>> {
+    pub fn prefill_slots(&self, seqs: &[SeqId]) -> Option<Tensor<B, 2, Int>> {
         let Store::Device(pools) = &self.store else { return None };
-        let slots: Vec<i64> = rows
+        let slots: Vec<i64> = seqs
             .iter()
-            .flat_map(|&(s, _)| {
+            .flat_map(|&s| {
                 let seq = self.seq(s);
                 (0..seq.len).map(|p| seq.slot(p))
             })
@@ -420,25 +420,26 @@ impl<B: Backend> PagedKv<B> {
         Some(Tensor::from_data(TensorData::new(slots, [n, 1]), &pools.device))
     }
 
-    /// Writes one layer of a prefill into its sequences (from [`PagedKv::insert`]): `rows[i] =
-    /// (seq, row)` takes the last `len(seq)` positions of row `row` of the layer's keys and
-    /// values `[B, S, K, d]` (its left padding left out); `slots` from
-    /// [`PagedKv::prefill_slots`] with the same `rows`.
-    pub fn fill_layer(&mut self, layer: usize, k: Tensor<B, 4>, v: Tensor<B, 4>, rows: &[(SeqId, usize)], slots: Option<&Tensor<B, 2, Int>>) {
+    /// Writes one layer of a prefill into its sequences (from [`PagedKv::insert`]): `seqs[r]`
+    /// takes the last `len(seqs[r])` positions of row `r` of the layer's keys and values `[B, S,
+    /// K, d]` (its left padding left out); `slots` from [`PagedKv::prefill_slots`] with the same
+    /// `seqs`.
+    pub fn fill_layer(&mut self, layer: usize, k: Tensor<B, 4>, v: Tensor<B, 4>, seqs: &[SeqId], slots: Option<&Tensor<B, 2, Int>>) {
         let [batch, seq, kv_heads, d] = k.dims();
         let Some(slots) = slots else {
             let host = |t: Tensor<B, 4>| t.into_data().into_vec::<f32>().expect("the fused path's cache is f32");
             let (k, v) = (host(k), host(v));
             let per_row = k.len() / batch;
-            for &(s, row) in rows {
+            for (row, &s) in seqs.iter().enumerate() {
                 let from = row * per_row + (seq - self.seq(s).len) * kv_heads * d;
                 self.fill(s, layer, &k[from..(row + 1) * per_row], &v[from..(row + 1) * per_row]);
             }
             return;
         };
         let positions = |t: &Tensor<B, 4>| -> Vec<Tensor<B, 3>> {
-            rows.iter()
-                .map(|&(s, row)| {
+            seqs.iter()
+                .enumerate()
+                .map(|(row, &s)| {
                     let len = self.seq(s).len;
                     t.clone().narrow(0, row, 1).narrow(1, seq - len, len).reshape([len, kv_heads, d])
                 })

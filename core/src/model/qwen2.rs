@@ -387,15 +387,15 @@ impl<B: Backend> Qwen2<B> {
 
     /// Final hidden states `[B, T, D]` of a prefill whose keys and values go straight into a
     /// paged cache, a layer at a time (each layer's dropped as soon as its blocks hold it: the
-    /// whole model's batch-shaped cache never exists): `rows[i] = (seq, row)` gives row `row` of
-    /// `inputs` (left-padded prompts, no cache before them) to sequence `seq`, made by
-    /// [`PagedKv::insert`] with the prompt's length.
-    pub fn prefill_paged(&self, inputs: &Inputs<B>, pages: &mut PagedKv<B>, rows: &[(SeqId, usize)]) -> Tensor<B, 3> {
-        let slots = pages.prefill_slots(rows);
+    /// whole model's batch-shaped cache never exists): row `r` of `inputs` (left-padded
+    /// prompts, no cache before them) goes to sequence `seqs[r]`, made by [`PagedKv::insert`]
+    /// with the prompt's length.
+    pub fn prefill_paged(&self, inputs: &Inputs<B>, pages: &mut PagedKv<B>, seqs: &[SeqId]) -> Tensor<B, 3> {
+        let slots = pages.prefill_slots(seqs);
         let mut cache = self.new_cache();
         self.forward_layers(inputs, Some(&mut cache), |i, layer| {
             let (k, v) = layer.take_seq_major().expect("a layer's prefill fills its cache");
-            pages.fill_layer(i, k, v, rows, slots.as_ref());
+            pages.fill_layer(i, k, v, seqs, slots.as_ref());
         })
     }
 
