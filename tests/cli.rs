@@ -171,7 +171,8 @@ fn config_errors_are_one_line_naming_file_and_line() {
 }
 
 /// `kiln generate --prompt-logprobs`: every prompt token's log-prob, the prompts of different
-/// lengths scored together, against transformers on each sequence alone.
+/// lengths scored together (and, with `--max-prefill-tokens 1`, one per pass), against
+/// transformers on each sequence alone.
 #[test]
 fn generate_prompt_logprobs_match_transformers() {
     let reference = Reference::load("tied_gqa2");
@@ -181,21 +182,24 @@ fn generate_prompt_logprobs_match_transformers() {
     std::fs::write(&prompts, lines.join("\n")).unwrap();
     let model = reference.dir.to_str().unwrap();
     let args = ["generate", "--model", model, "--prompts", prompts.to_str().unwrap(), "--temperature", "0", "--max-new-tokens", "2", "--json", "--prompt-logprobs"];
-    let samples = stdout_json_lines(&kiln(&args));
-    assert_eq!(samples.len(), reference.expected.sequences.len());
-    for (i, (sample, seq)) in samples.iter().zip(&reference.expected.sequences).enumerate() {
-        let logprobs = sample["prompt_logprobs"].as_array().unwrap_or_else(|| panic!("no prompt_logprobs in {sample}"));
-        assert_eq!(logprobs.len(), seq.len());
-        assert!(logprobs[0].is_null());
-        let (shape, logits) = reference.tensor(&format!("single.{i}.logits"));
-        let vocab = shape[1];
-        for t in 1..seq.len() {
-            let row = &logits[(t - 1) * vocab..t * vocab];
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-            let lse = max + row.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
-            let expected = row[seq[t] as usize] as f64 - lse;
-            let ours = logprobs[t].as_f64().unwrap();
-            assert!((ours - expected).abs() < 1e-4, "prompt {i} position {t}: {ours} vs {expected}");
+    for bound in [None, Some("1")] {
+        let args: Vec<&str> = args.iter().copied().chain(bound.into_iter().flat_map(|b| ["--max-prefill-tokens", b])).collect();
+        let samples = stdout_json_lines(&kiln(&args));
+        assert_eq!(samples.len(), reference.expected.sequences.len());
+        for (i, (sample, seq)) in samples.iter().zip(&reference.expected.sequences).enumerate() {
+            let logprobs = sample["prompt_logprobs"].as_array().unwrap_or_else(|| panic!("no prompt_logprobs in {sample}"));
+            assert_eq!(logprobs.len(), seq.len());
+            assert!(logprobs[0].is_null());
+            let (shape, logits) = reference.tensor(&format!("single.{i}.logits"));
+            let vocab = shape[1];
+            for t in 1..seq.len() {
+                let row = &logits[(t - 1) * vocab..t * vocab];
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+                let lse = max + row.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
+                let expected = row[seq[t] as usize] as f64 - lse;
+                let ours = logprobs[t].as_f64().unwrap();
+                assert!((ours - expected).abs() < 1e-4, "prompt {i} position {t}, {bound:?}: {ours} vs {expected}");
+            }
         }
     }
     let err = one_line_error(&kiln(&["generate", "--model", model, "--prompt-ids", "1,2", "--prompt-logprobs"]));

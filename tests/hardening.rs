@@ -64,7 +64,21 @@ fn token_ids_and_sampling_knobs() {
     fails_with(&["logprobs", "--model", m, "--ids", "5,97"], &["--ids", "token id 97 >= vocab_size 97"]);
     fails_with(&["logprobs", "--model", m, "--ids", &ids(0..257)], &["--ids", "257 tokens", "context is 256"]);
     fails_with(&["generate", "--model", m, "--prompt-ids", "5,4000000000"], &["token id 4000000000 >= vocab_size 97"]);
-    fails_with(&["generate", "--model", m, "--prompt-ids", &ids(0..256)], &["256 tokens", "context is 256"]);
+    fails_with(&["generate", "--model", m, "--prompt-ids", &ids(0..256)], &["--prompt-ids: the prompt has 256 tokens", "context is 256"]);
+    // A prompts file's bad prompt is named by the file and its line (blank lines counted), also
+    // when --prompt-logprobs scores the prompts first.
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("prompts.jsonl");
+    std::fs::write(&prompts, "{\"prompt_ids\": [5, 6]}\n\n{\"prompt_ids\": []}\n").unwrap();
+    let at = format!("{} line 3: the prompt is empty", s(&prompts));
+    fails_with(&["generate", "--model", m, "--prompts", s(&prompts)], &[&at]);
+    fails_with(&["generate", "--model", m, "--prompts", s(&prompts), "--json", "--prompt-logprobs"], &[&at]);
+    // An empty stop string would stop every sample at its first token (vLLM refuses it too).
+    fails_with(&["generate", "--model", m, "--prompt-ids", "5,6", "--stop", ""], &["--stop cannot be an empty string"]);
+    // A temperature too small to divide by decodes greedily (vLLM's rule), rather than sampling
+    // from infinite logits.
+    let greedy = |t: &str| ok(&["generate", "--model", m, "--prompt-ids", "5,6", "--max-new-tokens", "6", "--json", "--temperature", t]).stdout;
+    assert_eq!(greedy("1e-40"), greedy("0"));
     for (knob, expected) in [
         ("--temperature=-1", "temperature must be a finite number >= 0"),
         ("--temperature=nan", "temperature must be a finite number >= 0"),

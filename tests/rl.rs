@@ -437,6 +437,10 @@ fn grpo_end_to_end_writes_release_checkpoints_and_resumes_bit_identically() {
     }
     assert_eq!(records[1]["updates"], 2);
     assert_eq!(records[1]["responses"], 8);
+    // The step's 4 prompts in one prefill pass (the default bound, 8,192 tokens), their blocks in
+    // the paged KV cache.
+    assert_eq!(records[1]["rollout_prefill_passes"].as_f64(), Some(1.0), "{:?}", records[1]);
+    assert!(records[1]["rollout_kv_peak_mib"].as_f64().is_some_and(|m| m > 0.0), "{:?}", records[1]);
     // The first update starts from the rollout policy itself: the ratio is exactly 1.
     let diff = records[1]["logprob_diff_max"].as_f64().unwrap();
     assert!(diff <= 1e-5, "sampler vs learner log-probs differ by {diff}");
@@ -471,7 +475,7 @@ fn grpo_with_gspo_tis_overlong_buffer_and_filter_groups_runs_and_reports() {
     tiny_model(&work.join("base"), 1, Some(&paper_tokenizer()));
     let text = config_text(work, "dapo", None, "")
         .replace("steps = 3", "steps = 2")
-        .replace("max_response_length = 12", "max_response_length = 12\n\n[rollout.filter_groups]\nmax_num_gen_batches = 2")
+        .replace("max_response_length = 12", "max_response_length = 12\nmax_prefill_tokens = 1\n\n[rollout.filter_groups]\nmax_num_gen_batches = 2")
         .replace(
             "[output]",
             "[loss]\npolicy_loss = \"gspo\"\ntis_imp_ratio_cap = 2.0\nrollout_rs = \"token_k1,seq_max_k3\"\nrollout_rs_threshold = \"0.5_2.0,0.5\"\n\n[loss.overlong_buffer]\nlen = 4\npenalty_factor = 1.0\n\n[output]",
@@ -482,6 +486,7 @@ fn grpo_with_gspo_tis_overlong_buffer_and_filter_groups_runs_and_reports() {
     assert_eq!(settings.rejection.map(|r| r.criteria().count()), Some(2));
     assert!(settings.overlong_buffer.is_some_and(|o| o.enable && o.len == 4));
     assert!(settings.filter_groups.is_some_and(|f| f.enable && f.max_num_gen_batches == 2));
+    assert_eq!(settings.rollout.max_prefill_tokens, 1);
     let summary = run(work, &text, Method::Grpo, false).unwrap();
     assert_eq!(summary.steps, 2);
     let records = read_metrics(&work.join("dapo/op2_3_metrics.jsonl")).unwrap();
@@ -496,6 +501,9 @@ fn grpo_with_gspo_tis_overlong_buffer_and_filter_groups_runs_and_reports() {
         assert!((0.0..=1.0).contains(&rejected), "rollout_rs_masked_fraction {rejected}");
         let generations = number("filter_groups_generations");
         assert!((1.0..=2.0).contains(&generations), "filter_groups_generations {generations}");
+        // `max_prefill_tokens = 1` reaches the engine: each generation's 4 prompts are
+        // prefilled one per pass (the default bound takes them in one).
+        assert_eq!(number("rollout_prefill_passes"), 4.0 * generations, "{record:?}");
         let informative = number("filter_groups_informative");
         assert!((0.0..=8.0).contains(&informative), "filter_groups_informative {informative}");
         assert_eq!(record["prompts"], 4, "the step keeps prompts_per_step groups");
@@ -593,6 +601,15 @@ fn bad_configs_are_errors_naming_the_file() {
         (good.replace("[output]", "[loss]\nadv_estimator = \"rloo\"\nreward_scaling = \"batch\"\n\n[output]"), "reward_scaling applies to"),
         (good.replace("[output]", "[loss.overlong_buffer]\nlen = 13\n\n[output]"), "0 < len <= max_response_length (12)"),
         (good.replace("max_response_length = 12", "max_response_length = 12\n[rollout.filter_groups]\nmax_num_gen_batches = 0"), "at least 1"),
+        // Values that would turn the advantages, the loss or the weights NaN, or run no step.
+        (good.replace("[output]", "[loss]\nepsilon = 0.0\n\n[output]"), "[loss] epsilon must be a finite number > 0 (got 0)"),
+        (good.replace("[output]", "[loss]\nkl_coef = nan\n\n[output]"), "[loss] kl_coef must be a finite number >= 0 (got NaN)"),
+        (good.replace("[output]", "[loss]\nclip_ratio_high = nan\n\n[output]"), "[loss] clip_ratio_high must be a finite number >= 0"),
+        (good.replace("lr = 1e-3", "lr = 1e-3\nbeta1 = 1.0"), "[optimizer] beta1 must be in [0, 1) (got 1)"),
+        (good.replace("lr = 1e-3", "lr = -1e-3"), "[optimizer] lr must be a finite number >= 0 (got -0.001)"),
+        (good.replace("steps = 3", "steps = 0"), "[train] steps must be at least 1"),
+        (good.replace("steps = 3", "epochs = inf"), "[train] epochs must be a finite number > 0 (got inf)"),
+        (good.replace("[output]", "[schedule]\nwarmup_ratio = 2.0\n\n[output]"), "[schedule] warmup_ratio must be in [0, 1] (got 2)"),
     ];
     let path = work.join("bad.toml");
     for (text, message) in cases {

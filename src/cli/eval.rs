@@ -78,7 +78,7 @@ struct InterplayArgs {
     min_p: f32,
     #[arg(long, default_value_t = 1024)]
     max_new_tokens: usize,
-    /// Stop string (repeatable), excluded from the text as vLLM does.
+    /// Stop string (repeatable), excluded from the text as vLLM does. `--stop ''` for none.
     #[arg(long, default_value = "</answer>")]
     stop: Vec<String>,
     /// Base sampling seed.
@@ -200,7 +200,7 @@ fn interplay(args: InterplayArgs) -> Result<()> {
         samples: args.samples,
         sampler: Sampler { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, min_p: args.min_p },
         max_new_tokens: args.max_new_tokens,
-        stop: args.stop.clone(),
+        stop: args.stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
         seed: args.seed,
         id_op_threshold: threshold,
         shard_prompts: args.shard_prompts,

@@ -3,7 +3,7 @@
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use burn::tensor::backend::Backend;
 use clap::Args;
 use kiln::backends::{DeviceSpec, Job};
@@ -81,7 +81,7 @@ pub struct GenerateArgs {
     kv_memory: Option<f64>,
     /// The most tokens (padding included) one prefill pass takes: the prompts joining the batch
     /// are prefilled in groups within it (vLLM's --max-num-batched-tokens bounds its steps the
-    /// same way)
+    /// same way), as --prompt-logprobs scores the prompts
     #[arg(long, default_value_t = kiln::generate::MAX_PREFILL_TOKENS, value_parser = super::positive)]
     max_prefill_tokens: usize,
     /// Print one JSON object per sample.
@@ -106,7 +106,8 @@ enum Prompt {
     Ids(Vec<u32>),
 }
 
-fn read_prompts(path: &Path) -> Result<Vec<Prompt>> {
+/// The prompts of a `--prompts` file, each with its place ("FILE line N").
+fn read_prompts(path: &Path) -> Result<Vec<(Prompt, String)>> {
     let file = std::fs::File::open(path).with_context(|| format!("{}", path.display()))?;
     let mut prompts = Vec::new();
     for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
@@ -117,8 +118,8 @@ fn read_prompts(path: &Path) -> Result<Vec<Prompt>> {
         let at = || format!("{} line {}", path.display(), i + 1);
         let parsed: PromptLine = serde_json::from_str(&line).with_context(at)?;
         prompts.push(match parsed {
-            PromptLine { prompt: Some(text), prompt_ids: None } => Prompt::Text(text),
-            PromptLine { prompt: None, prompt_ids: Some(ids) } => Prompt::Ids(ids),
+            PromptLine { prompt: Some(text), prompt_ids: None } => (Prompt::Text(text), at()),
+            PromptLine { prompt: None, prompt_ids: Some(ids) } => (Prompt::Ids(ids), at()),
             _ => bail!("{}: expected exactly one of \"prompt\" or \"prompt_ids\"", at()),
         });
     }
@@ -140,18 +141,22 @@ impl Job for GenerateJob {
 
     fn run<B: Backend>(self, device: B::Device) -> Result<()> {
         let args = self.0;
-        let prompts = match (&args.prompt, &args.prompt_ids, &args.prompts) {
-            (Some(text), None, None) => vec![Prompt::Text(text.clone())],
-            (None, Some(ids), None) => vec![Prompt::Ids(super::parse_ids(ids)?)],
-            (None, None, Some(path)) => read_prompts(path)?,
+        let (prompts, places): (Vec<Prompt>, Vec<String>) = match (&args.prompt, &args.prompt_ids, &args.prompts) {
+            (Some(text), None, None) => (vec![Prompt::Text(text.clone())], vec!["--prompt".into()]),
+            (None, Some(ids), None) => (vec![Prompt::Ids(super::parse_ids(ids)?)], vec!["--prompt-ids".into()]),
+            (None, None, Some(path)) => read_prompts(path)?.into_iter().unzip(),
             _ => bail!("give one of --prompt, --prompt-ids or --prompts"),
         };
-        let tokenizer = Tokenizer::from_file(&args.model).ok();
-        let needs_tokenizer = !args.stop.is_empty() || prompts.iter().any(|p| matches!(p, Prompt::Text(_)));
-        if needs_tokenizer && tokenizer.is_none() {
-            // Surface the real reason the tokenizer could not be loaded.
-            Tokenizer::from_file(&args.model)?;
+        if args.stop.iter().any(String::is_empty) {
+            bail!("--stop cannot be an empty string (vLLM refuses it too: every sample would stop at its first token)");
         }
+        // A model directory without tokenizer.json decodes ids alone; a broken tokenizer is an
+        // error (its EOS ids and texts would be silently missing).
+        let needs_tokenizer = !args.stop.is_empty() || prompts.iter().any(|p| matches!(p, Prompt::Text(_)));
+        let tokenizer = match needs_tokenizer || args.model.join("tokenizer.json").exists() {
+            true => Some(Tokenizer::from_file(&args.model)?),
+            false => None,
+        };
         let prompt_ids: Vec<Vec<u32>> = prompts
             .into_iter()
             .map(|p| match p {
@@ -161,6 +166,9 @@ impl Job for GenerateJob {
             .collect::<Result<_, _>>()?;
 
         let model = hf::load_as::<B>(&args.model, &device, args.dtype)?;
+        for (ids, place) in prompt_ids.iter().zip(&places) {
+            kiln::generate::check_prompt(&model, ids).map_err(|e| anyhow!("{place}: the prompt {e}"))?;
+        }
         let token_ids = match &args.stop_token_ids {
             Some(ids) => super::parse_ids(ids)?,
             None => Vec::new(),
@@ -189,7 +197,7 @@ impl Job for GenerateJob {
                     Some(bytes) => engine.max_batch_size.min(engine.rows_within(bytes, longest.min(model.context_len()))?),
                     None => engine.max_batch_size,
                 };
-                Some(prompts_logprobs(&model, &prompt_ids, rows)?)
+                Some(prompts_logprobs(&model, &prompt_ids, rows, args.max_prefill_tokens)?)
             }
             false => None,
         };
@@ -224,11 +232,16 @@ impl Job for GenerateJob {
     }
 }
 
-/// The log-probs of every prompt's tokens, `rows` prompts at a time, the LM head over as many
-/// positions at once as keep its f32 logits near 64 MiB.
-fn prompts_logprobs<B: Backend>(model: &kiln::model::Qwen2<B>, prompts: &[Vec<u32>], rows: usize) -> Result<Vec<Vec<Option<f32>>>> {
+/// The log-probs of every prompt's tokens, at most `rows` prompts and `max_tokens` tokens
+/// (padding included; a longer prompt alone) in each forward pass, as the engine's prefill
+/// passes; the LM head over as many positions at once as keep its f32 logits near 64 MiB.
+fn prompts_logprobs<B: Backend>(model: &kiln::model::Qwen2<B>, prompts: &[Vec<u32>], rows: usize, max_tokens: usize) -> Result<Vec<Vec<Option<f32>>>> {
     let mut all = Vec::with_capacity(prompts.len());
-    for group in prompts.chunks(rows.max(1)) {
+    let mut rest = prompts;
+    while !rest.is_empty() {
+        let take = kiln::generate::prefill_group(rest.iter().map(Vec::len), max_tokens).min(rows.max(1));
+        let (group, after) = rest.split_at(take);
+        rest = after;
         let positions = ((64usize << 20) / (4 * group.len() * model.config().vocab_size.max(1))).clamp(1, 512);
         all.extend(sequence_logprobs(model, group, positions).context("--prompt-logprobs")?);
     }

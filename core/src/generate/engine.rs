@@ -111,6 +111,17 @@ impl StepTimes {
         *start = std::time::Instant::now();
     }
 
+    /// Adds `other`'s counts and times to these (a rollout of several generation calls); the
+    /// peaks are the larger of the two.
+    pub fn add(&mut self, other: &StepTimes) {
+        self.steps += other.steps;
+        self.total_s += other.total_s;
+        self.wait_s += other.wait_s;
+        self.kv_bytes_peak = self.kv_bytes_peak.max(other.kv_bytes_peak);
+        self.prefills += other.prefills;
+        self.prefill_tokens_max = self.prefill_tokens_max.max(other.prefill_tokens_max);
+    }
+
     /// The share of a step the host was busy rather than waiting on the device.
     pub fn host_share(&self) -> f64 {
         if self.total_s > 0.0 { 1.0 - self.wait_s / self.total_s } else { 0.0 }
@@ -242,25 +253,10 @@ impl<'a, B: Backend> Engine<'a, B> {
         if params.n == 0 {
             return Err(Error::InvalidInput("n must be at least 1".into()));
         }
-        params.sampler.check()?;
-        if !params.stop.strings.is_empty() && self.tokenizer.is_none() {
-            return Err(Error::InvalidInput("stop strings need a tokenizer".into()));
-        }
+        check_params(params, self.tokenizer.is_some())?;
         let context = self.model.context_len();
         for (i, prompt) in prompts.iter().enumerate() {
-            if prompt.is_empty() {
-                return Err(Error::InvalidInput(format!("prompt {i} is empty")));
-            }
-            if prompt.len() >= context {
-                return Err(Error::InvalidInput(format!(
-                    "prompt {i} has {} tokens; the model's context is {context}",
-                    prompt.len()
-                )));
-            }
-            let vocab = self.model.config().vocab_size;
-            if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
-                return Err(Error::InvalidInput(format!("prompt {i} has token id {bad} >= vocab_size {vocab}")));
-            }
+            check_prompt(self.model, prompt).map_err(|e| Error::InvalidInput(format!("prompt {i} {e}")))?;
         }
         // Sequences stop at the EOS ids too, unless those are ignored.
         let mut params = params.clone();
@@ -427,6 +423,9 @@ impl<'a, B: Backend> Engine<'a, B> {
                 let seq = &mut sequences[s];
                 if seq.finished.is_some() {
                     continue;
+                }
+                if sampled.raw_logprob.is_nan() {
+                    return Err(nan_logits(seq.tokens.len() + 1, s / params.n, s % params.n));
                 }
                 seq.tokens.push(sampled.token);
                 seq.logprobs.push(sampled.logprob);
@@ -652,9 +651,50 @@ fn refill_at(capacity: usize) -> usize {
     (capacity / 8).max(1)
 }
 
-/// How many of the prompts of `lengths` (shortest first) one prefill pass takes: as many as
-/// fit `max_tokens` padded to the longest of them, at least one.
-fn prefill_group(lengths: impl Iterator<Item = usize>, max_tokens: usize) -> usize {
+/// Why `model` cannot continue `prompt`, if it cannot: it is empty, fills the context, or holds
+/// an id outside the vocabulary (said of the prompt: "has 9 tokens; …").
+pub fn check_prompt<B: Backend>(model: &Qwen2<B>, prompt: &[u32]) -> std::result::Result<(), String> {
+    let context = model.context_len();
+    if prompt.is_empty() {
+        return Err("is empty".into());
+    }
+    if prompt.len() >= context {
+        return Err(format!("has {} tokens; the model's context is {context}", prompt.len()));
+    }
+    let vocab = model.config().vocab_size;
+    match prompt.iter().find(|&&t| t as usize >= vocab) {
+        Some(bad) => Err(format!("has token id {bad} >= vocab_size {vocab}")),
+        None => Ok(()),
+    }
+}
+
+/// The sampling knobs and stop strings of a request, as the engine and [`super::Stream`] check
+/// them.
+pub(crate) fn check_params(params: &SamplingParams, has_tokenizer: bool) -> Result<()> {
+    params.sampler.check()?;
+    if !params.stop.strings.is_empty() && !has_tokenizer {
+        return Err(Error::InvalidInput("stop strings need a tokenizer".into()));
+    }
+    if params.stop.strings.iter().any(String::is_empty) {
+        // vLLM refuses it too: the empty string is in every text, so every sample would stop at
+        // its first token, with no text.
+        return Err(Error::InvalidInput("a stop string cannot be empty".into()));
+    }
+    Ok(())
+}
+
+/// The error of a sample whose next-token logits are NaN (no token can be sampled: the raw
+/// log-prob of the one picked is NaN) at its `token`-th token (from 1).
+pub(crate) fn nan_logits(token: usize, prompt: usize, sample: usize) -> Error {
+    Error::InvalidInput(format!(
+        "the model's next-token logits are NaN at token {token} of prompt {prompt}'s sample {sample}: its weights hold NaN or infinity, or its dtype overflowed (f16: try bf16 or f32)"
+    ))
+}
+
+/// How many of the prompts of `lengths`, from the first, one prefill pass takes: as many as fit
+/// `max_tokens` padded to the longest of them, at least one (the engine hands them shortest
+/// first, so that few pad tokens are spent).
+pub fn prefill_group(lengths: impl Iterator<Item = usize>, max_tokens: usize) -> usize {
     let mut longest = 0;
     let mut count = 0;
     for len in lengths {
@@ -744,6 +784,25 @@ mod tests {
         // A new call starts the count again.
         engine.generate(&[vec![1]], &SamplingParams { max_new_tokens: 2, ignore_eos: true, ..params }, |_| {}).unwrap();
         assert_eq!(engine.step_times().steps, 2);
+    }
+
+    /// A model whose logits are NaN (weights holding NaN, or an overflowing dtype) is one error
+    /// naming the prompt and sample, greedy or sampled, instead of a panic or token 0 forever.
+    #[test]
+    fn nan_logits_are_an_error() {
+        struct Poison;
+        impl burn::module::ModuleMapper<Flex> for Poison {
+            fn map_float<const D: usize>(&mut self, param: burn::module::Param<Tensor<Flex, D>>) -> burn::module::Param<Tensor<Flex, D>> {
+                param.map(|t| t.mul_scalar(f32::NAN))
+            }
+        }
+        use burn::module::Module;
+        let model = random_model([40, 16, 24, 1, 2, 1, 64], 1).map(&mut Poison);
+        for temperature in [0.0, 1.0] {
+            let params = SamplingParams { n: 2, max_new_tokens: 4, sampler: Sampler { temperature, ..Sampler::default() }, ..SamplingParams::default() };
+            let err = Engine::new(&model, None).generate(&[vec![1, 2, 3]], &params, |_| {}).unwrap_err().to_string();
+            assert!(err.contains("logits are NaN at token 1 of prompt 0's sample 0"), "temperature {temperature}: {err}");
+        }
     }
 
     /// Sequences decoded from the paged cache (prompts' blocks shared by their samples, rows

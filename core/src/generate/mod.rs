@@ -7,7 +7,7 @@ pub mod sampler;
 pub mod stop;
 pub mod stream;
 
-pub use engine::{Completion, Engine, MAX_PREFILL_TOKENS, Progress, SamplingParams, StepTimes, gib_bytes};
+pub use engine::{Completion, Engine, MAX_PREFILL_TOKENS, Progress, SamplingParams, StepTimes, check_prompt, gib_bytes, prefill_group};
 pub use sampler::{Sampled, Sampler, uniform};
 pub use stop::{FinishReason, StopCriteria, StopReason, model_eos_ids};
 pub use stream::Stream;

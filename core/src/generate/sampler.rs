@@ -17,7 +17,7 @@ use rand_chacha::ChaCha8Rng;
 /// Sampling knobs for one sequence.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sampler {
-    /// 0 means greedy (argmax).
+    /// 0 (or anything under [`GREEDY_BELOW`]) means greedy (argmax).
     pub temperature: f32,
     /// Keep only the `top_k` most likely tokens; 0 disables.
     pub top_k: usize,
@@ -27,6 +27,10 @@ pub struct Sampler {
     /// (`transformers`' `MinPLogitsWarper`, vLLM's `min_p`); 0 disables.
     pub min_p: f32,
 }
+
+/// Temperatures under this decode greedily, as vLLM's (`_SAMPLING_EPS`): dividing by a
+/// smaller one overflows the logits to infinity.
+pub const GREEDY_BELOW: f32 = 1e-5;
 
 /// One sampled token.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -95,9 +99,10 @@ impl Sampler {
         Ok(())
     }
 
-    /// Whether this sampler is greedy.
+    /// Whether this sampler is greedy: a temperature under [`GREEDY_BELOW`] (vLLM's rule; a
+    /// smaller one would overflow the scaled logits).
     pub fn is_greedy(&self) -> bool {
-        self.temperature <= 0.0
+        self.temperature < GREEDY_BELOW
     }
 
     /// Samples one token from `logits` (one row, length = vocabulary) with the uniform `u` in
@@ -108,9 +113,13 @@ impl Sampler {
             return Sampled { token: token as u32, logprob: 0.0, raw_logprob: log_softmax_at(logits, token) };
         }
         let (tokens, probs) = self.distribution(logits);
+        let Some(last) = tokens.len().checked_sub(1) else {
+            // No token to sample: the logits are NaN. NaN log-probs say so to the caller.
+            return Sampled { token: argmax(logits) as u32, logprob: f32::NAN, raw_logprob: f32::NAN };
+        };
         let target = u as f64;
         let mut acc = 0.0;
-        let mut chosen = tokens.len() - 1;
+        let mut chosen = last;
         for (i, &p) in probs.iter().enumerate() {
             acc += p;
             if acc >= target {
@@ -191,6 +200,20 @@ mod tests {
             counts[sampler.sample(&LOGITS, uniform(seed, 0, 0, step)).token as usize] += 1;
         }
         counts
+    }
+
+    /// A temperature too small to divide by decodes greedily (vLLM's rule), and a row of NaN
+    /// logits gives NaN log-probs (the engine's error) instead of a panic.
+    #[test]
+    fn tiny_temperatures_are_greedy_and_nan_rows_do_not_panic() {
+        for temperature in [1e-40, 1e-6] {
+            let sampler = Sampler { temperature, top_p: 0.9, ..Sampler::default() };
+            assert!(sampler.is_greedy());
+            assert_eq!(sampler.sample(&LOGITS, 0.99), Sampled { token: 0, logprob: 0.0, raw_logprob: log_softmax_at(&LOGITS, 0) });
+        }
+        assert!(!Sampler { temperature: GREEDY_BELOW, ..Sampler::default() }.is_greedy());
+        let nan = Sampler { temperature: 1.0, ..Sampler::default() }.sample(&[f32::NAN; 6], 0.5);
+        assert!(nan.logprob.is_nan() && nan.raw_logprob.is_nan(), "{nan:?}");
     }
 
     #[test]

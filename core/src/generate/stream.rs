@@ -38,20 +38,9 @@ impl<'a, B: Backend> Stream<'a, B> {
     /// ignored (one sample). The sample stops at the model's and the tokenizer's EOS ids unless
     /// `params.ignore_eos`.
     pub fn new(model: &'a Qwen2<B>, tokenizer: Option<&'a Tokenizer>, prompt: &[u32], params: &SamplingParams) -> Result<Self> {
-        params.sampler.check()?;
-        if !params.stop.strings.is_empty() && tokenizer.is_none() {
-            return Err(Error::InvalidInput("stop strings need a tokenizer".into()));
-        }
+        super::engine::check_params(params, tokenizer.is_some())?;
+        super::engine::check_prompt(model, prompt).map_err(|e| Error::InvalidInput(format!("prompt 0 {e}")))?;
         let (context, vocab) = (model.context_len(), model.config().vocab_size);
-        if prompt.is_empty() {
-            return Err(Error::InvalidInput("prompt 0 is empty".into()));
-        }
-        if prompt.len() >= context {
-            return Err(Error::InvalidInput(format!("prompt 0 has {} tokens; the model's context is {context}", prompt.len())));
-        }
-        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::InvalidInput(format!("prompt 0 has token id {bad} >= vocab_size {vocab}")));
-        }
         let mut params = params.clone();
         if !params.ignore_eos {
             let mut eos = model.eos_token_ids().to_vec();
@@ -100,6 +89,9 @@ impl<'a, B: Backend> Stream<'a, B> {
         }
         // The engine's uniforms of prompt 0, sample 0.
         let sampled = self.params.sampler.sample(logits, uniform(self.params.seed, 0, 0, self.tokens.len()));
+        if sampled.raw_logprob.is_nan() {
+            return Err(super::engine::nan_logits(self.tokens.len() + 1, 0, 0));
+        }
         self.tokens.push(sampled.token);
         self.logprobs.push(sampled.logprob);
         self.raw_logprobs.push(sampled.raw_logprob);

@@ -113,6 +113,7 @@ impl Qwen2Config {
             ("num_attention_heads", self.num_attention_heads),
             ("num_key_value_heads", self.num_kv_heads()),
             ("max_position_embeddings", self.max_position_embeddings),
+            ("head_dim", self.head_dim()),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("`{name}` must be positive"));
@@ -285,5 +286,9 @@ mod tests {
             "num_attention_heads":2,"rope_scaling":{"type":"yarn","factor":4}}"#)
         .unwrap_err();
         assert!(err.contains("rope_scaling"), "{err}");
+        let err = parse(r#"{"vocab_size":10,"hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,
+            "num_attention_heads":2,"head_dim":0}"#)
+        .unwrap_err();
+        assert!(err.contains("`head_dim` must be positive"), "{err}");
     }
 }

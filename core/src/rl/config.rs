@@ -321,9 +321,30 @@ impl PgConfig {
         if prompts.dir.is_some() != prompts.files.is_empty() {
             return Err("[data] needs exactly one of `dir` (per-op files) or `files`".into());
         }
-        if self.loss.kl_coef < 0.0 {
-            return Err(Refusal::at("loss", Some("kl_coef"), format!("[loss] kl_coef must not be negative (got {})", self.loss.kl_coef)));
+        if !(self.loss.kl_coef.is_finite() && self.loss.kl_coef >= 0.0) {
+            return Err(Refusal::at("loss", Some("kl_coef"), format!("[loss] kl_coef must be a finite number >= 0 (got {})", self.loss.kl_coef)));
         }
+        if !(self.loss.epsilon.is_finite() && self.loss.epsilon > 0.0) {
+            // A group whose rewards all agree has std 0: 0 / (0 + epsilon) must stay 0, not NaN.
+            return Err(Refusal::at("loss", Some("epsilon"), format!("[loss] epsilon must be a finite number > 0 (got {})", self.loss.epsilon)));
+        }
+        let l = &self.loss;
+        for (key, value) in [("clip_ratio", Some(l.clip_ratio)), ("clip_ratio_low", l.clip_ratio_low), ("clip_ratio_high", l.clip_ratio_high)] {
+            if let Some(v) = value.filter(|v| !(v.is_finite() && *v >= 0.0)) {
+                return Err(Refusal::at("loss", Some(key), format!("[loss] {key} must be a finite number >= 0 (got {v})")));
+            }
+        }
+        if l.clip_ratio_c.is_nan() || l.clip_ratio_c <= 1.0 {
+            return Err(Refusal::at("loss", Some("clip_ratio_c"), format!("[loss] clip_ratio_c (the dual clip) must exceed 1 (got {})", l.clip_ratio_c)));
+        }
+        if let Some(coef) = self.teacher.as_ref().map(|t| t.coef).filter(|c| !c.is_finite()) {
+            return Err(Refusal::at("teacher", Some("coef"), format!("[teacher] coef must be a finite number (got {coef})")));
+        }
+        #[cfg(feature = "code")]
+        if let Some(crate::tasks::RewardConfig::Code { max_tests: Some(0), .. }) = self.reward {
+            return Err(Refusal::at("reward", Some("max_tests"), "[reward] max_tests must be at least 1 (leave it out for every test)"));
+        }
+        self.optimizer.check().map_err(|(key, m)| Refusal::at("optimizer", Some(key), m))?;
         if self.loss.reward_scaling != RewardScaling::Group && self.loss.adv_estimator.name() != "grpo" {
             return Err(Refusal::at("loss", Some("reward_scaling"), format!("[loss] reward_scaling applies to adv_estimator \"grpo\" only (got \"{}\")", self.loss.adv_estimator.name())));
         }

@@ -38,6 +38,7 @@ use super::reward::Reward;
 use super::rollout::{Response, RolloutSettings, rollout};
 use crate::train::metrics as metric;
 use crate::error::{Error, Result};
+use crate::generate::StepTimes;
 use crate::model::Qwen2;
 use crate::model::logprobs::{target_logprobs, target_reverse_kl, target_scores};
 use crate::tasks::Item;
@@ -370,7 +371,7 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         let mut metrics = Map::new();
         // rollout: this replica's share of the step's prompts, `n` responses each
         let (prompts, seed) = self.draw(step)?;
-        let responses = self.generate(&policy, &prompts, seed)?;
+        let (responses, mut engine) = self.generate(&policy, &prompts, seed)?;
         let mut rollout_s = began.elapsed().as_secs_f64();
         // score and advantage: a reward per response and the estimator's advantage (GRPO), or
         // the teacher, whose per-token advantages come with each micro-batch's scores (OPD)
@@ -378,6 +379,7 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
             Signal::Rewards { reward, estimator, scaling, epsilon } => {
                 let rewarded = self.rewarded(reward.as_ref(), &policy, step, seed, prompts, responses)?;
                 rollout_s += rewarded.rollout_s;
+                engine.add(&rewarded.engine);
                 metrics.extend(rewarded.metrics);
                 let params = AdvParams { epsilon: *epsilon, scaling: *scaling };
                 let sequence = sequence_advantages(*estimator, &params, &rewarded.responses, &rewarded.scores, &mut metrics)?;
@@ -395,6 +397,10 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         metrics.insert("updates".into(), json!(updates.len()));
         metrics.extend(token_metrics(&responses, &stats, matches!(advantages, StepAdvantages::Teacher { .. })));
         metrics.insert("rollout_s".into(), json!(rollout_s));
+        // The generation engine's prefill passes (`[rollout] max_prefill_tokens`) and the most
+        // KV-cache memory its blocks took at once (0 on the batch-shaped cache).
+        metrics.insert("rollout_prefill_passes".into(), json!(engine.prefills));
+        metrics.insert("rollout_kv_peak_mib".into(), json!(engine.kv_bytes_peak as f64 / (1u64 << 20) as f64));
         metric::ROLLOUT_TOKENS_PER_S.set(&mut metrics, stats.tokens / rollout_s);
         metrics.insert("logprob_s".into(), json!(scoring_s));
         self.step_metrics = metrics;
@@ -490,8 +496,9 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
 }
 
 impl<B: AutodiffBackend> PolicyGradient<B> {
-    /// `n` responses to each of `prompts` from the current policy (in the rollout dtype).
-    fn generate(&self, policy: &Qwen2<B::InnerBackend>, prompts: &[&Prompt], seed: u64) -> Result<Vec<Response>> {
+    /// `n` responses to each of `prompts` from the current policy (in the rollout dtype), and
+    /// where the engine spent its time.
+    fn generate(&self, policy: &Qwen2<B::InnerBackend>, prompts: &[&Prompt], seed: u64) -> Result<(Vec<Response>, StepTimes)> {
         let s = &self.settings;
         let sampler = policy.clone().in_dtype(s.rollout.dtype.unwrap_or(policy.compute_dtype()));
         rollout(&sampler, &self.tokenizer, &self.eos_ids, prompts, &s.rollout, seed, |_| {})
@@ -532,7 +539,7 @@ impl<B: AutodiffBackend> PolicyGradient<B> {
     ) -> Result<Rewarded<'p>> {
         let s = &self.settings;
         let scores = self.scores(reward, &prompts, &responses)?;
-        let mut out = Rewarded { prompts, responses, scores, rollout_s: 0.0, metrics: Map::new() };
+        let mut out = Rewarded { prompts, responses, scores, rollout_s: 0.0, engine: StepTimes::default(), metrics: Map::new() };
         let Some(filter) = s.filter_groups.filter(|f| f.enable) else { return Ok(out) };
         let wanted = out.prompts.len();
         let mut groups = Groups::default();
@@ -541,8 +548,9 @@ impl<B: AutodiffBackend> PolicyGradient<B> {
         while groups.kept.len() < wanted && generations < filter.max_num_gen_batches {
             let began = Instant::now();
             let more = self.prompts.batch(step, s.prompts_per_step, s.seed ^ step_seed(s.seed, step).wrapping_add(generations as u64))?;
-            let more_responses = self.generate(policy, &more, step_seed(seed, generations as u64))?;
+            let (more_responses, engine) = self.generate(policy, &more, step_seed(seed, generations as u64))?;
             out.rollout_s += began.elapsed().as_secs_f64();
+            out.engine.add(&engine);
             let more_scores = self.scores(reward, &more, &more_responses)?;
             groups.add(&more, more_responses, more_scores);
             generations += 1;
@@ -610,6 +618,8 @@ struct Rewarded<'p> {
     responses: Vec<Response>,
     scores: Vec<f64>,
     rollout_s: f64,
+    /// The further generations' engine times.
+    engine: StepTimes,
     metrics: Map<String, Value>,
 }
 

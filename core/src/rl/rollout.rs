@@ -6,7 +6,7 @@ use burn::tensor::backend::Backend;
 
 use super::prompts::Prompt;
 use crate::error::Result;
-use crate::generate::{Engine, FinishReason, Progress, Sampler, SamplingParams, StopCriteria};
+use crate::generate::{Engine, FinishReason, Progress, Sampler, SamplingParams, StepTimes, StopCriteria};
 use crate::model::{Dtype, Qwen2};
 use crate::tokenizer::Tokenizer;
 
@@ -48,7 +48,8 @@ pub struct Response {
 
 /// Samples `settings.n` responses for each prompt with `seed`; prompt `i`'s responses come
 /// consecutively (group `i`), as verl repeats a batch with `interleave=True`. `progress` sees
-/// the engine's counts as completions finish.
+/// the engine's counts as completions finish. Also returns where the engine spent its time (its
+/// decoding steps, prefill passes and KV-cache peak).
 pub fn rollout<B: Backend>(
     model: &Qwen2<B>,
     tokenizer: &Tokenizer,
@@ -57,7 +58,7 @@ pub fn rollout<B: Backend>(
     settings: &RolloutSettings,
     seed: u64,
     progress: impl FnMut(Progress),
-) -> Result<Vec<Response>> {
+) -> Result<(Vec<Response>, StepTimes)> {
     let mut engine = Engine::new(model, Some(tokenizer));
     engine.max_batch_size = settings.batch_size;
     engine.kv_memory = settings.kv_memory;
@@ -86,5 +87,5 @@ pub fn rollout<B: Backend>(
             });
         }
     }
-    Ok(responses)
+    Ok((responses, engine.step_times()))
 }

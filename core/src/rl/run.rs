@@ -90,6 +90,13 @@ fn prepare<'a, B: AutodiffBackend>(
     let settings = config.settings();
     let per_epoch = prompts.steps_per_epoch(settings.prompts_per_step);
     let total_steps = config.train.total_steps(|epochs| (per_epoch as f64 * epochs).floor() as u64).map_err(Error::InvalidInput)?;
+    if total_steps == 0 {
+        return Err(Error::InvalidInput(format!(
+            "[train] epochs = {} makes no step: an epoch is {per_epoch} steps of {} prompts",
+            config.train.epochs.unwrap_or_default(),
+            settings.prompts_per_step
+        )));
+    }
     let environment = task.environment();
     let report = json!({
         "prompts": prompts.report, "steps_per_epoch": per_epoch, "total_steps": total_steps,

@@ -81,7 +81,7 @@ impl Validator {
     pub fn evaluate<B: Backend>(&self, model: &Qwen2<B>) -> Result<Record> {
         let prompts: Vec<&Prompt> = self.prompts.iter().collect();
         let stage = crate::progress::stage("validation", prompts.len() as u64, "completions");
-        let responses = rollout(model, &self.tokenizer, &self.eos_ids, &prompts, &self.rollout, 0, |p| stage.set_position(p.finished as u64))?;
+        let (responses, _) = rollout(model, &self.tokenizer, &self.eos_ids, &prompts, &self.rollout, 0, |p| stage.set_position(p.finished as u64))?;
         drop(stage);
         let batch: Vec<_> = responses.iter().map(|r| (r.text.as_str(), &prompts[r.group].item)).collect();
         let mut scores = GroupScores::new(self.id_max_level);

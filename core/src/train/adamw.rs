@@ -46,6 +46,23 @@ impl AdamWConfig {
     pub fn with_lr(lr: f64) -> Self {
         Self { lr, ..Self::default() }
     }
+
+    /// `torch.optim.AdamW`'s checks (0 ≤ lr, eps, weight_decay; 0 ≤ beta1, beta2 < 1), finite
+    /// values, and a clipping norm that is a number: the key at fault and why. A beta of 1 would
+    /// divide by zero in the bias correction, a NaN turn every weight NaN.
+    pub fn check(&self) -> std::result::Result<(), (&'static str, String)> {
+        let at_least_0 = [("lr", self.lr), ("eps", self.eps), ("weight_decay", self.weight_decay)];
+        if let Some((key, value)) = at_least_0.into_iter().find(|(_, v)| !(v.is_finite() && *v >= 0.0)) {
+            return Err((key, format!("[optimizer] {key} must be a finite number >= 0 (got {value})")));
+        }
+        if let Some((key, value)) = [("beta1", self.beta1), ("beta2", self.beta2)].into_iter().find(|(_, v)| !(0.0..1.0).contains(v)) {
+            return Err((key, format!("[optimizer] {key} must be in [0, 1) (got {value})")));
+        }
+        if let Some(norm) = self.max_grad_norm.filter(|n| n.is_nan()) {
+            return Err(("max_grad_norm", format!("[optimizer] max_grad_norm must be a number (got {norm}; 0 or less: no clipping)")));
+        }
+        Ok(())
+    }
 }
 
 /// HF Trainer's rule: no weight decay for parameters whose name contains "bias", "layernorm"

@@ -124,6 +124,7 @@ impl RunConfig {
         }
         t.total_steps(|_| 0)?;
         self.output.time_budget()?;
+        self.optimizer.check().map_err(|(key, m)| Refusal::at("optimizer", Some(key), m))?;
         self.schedule.build(self.optimizer.lr, 1)?;
         Ok(())
     }

@@ -90,7 +90,9 @@ impl ModelSection {
 /// `steps`, or the steps of `epochs` by the run's rule; exactly one is needed.
 pub fn total_steps(steps: Option<u64>, epochs: Option<f64>, of_epochs: impl FnOnce(f64) -> u64) -> std::result::Result<u64, String> {
     match (steps, epochs) {
+        (Some(0), None) => Err("[train] steps must be at least 1".into()),
         (Some(steps), None) => Ok(steps),
+        (None, Some(epochs)) if !(epochs.is_finite() && epochs > 0.0) => Err(format!("[train] epochs must be a finite number > 0 (got {epochs})")),
         (None, Some(epochs)) => Ok(of_epochs(epochs)),
         _ => Err("[train] needs exactly one of `steps` or `epochs`".into()),
     }
@@ -179,6 +181,9 @@ impl ScheduleSection {
     /// The schedule of `total_steps` updates peaking at `base_lr` (the optimizer's `lr`, which
     /// a floor given as an absolute rate is divided by).
     pub fn build(&self, base_lr: f64, total_steps: u64) -> std::result::Result<Schedule, String> {
+        if !(0.0..=1.0).contains(&self.warmup_ratio) {
+            return Err(format!("[schedule] warmup_ratio must be in [0, 1] (got {})", self.warmup_ratio));
+        }
         let warmup_steps = self.warmup_steps.unwrap_or_else(|| Schedule::warmup_from_ratio(total_steps, self.warmup_ratio));
         let decay = match self.kind {
             ScheduleKind::Constant | ScheduleKind::ConstantWithWarmup => Decay::Constant,

@@ -364,4 +364,16 @@ fn the_optimizer_section_is_what_adamw_takes() {
     assert_eq!((rl.optimizer, pg_loop(&rl, 5).schedule.decay), (adamw(1e-6, 0.01), Decay::Constant));
     let err = RunConfig::from_toml(Path::new("/work/run.toml"), &text.replace("lr = 3e-4\n", "")).unwrap_err().to_string();
     assert!(err.starts_with("/work/run.toml line 9: [optimizer] needs `lr`"), "{err}");
+    // torch.optim.AdamW's ranges, named at the key's line: a beta of 1 divides by zero in the
+    // bias correction, a NaN turns every weight NaN.
+    for (from, to, message) in [
+        ("beta2 = 0.95", "beta2 = 1.0", "line 14: [optimizer] beta2 must be in [0, 1) (got 1)"),
+        ("eps = 1e-6", "eps = nan", "line 15: [optimizer] eps must be a finite number >= 0 (got NaN)"),
+        ("weight_decay = 0.1", "weight_decay = -0.1", "line 11: [optimizer] weight_decay must be a finite number >= 0"),
+        ("max_grad_norm = 0.5", "max_grad_norm = nan", "line 12: [optimizer] max_grad_norm must be a number"),
+        ("steps = 10", "steps = 0", "[train] steps must be at least 1"),
+    ] {
+        let err = RunConfig::from_toml(Path::new("/work/run.toml"), &text.replace(from, to)).unwrap_err().to_string();
+        assert!(err.starts_with("/work/run.toml") && err.contains(message), "{err}");
+    }
 }
