@@ -440,7 +440,7 @@ fn grpo_end_to_end_writes_release_checkpoints_and_resumes_bit_identically() {
     // The step's 4 prompts in one prefill pass (the default bound, 8,192 tokens), their blocks in
     // the paged KV cache.
     assert_eq!(records[1]["rollout_prefill_passes"].as_f64(), Some(1.0), "{:?}", records[1]);
-    assert!(records[1]["rollout_kv_peak_mib"].as_f64().is_some_and(|m| m > 0.0), "{:?}", records[1]);
+    assert!(records[1]["rollout_kv_mib_max"].as_f64().is_some_and(|m| m > 0.0), "{:?}", records[1]);
     // The first update starts from the rollout policy itself: the ratio is exactly 1.
     let diff = records[1]["logprob_diff_max"].as_f64().unwrap();
     assert!(diff <= 1e-5, "sampler vs learner log-probs differ by {diff}");

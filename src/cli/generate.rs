@@ -38,7 +38,7 @@ pub struct GenerateArgs {
     /// Samples per prompt.
     #[arg(long, default_value_t = 1)]
     n: usize,
-    /// Sampling temperature; 0 is greedy.
+    /// Sampling temperature; 0 (anything under 1e-5, as in vLLM) is greedy.
     #[arg(long, default_value_t = 1.0)]
     temperature: f32,
     /// Nucleus sampling mass (1 disables).

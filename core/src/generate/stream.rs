@@ -81,7 +81,7 @@ impl<'a, B: Backend> Stream<'a, B> {
     /// following logits. Returns the token.
     pub fn accept(&mut self, logits: &[f32]) -> Result<u32> {
         let vocab = self.model.config().vocab_size;
-        if self.next.take().is_none() {
+        if self.next.is_none() {
             return Err(Error::InvalidInput("the sample is finished".into()));
         }
         if logits.len() != vocab {
@@ -92,6 +92,7 @@ impl<'a, B: Backend> Stream<'a, B> {
         if sampled.raw_logprob.is_nan() {
             return Err(super::engine::nan_logits(self.tokens.len() + 1, 0, 0));
         }
+        self.next = None;
         self.tokens.push(sampled.token);
         self.logprobs.push(sampled.logprob);
         self.raw_logprobs.push(sampled.raw_logprob);

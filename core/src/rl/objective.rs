@@ -397,10 +397,11 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         metrics.insert("updates".into(), json!(updates.len()));
         metrics.extend(token_metrics(&responses, &stats, matches!(advantages, StepAdvantages::Teacher { .. })));
         metrics.insert("rollout_s".into(), json!(rollout_s));
-        // The generation engine's prefill passes (`[rollout] max_prefill_tokens`) and the most
-        // KV-cache memory its blocks took at once (0 on the batch-shaped cache).
+        // The generation engine's prefill passes (`[rollout] max_prefill_tokens`; the mean over
+        // replicas) and the most KV-cache memory its blocks took at once (0 on the batch-shaped
+        // cache; `_max`: the largest replica's).
         metrics.insert("rollout_prefill_passes".into(), json!(engine.prefills));
-        metrics.insert("rollout_kv_peak_mib".into(), json!(engine.kv_bytes_peak as f64 / (1u64 << 20) as f64));
+        metrics.insert("rollout_kv_mib_max".into(), json!(engine.kv_bytes_peak as f64 / (1u64 << 20) as f64));
         metric::ROLLOUT_TOKENS_PER_S.set(&mut metrics, stats.tokens / rollout_s);
         metrics.insert("logprob_s".into(), json!(scoring_s));
         self.step_metrics = metrics;

@@ -58,7 +58,8 @@ pub struct CodeTaskConfig {
     /// How the program is found in a response.
     #[serde(default)]
     pub extraction: Extraction,
-    /// Strings that end a response when decoding for evaluation (LiveCodeBench: `###`).
+    /// Strings that end a response when decoding for evaluation (LiveCodeBench: `###`); `[""]`
+    /// or `[]` for none.
     #[serde(default = "lcb_stop")]
     pub stop: Vec<String>,
     /// Run programs even when the sandbox cannot contain them (never by default).
@@ -230,7 +231,8 @@ impl Task for CodeTask {
     }
 
     fn stop_strings(&self) -> Vec<String> {
-        self.config.stop.clone()
+        // `""` is none, as `kiln eval code --stop ''` reads it (the engine refuses an empty one).
+        self.config.stop.iter().filter(|s| !s.is_empty()).cloned().collect()
     }
 }
 
@@ -341,6 +343,9 @@ mod tests {
         assert_eq!(items.len(), 5);
         assert!(items[0].prompt.starts_with("<|im_start|>system\nYou are an expert Python programmer."), "{}", items[0].prompt);
         assert_eq!(task.stop_strings(), ["###"]);
+        // `stop = [""]` is none, as `kiln eval code --stop ''` (the engine refuses an empty one).
+        let none: TaskConfig = toml::from_str("kind = \"code\"\nstop = [\"\"]").unwrap();
+        assert!(none.build().unwrap().stop_strings().is_empty());
         let e = CodeTask::new(CodeTaskConfig { template: PromptTemplate::Lighteval, ..Default::default() }).err().unwrap().to_string();
         assert!(e.contains("chat_template"), "{e}");
     }
