@@ -578,6 +578,21 @@ fn a_pad_token_outside_the_vocabulary_is_refused() {
     assert!(!work.join("out").exists(), "nothing written");
 }
 
+/// Prompts too few for a step, or all dropped by `max_prompt_length`, are refused before
+/// anything is written, saying how many were dropped and why.
+#[test]
+fn too_few_prompts_say_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path();
+    tiny_model(&work.join("base"), 1, Some(&paper_tokenizer()));
+    let text = config_text(work, "out", None, "");
+    let err = run(work, &text.replace("max_prompt_length = 300", "max_prompt_length = 1"), Method::Grpo, false).unwrap_err().to_string();
+    assert!(err.contains("no usable prompts in") && err.contains("all 48 are longer than max_prompt_length (1 tokens)"), "{err}");
+    let err = run(work, &text.replace("prompts_per_step = 4", "prompts_per_step = 50"), Method::Grpo, false).unwrap_err().to_string();
+    assert!(err.contains("36 prompts do not fill one step of [train] prompts_per_step = 50 (12 longer than max_prompt_length dropped)"), "{err}");
+    assert!(!work.join("out").exists(), "nothing written");
+}
+
 #[test]
 fn bad_configs_are_errors_naming_the_file() {
     let tmp = tempfile::tempdir().unwrap();

@@ -243,7 +243,12 @@ impl<B: AutodiffBackend> PolicyGradient<B> {
             return Err(Error::InvalidInput("a reference model is needed exactly when the KL coefficient is positive".into()));
         }
         if prompts.steps_per_epoch(s.prompts_per_step) == 0 {
-            return Err(Error::InvalidInput(format!("{} prompts do not fill one step of {}", prompts.len(), s.prompts_per_step)));
+            return Err(Error::InvalidInput(format!(
+                "{} prompts do not fill one step of [train] prompts_per_step = {} ({} longer than max_prompt_length dropped)",
+                prompts.len(),
+                s.prompts_per_step,
+                prompts.report.filtered_overlong
+            )));
         }
         let pad_id = pad_id(&tokenizer);
         Ok(Self { settings, prompts, signal, reference, tokenizer, eos_ids, pad_id, step_metrics: Map::new(), rank: 0, world: 1 })

@@ -84,7 +84,11 @@ impl PromptSet {
         report.prompts = prompts.len();
         if prompts.is_empty() {
             let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
-            return Err(Error::InvalidInput(format!("no usable prompts in {}", names.join(", "))));
+            let why = match report.filtered_overlong {
+                0 => "they hold no rows".to_owned(),
+                n => format!("all {n} are longer than max_prompt_length ({max_prompt_length} tokens)"),
+            };
+            return Err(Error::InvalidInput(format!("no usable prompts in {}: {why}", names.join(", "))));
         }
         Ok(Self { prompts, report })
     }
