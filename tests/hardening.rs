@@ -73,6 +73,8 @@ fn token_ids_and_sampling_knobs() {
     let at = format!("{} line 3: the prompt is empty", s(&prompts));
     fails_with(&["generate", "--model", m, "--prompts", s(&prompts)], &[&at]);
     fails_with(&["generate", "--model", m, "--prompts", s(&prompts), "--json", "--prompt-logprobs"], &[&at]);
+    // More samples than memory holds is one line, not an aborted allocation.
+    fails_with(&["generate", "--model", m, "--prompt-ids", "5,6", "--n", "100000000000000"], &["1 prompts × n 100000000000000 samples do not fit in memory"]);
     // An empty stop string would stop every sample at its first token (vLLM refuses it too).
     fails_with(&["generate", "--model", m, "--prompt-ids", "5,6", "--stop", ""], &["--stop cannot be an empty string"]);
     // A temperature too small to divide by decodes greedily (vLLM's rule), rather than sampling

@@ -172,7 +172,7 @@ pub fn run(mut args: CodeEvalArgs) -> Result<()> {
     });
     let limits = limits(args.sandbox.timeout, true)?;
     let sandbox = args.sandbox.sandbox()?;
-    let bar = progress::counter((problems.len() * args.n) as u64, "samples");
+    let bar = progress::counter(problems.len().saturating_mul(args.n) as u64, "samples");
     let grading_bar = bar.clone();
     let evaluation = CodeEvaluation::new(problems, prompts, sandbox, limits, args.sandbox.extraction, DEFAULT_KS.to_vec(), settings_record)?
         .with_progress(move |done, of| grading_bar.set_message(format!("grading {done}/{of}")));

@@ -192,7 +192,7 @@ impl Job for GenerateJob {
 
         let prompt_logprobs = match args.prompt_logprobs {
             true => {
-                let longest = prompt_ids.iter().map(Vec::len).max().unwrap_or(0) + args.max_new_tokens;
+                let longest = prompt_ids.iter().map(Vec::len).max().unwrap_or(0).saturating_add(args.max_new_tokens);
                 let rows = match engine.kv_memory {
                     Some(bytes) => engine.max_batch_size.min(engine.rows_within(bytes, longest.min(model.context_len()))?),
                     None => engine.max_batch_size,
@@ -201,7 +201,7 @@ impl Job for GenerateJob {
             }
             false => None,
         };
-        let bar = progress::with_eta((prompt_ids.len() * args.n) as u64, "samples");
+        let bar = progress::with_eta(prompt_ids.len().saturating_mul(args.n) as u64, "samples");
         let results = engine.generate(&prompt_ids, &params, |p| {
             bar.set_position(p.finished as u64);
             bar.set_message(format!("{} tokens", p.tokens));

@@ -267,7 +267,11 @@ impl<'a, B: Backend> Engine<'a, B> {
         let mut order: Vec<usize> = (0..prompts.len()).collect();
         order.sort_by_key(|&i| prompts[i].len());
         let n = params.n;
-        let mut sequences: Vec<Sequence> = Vec::with_capacity(prompts.len() * n);
+        let mut sequences: Vec<Sequence> = Vec::new();
+        let total = prompts.len().checked_mul(n);
+        if total.is_none_or(|total| sequences.try_reserve_exact(total).is_err()) {
+            return Err(Error::InvalidInput(format!("{} prompts × n {n} samples do not fit in memory", prompts.len())));
+        }
         for (prompt_index, prompt) in prompts.iter().enumerate() {
             for sample_index in 0..n {
                 sequences.push(Sequence {
@@ -373,7 +377,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         // Device blocks for the whole batch at its longest, within a memory bound: allocated
         // once. Bounded only by the largest buffer (wgpu, no --kv-memory), they grow as needed.
         if let (Some(pages), Some(limit), true) = (pages.as_mut().filter(|p| p.is_on_device()), block_limit, memory_bound) {
-            pages.preallocate(limit.min(capacity * Self::blocks_for(prompt, new)));
+            pages.preallocate(limit.min(capacity.saturating_mul(Self::blocks_for(prompt, new))));
         }
         // Samples not yet started, prompt by prompt: (prompt index, next sample, samples left).
         let mut waiting: VecDeque<(usize, usize, usize)> = order.iter().map(|&p| (p, 0, n)).collect();
