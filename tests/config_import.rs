@@ -367,6 +367,10 @@ fn trl_grpo_config_is_imported_with_trl_names() {
         let err = config_import::trl::import(&path, &text, &overrides, None).err().unwrap_or_else(|| panic!("{zero} is refused")).to_string();
         assert!(err.contains(key) && err.contains("at least 1") && err.contains("grpo_config.json"), "{zero}: {err}");
     }
+    // Counts whose product overflows are one error, not a panic (or a wrapped 0 to divide by).
+    let overrides = [overrides[0].clone(), overrides[1].clone(), "per_device_train_batch_size=4611686018427387904".to_string()];
+    let err = config_import::trl::import(&path, &text, &overrides, None).err().expect("an overflowing batch is refused").to_string();
+    assert!(err.contains("grpo_config.json") && err.contains("is too large"), "{err}");
 }
 
 #[test]

@@ -141,6 +141,9 @@ fn compact(data: &Value) -> String {
     }
     if let Some(sft) = data["data"]["sft"].as_object() {
         text += &format!("; {} rows, {} truncated ({} lost their final code block)", sft["rows"], sft["truncated"], sft["final_code_lost"]);
+        if sft["no_targets"].as_u64().is_some_and(|n| n > 0) {
+            text += &format!(", {} with no response token left (they train nothing)", sft["no_targets"]);
+        }
     }
     if let Some(split) = data["data"]["source"]["split"].as_str() {
         let source = &data["data"]["source"];

@@ -332,10 +332,11 @@ pub fn import(path: &Path, text: &str, overrides: &[String], kind: Option<RunKin
         }
     }
     c.carry("num_generations", "rollout.n", n);
-    let per_update = per_device * accum;
+    let too_large = || Error::config(path, format!("per_device_train_batch_size ({per_device}) times gradient_accumulation_steps ({accum}) or steps_per_generation is too large"));
+    let per_update = per_device.checked_mul(accum).ok_or_else(too_large)?;
     let generation = match (c.tree.get("generation_batch_size").and_then(Value::as_u64), c.tree.get("steps_per_generation").and_then(Value::as_u64)) {
         (Some(g), _) => g as usize,
-        (None, Some(s)) => per_device * s as usize,
+        (None, Some(s)) => per_device.checked_mul(s as usize).ok_or_else(too_large)?,
         (None, None) => per_update,
     };
     c.used.extend(["generation_batch_size".to_owned(), "steps_per_generation".to_owned()]);

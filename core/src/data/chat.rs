@@ -186,6 +186,8 @@ pub struct SftReport {
     pub final_answer_lost: usize,
     /// Target tokens in all rows.
     pub targets: usize,
+    /// Rows left without a target token (`max_length` cut within the prompt): they train nothing.
+    pub no_targets: usize,
 }
 
 /// Renders every example (see [`render`]); a row that cannot be rendered is an error naming its
@@ -204,6 +206,7 @@ pub fn render_examples(examples: &[SftExample], tokenizer: &Tokenizer, system: O
         report.no_code_block += last_assistant.is_some_and(|m| !m.content.contains("```")) as usize;
         report.final_answer_lost += rendered.final_answer_lost as usize;
         report.targets += rendered.sample.num_targets();
+        report.no_targets += (rendered.sample.num_targets() == 0) as usize;
         samples.push(rendered.sample);
         stage.set_position(i as u64 + 1);
     }

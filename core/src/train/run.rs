@@ -362,6 +362,14 @@ fn training_samples(task: &dyn Task, data: &DataSection, tokenizer: &Tokenizer, 
             let split = sft.heldout.map(|heldout| SplitRule { key: sft.split_key.clone().unwrap_or_else(|| "id".into()), heldout });
             let rows = read_sft_rows(&SftSource { path: sft.path.clone(), columns: sft.columns.clone(), split })?;
             let (samples, report) = render_examples(&rows.train, tokenizer, system, sft.max_length)?;
+            if report.targets == 0 {
+                // Every loss would be 0 / 0, taken as 0: the run would train nothing and succeed.
+                return Err(Error::data(&sft.path, None, format!(
+                    "none of the {} training rows keeps a response token within [data] max_length = {} (their prompts fill it); raise max_length",
+                    report.rows,
+                    sft.max_length.map_or("none".into(), |m| m.to_string())
+                )));
+            }
             let (heldout, _) = render_examples(&rows.heldout, tokenizer, system, sft.max_length)?;
             let samples = match sft.neat_packing {
                 true => first_fit_decreasing(samples, |s| s.ids.len(), cutoff_len),
@@ -396,6 +404,13 @@ pub(crate) fn mixture_of(data: &MixtureData) -> Result<(Preset, f64)> {
         Some(TokenCount::Text(t)) => readable_to_number(t).ok_or_else(|| Error::InvalidInput(format!("[data] tokens: cannot read {t:?}")))?,
         None => return Err(Error::InvalidInput("[data] a mixture needs `tokens` (its token budget)".into())),
     };
+    // An empty mixture would reach the trainer as "no samples", blaming nothing in particular.
+    if !(budget.is_finite() && budget > 0.0) {
+        return Err(Error::InvalidInput(format!("[data] tokens must be a positive number of tokens (got {budget})")));
+    }
+    if preset.probs.iter().any(|p| !(p.is_finite() && *p >= 0.0)) || !preset.probs.iter().any(|&p| p > 0.0) {
+        return Err(Error::InvalidInput(format!("[data] the mixture's probs must be finite, at least 0 and not all 0 (got {:?})", preset.probs)));
+    }
     Ok((preset, budget))
 }
 
@@ -441,6 +456,12 @@ dir = "out"
         assert_eq!((report["source"]["train"].as_u64(), report["source"]["heldout"].as_u64()), (Some(3), Some(2)));
         assert_eq!((report["sft"]["rows"].as_u64(), report["sft"]["max_length"].as_u64()), (Some(3), Some(4096)));
         assert!(report["source"]["split"].as_str().unwrap().contains("sha256(id)"));
+        assert_eq!(report["sft"]["no_targets"].as_u64(), Some(0));
+        // A max_length that the prompts fill leaves no response token: refused, not a run that
+        // trains nothing (every loss 0 / 0, taken as 0) and succeeds.
+        let short = RunConfig::from_toml(&fixtures().join("run.toml"), &PARQUET_SFT.replace("max_length = 4096", "max_length = 4")).unwrap();
+        let err = training_samples(task.as_ref(), &short.data, &tokenizer, 0, 4096).unwrap_err().to_string();
+        assert!(err.contains("none of the 3 training rows keeps a response token within [data] max_length = 4"), "{err}");
 
         // Columns are never guessed for Parquet.
         let unnamed = PARQUET_SFT.replace("columns = { prompt = \"prompt\", completion = \"generation\" }\n", "");
@@ -449,6 +470,19 @@ dir = "out"
         assert!(err.contains("columns named"), "{err}");
         let err = RunConfig::from_toml(&fixtures().join("run.toml"), &PARQUET_SFT.replace("heldout", "held")).unwrap_err().to_string();
         assert!(err.contains("unknown field `held`"), "{err}");
+    }
+
+    /// A mixture that selects nothing is refused naming the key, not left to the trainer's
+    /// "training needs samples".
+    #[test]
+    fn an_empty_mixture_is_refused() {
+        let text = "[model]\nfrom = \"m\"\n[data]\nkind = \"mixture\"\nroot = \"d\"\nops = [1, 2]\nprobs = [0.0, 0.0]\ntokens = 1000\n[train]\nsteps = 1\nmicro_batch = 1\n[optimizer]\nlr = 1e-3\n[output]\ndir = \"o\"\n";
+        let mixture = |text: &str| match RunConfig::from_toml(Path::new("/work/run.toml"), text).unwrap().data {
+            DataSection::Mixture(m) => mixture_of(&m).map(|_| ()).unwrap_err().to_string(),
+            other => panic!("{other:?}"),
+        };
+        assert!(mixture(text).contains("[data] the mixture's probs must be finite, at least 0 and not all 0"));
+        assert!(mixture(&text.replace("probs = [0.0, 0.0]\ntokens = 1000", "probs = [0.5, 0.5]\ntokens = 0")).contains("[data] tokens must be a positive number"));
     }
 
     #[test]

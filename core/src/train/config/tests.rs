@@ -372,8 +372,13 @@ fn the_optimizer_section_is_what_adamw_takes() {
         ("weight_decay = 0.1", "weight_decay = -0.1", "line 11: [optimizer] weight_decay must be a finite number >= 0"),
         ("max_grad_norm = 0.5", "max_grad_norm = nan", "line 12: [optimizer] max_grad_norm must be a number"),
         ("steps = 10", "steps = 0", "[train] steps must be at least 1"),
+        ("[output]", "[schedule]\nkind = \"cosine_with_min_lr\"\nmin_lr_rate = -1.0\n[output]", "[schedule] min_lr_rate must be a finite number >= 0 (got -1)"),
     ] {
         let err = RunConfig::from_toml(Path::new("/work/run.toml"), &text.replace(from, to)).unwrap_err().to_string();
         assert!(err.starts_with("/work/run.toml") && err.contains(message), "{err}");
     }
+    // min_lr over an lr of 0 would be a NaN rate.
+    let nan_rate = text.replace("lr = 3e-4", "lr = 0.0").replace("[output]", "[schedule]\nkind = \"cosine_with_min_lr\"\nmin_lr = 1e-5\n[output]");
+    let err = RunConfig::from_toml(Path::new("/work/run.toml"), &nan_rate).unwrap_err().to_string();
+    assert!(err.contains("[schedule] min_lr must be a finite number >= 0, and [optimizer] lr positive"), "{err}");
 }
