@@ -182,14 +182,14 @@ fn data_that_does_not_fit_the_model_fails_before_any_step() {
     // Ids beyond a model vocabulary smaller than the tokenizer's.
     sft_setup(tmp.path(), Some(40), 128, 32);
     std::fs::write(&run, sft_toml("", "steps = 2", "dir = \"out\"")).unwrap();
-    fails_with(&["sft", "--config", r], &["sft.jsonl", "row 1 has token id", "outside the vocabulary", "vocab_size 40"]);
+    fails_with(&["sft", "--config", r], &["sft.jsonl line 1: the row has token id", "outside the vocabulary", "vocab_size 40"]);
     assert!(!out.exists(), "no step was taken");
 
     // Rows longer than the context, without max_length; max_length and cutoff_len above it.
     std::fs::remove_dir_all(tmp.path().join("model")).unwrap();
     let model = sft_setup(tmp.path(), None, 16, 32);
     let config = model.join("config.json");
-    fails_with(&["sft", "--config", r], &["sft.jsonl", "row 1 has", "more than the model's context (16)", "max_length"]);
+    fails_with(&["sft", "--config", r], &["sft.jsonl line 1: the row has", "more than the model's context (16)", "max_length"]);
     std::fs::write(&run, sft_toml("max_length = 64", "steps = 2", "dir = \"out\"")).unwrap();
     fails_with(&["sft", "--config", r], &[s(&config), "context is 16 tokens", "max_length = 64"]);
     std::fs::write(&run, sft_toml("max_length = 16\ncutoff_len = 64", "steps = 2", "dir = \"out\"")).unwrap();
@@ -206,6 +206,16 @@ fn data_that_does_not_fit_the_model_fails_before_any_step() {
     std::fs::write(tmp.path().join("sft.jsonl"), "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"a\"\n").unwrap();
     std::fs::write(&run, sft_toml("max_length = 16", "steps = 2", "dir = \"out\"")).unwrap();
     fails_with(&["sft", "--config", r], &["sft.jsonl line 2"]);
+
+    // A row too long is named by its line, not by its place among the rows kept for training (a
+    // blank line and a held-out row before it shifted that).
+    std::fs::remove_dir_all(tmp.path().join("model")).unwrap();
+    sft_setup(tmp.path(), None, 64, 32);
+    let row = |i: usize, answer: &str| format!("{{\"id\": \"r{i}\", \"prompt\": \"What is {i} plus 2?\", \"completion\": \"{answer}\"}}\n");
+    let text = [row(0, "It is 2."), "\n".into(), row(1, "It is 3."), row(2, "It is 4."), row(3, &"It is 5. ".repeat(40))].concat();
+    std::fs::write(tmp.path().join("sft.jsonl"), text).unwrap();
+    std::fs::write(&run, sft_toml("heldout = 1", "steps = 2", "dir = \"out\"")).unwrap();
+    fails_with(&["sft", "--config", r], &["sft.jsonl line 5: the row has", "more than the model's context (64)"]);
 }
 
 #[test]

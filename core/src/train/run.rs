@@ -183,11 +183,11 @@ fn prepare<'a, B: AutodiffBackend>(config: &'a RunConfig, replica: &Replica, dev
     let seed = t.seed;
     let model = start_config(&config.model)?;
     let cutoff_len = fit_cutoff(&config.data, &model)?;
-    let prepare_data = || training_samples(task.as_ref(), &config.data, &tokenizer, seed, cutoff_len);
+    check_pad_id(pad_id, &model.0, &model.1)?;
+    let fits = |sample: &Sample| sample_fits(sample, &model);
+    let prepare_data = || training_samples(task.as_ref(), &config.data, &tokenizer, seed, cutoff_len, &fits);
     // (Every replica prepares the same data; the first one reports it.)
     let (samples, heldout_rows, data_report) = if replica.is_main() { prepare_data()? } else { crate::progress::silenced(prepare_data)? };
-    check_samples(samples.iter().flatten(), &config.data, &model, pad_id)?;
-    check_samples(&heldout_rows, &config.data, &model, pad_id)?;
 
     let (micro_batch, grad_accum) = (t.micro_batch, t.grad_accum);
     let samples_per_step = micro_batch * grad_accum * replica.world();
@@ -313,44 +313,37 @@ pub(crate) fn check_pad_id(pad_id: u32, model: &Qwen2Config, path: &Path) -> Res
     Ok(())
 }
 
-/// Every training sample fits the model: ids (and the pad id) below its `vocab_size`, at most
-/// its context long (SFT rows without `max_length`).
-fn check_samples<'a>(samples: impl IntoIterator<Item = &'a Sample>, data: &DataSection, (model, path): &(Qwen2Config, PathBuf), pad_id: u32) -> Result<()> {
+/// Why `sample` does not fit the model (its ids below `vocab_size`, at most its context long),
+/// said of the sample ("has 17 tokens, …"), if it does not.
+fn sample_fits(sample: &Sample, (model, path): &(Qwen2Config, PathBuf)) -> std::result::Result<(), String> {
     let (vocab, context) = (model.vocab_size, model.max_position_embeddings);
-    let source = match data {
-        DataSection::Mixture(m) => m.root.clone(),
-        DataSection::Sft(s) => s.path.clone(),
-        DataSection::Prompts(_) => return Ok(()),
-    };
-    let what = |i: usize| match data {
-        DataSection::Sft(_) => format!("row {}", i + 1),
-        _ => format!("packed block {}", i + 1),
-    };
-    check_pad_id(pad_id, model, path)?;
-    for (i, sample) in samples.into_iter().enumerate() {
-        if let Some(&bad) = sample.ids.iter().find(|&&id| id as usize >= vocab) {
-            return Err(Error::data(&source, None, format!(
-                "{} has token id {bad}, outside the vocabulary of the model ({} has vocab_size {vocab}); is the tokenizer the model's?",
-                what(i), path.display()
-            )));
-        }
-        if sample.ids.len() > context {
-            return Err(Error::data(&source, None, format!(
-                "{} has {} tokens, more than the model's context ({context}); set [data] max_length",
-                what(i), sample.ids.len()
-            )));
-        }
+    if let Some(&bad) = sample.ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(format!("has token id {bad}, outside the vocabulary of the model ({} has vocab_size {vocab}); is the tokenizer the model's?", path.display()));
+    }
+    if sample.ids.len() > context {
+        return Err(format!("has {} tokens, more than the model's context ({context}); set [data] max_length", sample.ids.len()));
     }
     Ok(())
 }
 
 /// The training rows (each one sample, or the documents of a neatly packed bin), the rows
-/// held out for the loss (SFT `heldout`) and the data report.
-fn training_samples(task: &dyn Task, data: &DataSection, tokenizer: &Tokenizer, seed: u64, cutoff_len: usize) -> Result<(Vec<Vec<Sample>>, Vec<Sample>, Value)> {
+/// held out for the loss (SFT `heldout`) and the data report. A sample that does not `fit` the
+/// model is an error naming its SFT row's file and line (or row), or its packed block.
+fn training_samples(
+    task: &dyn Task,
+    data: &DataSection,
+    tokenizer: &Tokenizer,
+    seed: u64,
+    cutoff_len: usize,
+    fits: &dyn Fn(&Sample) -> std::result::Result<(), String>,
+) -> Result<(Vec<Vec<Sample>>, Vec<Sample>, Value)> {
     match data {
         DataSection::Mixture(mixture) => {
             let (preset, budget) = mixture_of(mixture)?;
             let (samples, report) = pretrain_samples(task, &mixture.root, &preset, budget, tokenizer, cutoff_len, seed, mixture.neat_packing)?;
+            for (i, block) in samples.iter().enumerate() {
+                block.iter().try_for_each(fits).map_err(|e| Error::data(&mixture.root, None, format!("packed block {} {e}", i + 1)))?;
+            }
             Ok((samples, Vec::new(), json!({ "mixture": report })))
         }
         DataSection::Sft(sft) => {
@@ -371,6 +364,9 @@ fn training_samples(task: &dyn Task, data: &DataSection, tokenizer: &Tokenizer, 
                 )));
             }
             let (heldout, _) = render_examples(&rows.heldout, tokenizer, system, sft.max_length)?;
+            for (sample, row) in samples.iter().zip(&rows.train).chain(heldout.iter().zip(&rows.heldout)) {
+                fits(sample).map_err(|e| row.error(format!("the row {e}")))?;
+            }
             let samples = match sft.neat_packing {
                 true => first_fit_decreasing(samples, |s| s.ids.len(), cutoff_len),
                 false => samples.into_iter().map(|s| vec![s]).collect(),
@@ -451,7 +447,7 @@ dir = "out"
         let corpus = (0..100).map(|i| format!("def f{i}(x):\n    return x * {i}\nthink about the problem {i}"));
         let tokenizer = Tokenizer::train_byte_level_bpe(corpus, 300, &["<|endoftext|>", "<|im_start|>", "<|im_end|>"]).unwrap();
         let task = config.task.build().unwrap();
-        let (train, heldout, report) = training_samples(task.as_ref(), &config.data, &tokenizer, 0, 4096).unwrap();
+        let (train, heldout, report) = training_samples(task.as_ref(), &config.data, &tokenizer, 0, 4096, &|_| Ok(())).unwrap();
         assert_eq!((train.len(), heldout.len()), (3, 2));
         assert_eq!((report["source"]["train"].as_u64(), report["source"]["heldout"].as_u64()), (Some(3), Some(2)));
         assert_eq!((report["sft"]["rows"].as_u64(), report["sft"]["max_length"].as_u64()), (Some(3), Some(4096)));
@@ -460,13 +456,13 @@ dir = "out"
         // A max_length that the prompts fill leaves no response token: refused, not a run that
         // trains nothing (every loss 0 / 0, taken as 0) and succeeds.
         let short = RunConfig::from_toml(&fixtures().join("run.toml"), &PARQUET_SFT.replace("max_length = 4096", "max_length = 4")).unwrap();
-        let err = training_samples(task.as_ref(), &short.data, &tokenizer, 0, 4096).unwrap_err().to_string();
+        let err = training_samples(task.as_ref(), &short.data, &tokenizer, 0, 4096, &|_| Ok(())).unwrap_err().to_string();
         assert!(err.contains("none of the 3 training rows keeps a response token within [data] max_length = 4"), "{err}");
 
         // Columns are never guessed for Parquet.
         let unnamed = PARQUET_SFT.replace("columns = { prompt = \"prompt\", completion = \"generation\" }\n", "");
         let config = RunConfig::from_toml(&fixtures().join("run.toml"), &unnamed).unwrap();
-        let err = training_samples(task.as_ref(), &config.data, &tokenizer, 0, 4096).unwrap_err().to_string();
+        let err = training_samples(task.as_ref(), &config.data, &tokenizer, 0, 4096, &|_| Ok(())).unwrap_err().to_string();
         assert!(err.contains("columns named"), "{err}");
         let err = RunConfig::from_toml(&fixtures().join("run.toml"), &PARQUET_SFT.replace("heldout", "held")).unwrap_err().to_string();
         assert!(err.contains("unknown field `held`"), "{err}");

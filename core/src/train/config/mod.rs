@@ -195,8 +195,7 @@ impl ScheduleSection {
                     (Some(min_lr), None) if !(min_lr >= 0.0 && min_lr.is_finite() && (min_lr == 0.0 || base_lr > 0.0)) => {
                         return Err(format!("[schedule] min_lr must be a finite number >= 0, and [optimizer] lr positive for it (got min_lr {min_lr}, lr {base_lr})"));
                     }
-                    (Some(min_lr), None) if min_lr == 0.0 => 0.0,
-                    (Some(min_lr), None) => min_lr / base_lr,
+                    (Some(min_lr), None) => if min_lr == 0.0 { 0.0 } else { min_lr / base_lr },
                     (None, Some(rate)) if !(rate.is_finite() && rate >= 0.0) => return Err(format!("[schedule] min_lr_rate must be a finite number >= 0 (got {rate})")),
                     (None, Some(rate)) => rate,
                     _ => return Err("[schedule] cosine_with_min_lr needs exactly one of `min_lr` or `min_lr_rate`".into()),
