@@ -428,7 +428,9 @@ impl<'a, B: Backend> Engine<'a, B> {
                 if seq.finished.is_some() {
                     continue;
                 }
-                if sampled.raw_logprob.is_nan() {
+                // (On a device, a row with no token to sample can also come back as an id outside
+                // the vocabulary.)
+                if sampled.raw_logprob.is_nan() || sampled.logprob.is_nan() || sampled.token as usize >= self.model.config().vocab_size {
                     return Err(nan_logits(seq.tokens.len() + 1, s / params.n, s % params.n));
                 }
                 seq.tokens.push(sampled.token);

@@ -340,6 +340,9 @@ fn training_samples(
     match data {
         DataSection::Mixture(mixture) => {
             let (preset, budget) = mixture_of(mixture)?;
+            if !(budget.is_finite() && budget > 0.0) {
+                return Err(Error::InvalidInput(format!("[data] tokens must be a positive number of tokens (got {budget})")));
+            }
             let (samples, report) = pretrain_samples(task, &mixture.root, &preset, budget, tokenizer, cutoff_len, seed, mixture.neat_packing)?;
             for (i, block) in samples.iter().enumerate() {
                 block.iter().try_for_each(fits).map_err(|e| Error::data(&mixture.root, None, format!("packed block {} {e}", i + 1)))?;
@@ -401,9 +404,6 @@ pub(crate) fn mixture_of(data: &MixtureData) -> Result<(Preset, f64)> {
         None => return Err(Error::InvalidInput("[data] a mixture needs `tokens` (its token budget)".into())),
     };
     // An empty mixture would reach the trainer as "no samples", blaming nothing in particular.
-    if !(budget.is_finite() && budget > 0.0) {
-        return Err(Error::InvalidInput(format!("[data] tokens must be a positive number of tokens (got {budget})")));
-    }
     if preset.probs.iter().any(|p| !(p.is_finite() && *p >= 0.0)) || !preset.probs.iter().any(|&p| p > 0.0) {
         return Err(Error::InvalidInput(format!("[data] the mixture's probs must be finite, at least 0 and not all 0 (got {:?})", preset.probs)));
     }
@@ -478,7 +478,10 @@ dir = "out"
             other => panic!("{other:?}"),
         };
         assert!(mixture(text).contains("[data] the mixture's probs must be finite, at least 0 and not all 0"));
-        assert!(mixture(&text.replace("probs = [0.0, 0.0]\ntokens = 1000", "probs = [0.5, 0.5]\ntokens = 0")).contains("[data] tokens must be a positive number"));
+        let zero = RunConfig::from_toml(Path::new("/work/run.toml"), &text.replace("probs = [0.0, 0.0]\ntokens = 1000", "probs = [0.5, 0.5]\ntokens = 0")).unwrap();
+        let tokenizer = Tokenizer::train_byte_level_bpe(["a b c"].into_iter().map(String::from), 260, &["<|endoftext|>"]).unwrap();
+        let err = training_samples(zero.task.build().unwrap().as_ref(), &zero.data, &tokenizer, 0, 64, &|_| Ok(())).unwrap_err().to_string();
+        assert!(err.contains("[data] tokens must be a positive number"), "{err}");
     }
 
     #[test]

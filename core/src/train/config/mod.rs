@@ -203,7 +203,10 @@ impl ScheduleSection {
             },
             ScheduleKind::CosineThenFloor => Decay::CosineThenFloor {
                 steps: self.decay_steps.unwrap_or(total_steps),
-                floor: self.floor_lr.ok_or("[schedule] cosine_then_floor needs `floor_lr`")?,
+                floor: match self.floor_lr.ok_or("[schedule] cosine_then_floor needs `floor_lr`")? {
+                    floor if floor.is_finite() && floor >= 0.0 => floor,
+                    floor => return Err(format!("[schedule] floor_lr must be a finite number >= 0 (got {floor})")),
+                },
             },
         };
         Ok(Schedule { warmup_steps, total_steps, decay })

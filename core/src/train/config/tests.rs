@@ -373,6 +373,7 @@ fn the_optimizer_section_is_what_adamw_takes() {
         ("max_grad_norm = 0.5", "max_grad_norm = nan", "line 12: [optimizer] max_grad_norm must be a number"),
         ("steps = 10", "steps = 0", "[train] steps must be at least 1"),
         ("[output]", "[schedule]\nkind = \"cosine_with_min_lr\"\nmin_lr_rate = -1.0\n[output]", "[schedule] min_lr_rate must be a finite number >= 0 (got -1)"),
+        ("[output]", "[schedule]\nkind = \"cosine_then_floor\"\nfloor_lr = inf\n[output]", "[schedule] floor_lr must be a finite number >= 0 (got inf)"),
     ] {
         let err = RunConfig::from_toml(Path::new("/work/run.toml"), &text.replace(from, to)).unwrap_err().to_string();
         assert!(err.starts_with("/work/run.toml") && err.contains(message), "{err}");
