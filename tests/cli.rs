@@ -80,18 +80,23 @@ fn logprobs_match_transformers() {
     let out = kiln(&["logprobs", "--model", reference.dir.to_str().unwrap(), "--ids", &ids_arg(seq), "--json"]);
     let line = stdout_json_lines(&out).remove(0);
     assert_eq!(line["ids"], serde_json::json!(seq));
-    let logprobs = line["logprobs"].as_array().unwrap();
-    assert_eq!(logprobs.len(), seq.len());
-    assert!(logprobs[0].is_null());
-    let (shape, logits) = reference.tensor("single.0.logits");
+    assert_next_token_logprobs(line["logprobs"].as_array().unwrap(), seq, &reference, "single.0.logits", "");
+}
+
+/// `ours` (null for the first token) are the log-probs of `seq`'s tokens under transformers'
+/// logits `tensor` of the reference, within 1e-4.
+fn assert_next_token_logprobs(ours: &[serde_json::Value], seq: &[u32], reference: &Reference, tensor: &str, what: &str) {
+    assert_eq!(ours.len(), seq.len());
+    assert!(ours[0].is_null());
+    let (shape, logits) = reference.tensor(tensor);
     let vocab = shape[1];
     for t in 1..seq.len() {
         let row = &logits[(t - 1) * vocab..t * vocab];
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
         let lse = max + row.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
         let expected = row[seq[t] as usize] as f64 - lse;
-        let ours = logprobs[t].as_f64().unwrap();
-        assert!((ours - expected).abs() < 1e-4, "position {t}: {ours} vs {expected}");
+        let got = ours[t].as_f64().unwrap();
+        assert!((got - expected).abs() < 1e-4, "{what}position {t}: {got} vs {expected}");
     }
 }
 
@@ -188,18 +193,7 @@ fn generate_prompt_logprobs_match_transformers() {
         assert_eq!(samples.len(), reference.expected.sequences.len());
         for (i, (sample, seq)) in samples.iter().zip(&reference.expected.sequences).enumerate() {
             let logprobs = sample["prompt_logprobs"].as_array().unwrap_or_else(|| panic!("no prompt_logprobs in {sample}"));
-            assert_eq!(logprobs.len(), seq.len());
-            assert!(logprobs[0].is_null());
-            let (shape, logits) = reference.tensor(&format!("single.{i}.logits"));
-            let vocab = shape[1];
-            for t in 1..seq.len() {
-                let row = &logits[(t - 1) * vocab..t * vocab];
-                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-                let lse = max + row.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
-                let expected = row[seq[t] as usize] as f64 - lse;
-                let ours = logprobs[t].as_f64().unwrap();
-                assert!((ours - expected).abs() < 1e-4, "prompt {i} position {t}, {bound:?}: {ours} vs {expected}");
-            }
+            assert_next_token_logprobs(logprobs, seq, &reference, &format!("single.{i}.logits"), &format!("prompt {i}, {bound:?}, "));
         }
     }
     let err = one_line_error(&kiln(&["generate", "--model", model, "--prompt-ids", "1,2", "--prompt-logprobs"]));

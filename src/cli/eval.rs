@@ -200,7 +200,7 @@ fn interplay(args: InterplayArgs) -> Result<()> {
         samples: args.samples,
         sampler: Sampler { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, min_p: args.min_p },
         max_new_tokens: args.max_new_tokens,
-        stop: args.stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
+        stop: kiln::generate::StopCriteria::strings_without_empty(&args.stop),
         seed: args.seed,
         id_op_threshold: threshold,
         shard_prompts: args.shard_prompts,

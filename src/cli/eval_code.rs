@@ -155,7 +155,7 @@ pub fn run(mut args: CodeEvalArgs) -> Result<()> {
         })
         .collect();
     let prompts = problems.iter().map(|(p, _)| p.prompt(template).render(chat_template.as_ref())).collect::<kiln::Result<Vec<_>>>()?;
-    let stop: Vec<String> = args.stop.iter().filter(|s| !s.is_empty()).cloned().collect();
+    let stop = kiln::generate::StopCriteria::strings_without_empty(&args.stop);
     let sampling = CodeSampling {
         n: args.n,
         temperature: args.temperature,

@@ -36,6 +36,12 @@ pub struct StopCriteria {
 }
 
 impl StopCriteria {
+    /// Stop strings as the eval commands and the code task's config take them: an empty one
+    /// stands for none (`--stop ''`, `stop = [""]`), where the engine refuses it.
+    pub fn strings_without_empty(strings: &[String]) -> Vec<String> {
+        strings.iter().filter(|s| !s.is_empty()).cloned().collect()
+    }
+
     /// Checks the newest token of `generated`. Stop strings are searched in the text of the last
     /// few tokens only, which suffices because the check runs after every token.
     pub fn check(&self, generated: &[u32], tokenizer: Option<&Tokenizer>, skip_special: bool) -> Result<Option<StopReason>> {

@@ -231,8 +231,7 @@ impl Task for CodeTask {
     }
 
     fn stop_strings(&self) -> Vec<String> {
-        // `""` is none, as `kiln eval code --stop ''` reads it (the engine refuses an empty one).
-        self.config.stop.iter().filter(|s| !s.is_empty()).cloned().collect()
+        crate::generate::StopCriteria::strings_without_empty(&self.config.stop)
     }
 }
 
