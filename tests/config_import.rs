@@ -292,6 +292,40 @@ fn values_kiln_cannot_run_are_refused_naming_file_and_key() {
     assert!(err.starts_with(trl.to_str().unwrap()) && err.contains("num_iterations = 2"), "{err}");
 }
 
+/// Whole numbers written as floats (`max_steps: 200.0`, as YAML and hand edits write them) are
+/// the integers Python reads; a fraction is refused by key. A value kiln's checks refuse after
+/// the import is named by the source key it came from, not by a line of the TOML kiln wrote.
+#[test]
+fn whole_floats_are_integers_and_refusals_name_the_source_key() {
+    let trl = fixture("config/trl/grpo_config.json");
+    let text = std::fs::read_to_string(&trl).unwrap().replace("\"max_steps\": 200,", "\"max_steps\": 200.0,").replace("\"top_k\": 50,", "\"top_k\": 50.0,");
+    let import = |extra: &[&str]| {
+        let mut overrides = vec!["model_name_or_path=m".to_string(), "dataset_name=d.jsonl".into()];
+        overrides.extend(extra.iter().map(|s| s.to_string()));
+        config_import::trl::import(&trl, &text, &overrides, None)
+    };
+    let imported = import(&[]).unwrap();
+    assert_eq!((pg(&imported).train.steps, pg(&imported).train.epochs, pg(&imported).rollout.top_k), (Some(200), None, 50), "200.0 steps, not epochs");
+    for (extra, expected) in [
+        ("max_steps=10.5", "max_steps = 10.5: expected an integer"),
+        ("generation_batch_size=64.5", "generation_batch_size = 64.5: expected a non-negative integer"),
+        ("learning_rate=-1", "learning_rate (imported as optimizer.lr): "),
+    ] {
+        let err = import(&[extra]).err().unwrap_or_else(|| panic!("{extra} is refused")).to_string();
+        assert!(err.starts_with(&format!("{}: {expected}", trl.display())), "{extra}: {err}");
+    }
+    let imported = verl_import(&["trainer.save_freq=10.0"]).unwrap();
+    assert_eq!(pg(&imported).output.save_steps, Some(10.0));
+    let path = fixture("config/verl/ppo_trainer.yaml");
+    for (extra, expected) in [
+        ("trainer.test_freq=2.5", "trainer.test_freq = 2.5: expected an integer"),
+        ("actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.actor.optim.lr (imported as optimizer.lr): "),
+    ] {
+        let err = verl_import(&[extra]).err().unwrap_or_else(|| panic!("{extra} is refused")).to_string();
+        assert!(err.starts_with(&format!("{}: {expected}", path.display())), "{extra}: {err}");
+    }
+}
+
 /// TRL's CLI takes its configs as YAML: the same GRPOConfig written so imports to the same config.
 #[test]
 fn a_trl_yaml_recipe_imports_as_its_json() {

@@ -282,6 +282,21 @@ trait Source {
         v.as_f64().or_else(|| v.as_str().and_then(|s| s.parse().ok())).ok_or_else(|| self.refuse(key, &v, "expected a number"))
     }
 
+    /// The whole number at `key`, `None` if absent or null; a number with a fraction, or anything
+    /// else, refused (YAML writes `1000.0` where Python reads an int as often as `1000`).
+    fn int(&mut self, key: &str) -> Result<Option<i64>> {
+        let v = self.get(key);
+        if v.is_null() {
+            return Ok(None);
+        }
+        whole(&v).map(Some).ok_or_else(|| self.refuse(key, &v, "expected an integer"))
+    }
+
+    fn usize(&mut self, key: &str) -> Result<usize> {
+        let v = self.get(key);
+        whole(&v).and_then(|i| usize::try_from(i).ok()).ok_or_else(|| self.refuse(key, &v, "expected a non-negative integer"))
+    }
+
     fn text(&mut self, key: &str) -> Option<String> {
         match self.get(key) {
             serde_json::Value::String(s) => Some(s),
@@ -302,9 +317,45 @@ trait Source {
     }
 }
 
+/// `v` as a whole number: an integer, a float without a fraction, or a string of either.
+fn whole(v: &serde_json::Value) -> Option<i64> {
+    if let Some(i) = v.as_i64() {
+        return Some(i);
+    }
+    let f = v.as_f64().or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))?;
+    (f.fract() == 0.0 && f.abs() < 2f64.powi(53)).then_some(f as i64)
+}
+
 /// Reads a TOML text built by an importer as a `kind` config, checks it and fills defaults.
 fn finish(path: &Path, table: toml::Table, kind: RunKind, report: ImportReport) -> Result<Imported> {
     let text = toml::to_string(&table).map_err(|e| Error::config(path, format!("cannot write the imported config: {e}")))?;
-    let config = effective(path, &text, kind)?;
+    let config = effective(path, &text, kind).map_err(|e| at_source_key(path, &text, &report, e))?;
     Ok(Imported { kind, config, report })
+}
+
+/// A refusal of the TOML an importer wrote (`text`) at one of its lines, which are not the source
+/// file's: named instead by the source key carried there and the kiln key it became.
+fn at_source_key(path: &Path, text: &str, report: &ImportReport, e: Error) -> Error {
+    let Error::Data { line: Some(line), message, .. } = &e else { return e };
+    let Some(key) = key_at(text, *line) else { return e };
+    let from = report.carried.iter().find(|(_, to)| to.split(" = ").next() == Some(key.as_str()));
+    match from {
+        Some((from, _)) => Error::config(path, format!("{from} (imported as {key}): {message}")),
+        None => Error::config(path, format!("imported {key}: {message}")),
+    }
+}
+
+/// The dotted key written on 1-based `line` of the TOML `text` (or the table its header names).
+fn key_at(text: &str, line: usize) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let header = |l: &str| l.trim().strip_prefix('[').and_then(|l| l.strip_suffix(']')).map(|t| t.trim_matches(['[', ']']).to_owned());
+    let here = lines.get(line.checked_sub(1)?)?;
+    if let Some(table) = header(here) {
+        return Some(table);
+    }
+    let name = here.split_once('=')?.0.trim().trim_matches('"');
+    Some(match lines[..line - 1].iter().rev().find_map(|l| header(l)) {
+        Some(table) => format!("{table}.{name}"),
+        None => name.to_owned(),
+    })
 }

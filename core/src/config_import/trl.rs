@@ -168,11 +168,6 @@ impl Source for Ctx<'_> {
 }
 
 impl Ctx<'_> {
-    fn usize(&mut self, key: &str) -> Result<usize> {
-        let v = self.get(key);
-        v.as_u64().map(|u| u as usize).ok_or_else(|| self.refuse(key, &v, "expected a non-negative integer"))
-    }
-
     fn carry(&mut self, from: &str, to: &str, value: impl Into<Value>) {
         let value = value.into();
         let origin = if self.tree.get(from.split(' ').next().unwrap_or(from)).is_some() { "" } else { " (TRL's default)" };
@@ -270,7 +265,7 @@ pub fn import(path: &Path, text: &str, overrides: &[String], kind: Option<RunKin
     }
 
     // [train], [output]
-    let max_steps = c.get("max_steps").as_i64().unwrap_or(-1);
+    let max_steps = c.int("max_steps")?.unwrap_or(-1);
     if max_steps > 0 {
         c.carry("max_steps", "train.steps", max_steps);
         c.get("num_train_epochs");
@@ -334,9 +329,10 @@ pub fn import(path: &Path, text: &str, overrides: &[String], kind: Option<RunKin
     c.carry("num_generations", "rollout.n", n);
     let too_large = || Error::config(path, format!("per_device_train_batch_size ({per_device}) times gradient_accumulation_steps ({accum}) or steps_per_generation is too large"));
     let per_update = per_device.checked_mul(accum).ok_or_else(too_large)?;
-    let generation = match (c.tree.get("generation_batch_size").and_then(Value::as_u64), c.tree.get("steps_per_generation").and_then(Value::as_u64)) {
-        (Some(g), _) => g as usize,
-        (None, Some(s)) => per_device.checked_mul(s as usize).ok_or_else(too_large)?,
+    let given = |c: &mut Ctx<'_>, key: &str| -> Result<Option<usize>> { if c.tree.get(key).is_some_and(|v| !v.is_null()) { c.usize(key).map(Some) } else { Ok(None) } };
+    let generation = match (given(&mut c, "generation_batch_size")?, given(&mut c, "steps_per_generation")?) {
+        (Some(g), _) => g,
+        (None, Some(s)) => per_device.checked_mul(s).ok_or_else(too_large)?,
         (None, None) => per_update,
     };
     c.used.extend(["generation_batch_size".to_owned(), "steps_per_generation".to_owned()]);
@@ -360,7 +356,7 @@ pub fn import(path: &Path, text: &str, overrides: &[String], kind: Option<RunKin
         let v = c.f64(key)?;
         c.carry(key, &format!("rollout.{key}"), v);
     }
-    let top_k = c.get("top_k").as_i64().unwrap_or(0).max(0);
+    let top_k = c.int("top_k")?.unwrap_or(0).max(0);
     c.carry("top_k", "rollout.top_k", top_k);
     if !c.get("min_p").is_null() {
         let v = c.f64("min_p")?;

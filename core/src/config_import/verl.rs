@@ -314,11 +314,6 @@ impl Source for Ctx<'_> {
 }
 
 impl Ctx<'_> {
-    fn usize(&mut self, key: &str) -> Result<usize> {
-        let v = self.get(key);
-        v.as_u64().map(|u| u as usize).or_else(|| v.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0).map(|f| f as usize)).ok_or_else(|| self.refuse(key, &v, "expected a non-negative integer"))
-    }
-
     /// Writes kiln's `dotted` key and records where it came from.
     fn carry(&mut self, from: &str, to: &str, value: impl Into<Value>) {
         let value = value.into();
@@ -425,7 +420,7 @@ pub fn import(path: &Path, text: &str, overrides: &[String]) -> Result<Imported>
         c.carry(&key, &format!("rollout.{name}"), v);
     }
     let key = format!("{R}.top_k");
-    let top_k = c.get(&key).as_i64().ok_or_else(|| c.refuse(&key, &Value::Null, "expected an integer"))?;
+    let top_k = c.int(&key)?.ok_or_else(|| c.refuse(&key, &Value::Null, "expected an integer"))?;
     c.carry(&key, "rollout.top_k", top_k.max(0));
     // vLLM's bound on a step's tokens bounds kiln's prefill passes (absent: kiln's default).
     let key = format!("{R}.max_num_batched_tokens");
@@ -467,7 +462,7 @@ pub fn import(path: &Path, text: &str, overrides: &[String]) -> Result<Imported>
         }
         other => return Err(c.refuse(&key, &Value::from(other), "kiln imports verl's constant and cosine schedules")),
     }
-    let warmup_steps = c.get(&format!("{o}.lr_warmup_steps")).as_i64().unwrap_or(-1);
+    let warmup_steps = c.int(&format!("{o}.lr_warmup_steps"))?.unwrap_or(-1);
     if warmup_steps > 0 {
         c.carry(&format!("{o}.lr_warmup_steps"), "schedule.warmup_steps", warmup_steps);
     } else {
@@ -632,12 +627,12 @@ pub fn import(path: &Path, text: &str, overrides: &[String]) -> Result<Imported>
     // [output], [eval]
     let dir = c.text("trainer.default_local_dir").unwrap_or_else(|| "checkpoints".into());
     c.carry("trainer.default_local_dir", "output.dir", dir);
-    let save = c.get("trainer.save_freq").as_i64().unwrap_or(-1);
+    let save = c.int("trainer.save_freq")?.unwrap_or(-1);
     c.carry("trainer.save_freq", "output.save_steps", save.max(0) as f64);
     if save <= 0 {
         c.report.notes.push("trainer.save_freq <= 0: verl saves no checkpoint; kiln saves the last step only".into());
     }
-    let test_freq = c.get("trainer.test_freq").as_i64().unwrap_or(-1);
+    let test_freq = c.int("trainer.test_freq")?.unwrap_or(-1);
     let val = match c.get("data.val_files") {
         Value::String(s) => Some(s),
         Value::Array(items) if items.len() == 1 => items[0].as_str().map(str::to_owned),
