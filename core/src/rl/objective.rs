@@ -160,10 +160,11 @@ impl PgSettings {
         if r.max_prefill_tokens == 0 {
             return Err("[rollout] max_prefill_tokens must be at least 1".into());
         }
-        if c.dual <= 1.0 || c.low < 0.0 || c.high < 0.0 {
+        // Written so that NaN fails too (it compares false with everything).
+        if !(c.dual > 1.0 && c.low >= 0.0 && c.high >= 0.0) {
             return Err(format!("clip ratios must be non-negative and the dual clip must exceed 1 (got {c:?})"));
         }
-        if self.kl.is_some_and(|(_, beta)| beta <= 0.0) {
+        if self.kl.is_some_and(|(_, beta)| !(beta.is_finite() && beta > 0.0)) {
             return Err("a KL term needs a positive coefficient".into());
         }
         if let Some(cap) = self.tis_imp_ratio_cap.filter(|c| !(c.is_finite() && *c > 0.0)) {
@@ -786,14 +787,8 @@ mod tests {
         assert_eq!(scores, vec![0.0, 1.0, 0.5, 1.0, 1.0]);
     }
 
-    /// One optimizer update on the step's first mini-batch raises `Σ A · log π` over its tokens:
-    /// the surrogate, the scaling and the optimizer agree on the direction of improvement.
-    #[test]
-    fn an_update_moves_the_policy_towards_positive_advantages() {
-        let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/interplay");
-        let tokenizer = Tokenizer::from_file(fixtures.join("qwen2_100M")).unwrap();
-        let prompts = PromptSet::load(&[fixtures.join("rows/op2.jsonl")], &tokenizer, 512, Some(4)).unwrap();
-        let settings = PgSettings {
+    fn settings() -> PgSettings {
+        PgSettings {
             rollout: RolloutSettings { n: 4, sampler: Sampler::default(), max_response_length: 6, batch_size: 64, kv_memory: None, max_prefill_tokens: crate::generate::MAX_PREFILL_TOKENS, dtype: None },
             prompts_per_step: 4,
             mini_batch: 2,
@@ -807,7 +802,31 @@ mod tests {
             filter_groups: None,
             kl: None,
             seed: 3,
-        };
+        }
+    }
+
+    /// Settings built in code (not read from a config, whose keys are checked to be finite) with
+    /// a NaN clip ratio or KL coefficient are refused, not run with clipping or KL undefined.
+    #[test]
+    fn nan_clip_ratios_and_kl_coefficients_are_refused() {
+        assert!(settings().check().is_ok());
+        for clip in [Clip { dual: f64::NAN, ..settings().clip }, Clip { low: f64::NAN, ..settings().clip }, Clip { high: f64::NAN, ..settings().clip }] {
+            assert!(PgSettings { clip, ..settings() }.check().is_err_and(|e| e.contains("clip ratios")), "{clip:?}");
+        }
+        for beta in [f64::NAN, f64::INFINITY, 0.0] {
+            let kl = Some((KlEstimator::K3, beta));
+            assert!(PgSettings { kl, ..settings() }.check().is_err_and(|e| e.contains("KL")), "{beta}");
+        }
+    }
+
+    /// One optimizer update on the step's first mini-batch raises `Σ A · log π` over its tokens:
+    /// the surrogate, the scaling and the optimizer agree on the direction of improvement.
+    #[test]
+    fn an_update_moves_the_policy_towards_positive_advantages() {
+        let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/interplay");
+        let tokenizer = Tokenizer::from_file(fixtures.join("qwen2_100M")).unwrap();
+        let prompts = PromptSet::load(&[fixtures.join("rows/op2.jsonl")], &tokenizer, 512, Some(4)).unwrap();
+        let settings = settings();
         let signal = Signal::Rewards { reward: Box::new(Digits), estimator: AdvEstimator::default(), scaling: RewardScaling::Group, epsilon: 1e-6 };
         let mut objective = PolicyGradient::<B>::new(settings, prompts, signal, None, tokenizer, vec![3]).unwrap();
         let config: Qwen2Config = serde_json::from_str(
