@@ -598,4 +598,8 @@ fn models_too_large_for_memory_and_benchmarks_past_the_context_are_refused() {
     assert!(!tmp.path().join("m").exists());
     let short = config("short.json", 32, 64);
     fails_with(&["bench", "--config", s(&short), "--prompt-len", "60", "--new-tokens", "32"], &["--prompt-len 60 + --new-tokens 32", "64 positions"]);
+    // Counts whose sum or product overflows: one line, not an overflow panic.
+    let max = usize::MAX.to_string();
+    fails_with(&["bench", "--config", s(&short), "--prompt-len", &max, "--new-tokens", "32"], &["+ --new-tokens 32", "64 positions"]);
+    fails_with(&["bench", "--matmul", "--config", s(&short), "--batch", "2", "--prompt-len", &max], &["--batch 2 × --prompt-len", "is too large"]);
 }

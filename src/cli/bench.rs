@@ -103,7 +103,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         if backend != DeviceSpec::Cpu {
             bail!("--matmul times the CPU's products: leave out --backend {backend} (or give --backend cpu)");
         }
-        return super::bench_matmul::run(&Qwen2Config::from_file(config)?, args.batch * args.prompt_len, args.repeats, &cpu_model());
+        let Some(tokens) = args.batch.checked_mul(args.prompt_len) else { bail!("--batch {} × --prompt-len {} is too large", args.batch, args.prompt_len) };
+        return super::bench_matmul::run(&Qwen2Config::from_file(config)?, tokens, args.repeats, &cpu_model());
     }
     if args.train {
         let recompute = args.recompute;
@@ -238,7 +239,7 @@ impl TrainJob for RolloutBenchJob {
 /// figures as JSON.
 fn generation_figures<B: Backend>(model: &Qwen2<B>, args: &BenchArgs, sampler: Sampler, samples: usize, mode: &str) -> Result<serde_json::Value> {
     let positions = model.context_len();
-    if args.prompt_len + args.new_tokens > positions {
+    if args.prompt_len.saturating_add(args.new_tokens) > positions {
         bail!(
             "--prompt-len {} + --new-tokens {} is longer than the model's {positions} positions (max_position_embeddings)",
             args.prompt_len,
