@@ -637,6 +637,14 @@ fn bad_configs_are_errors_naming_the_file() {
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(!out.status.success() && stderr.lines().count() == 1, "{stderr}");
     assert!(stderr.starts_with(&format!("error: {}", path.display())), "{stderr}");
+    // A step that does not split over the replicas is refused naming the file, before anything
+    // is loaded (there is no model here) or written.
+    std::fs::write(&path, &good).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kiln")).args(["rl", "--config", path.to_str().unwrap(), "--devices", "cpu,cpu,cpu"]).output().unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(!out.status.success() && stderr.lines().count() == 1, "{stderr}");
+    assert!(stderr.starts_with(&format!("error: {}: [train] prompts_per_step (4) and mini_batch", path.display())) && stderr.contains("multiples of the 3 replicas"), "{stderr}");
+    assert!(!work.join("out").exists());
 }
 
 #[test]

@@ -53,6 +53,9 @@ pub fn run(method: Method, args: RlArgs) -> Result<()> {
     sandbox_flags(&mut config.task, args.sandbox_without, args.sandbox_landlock_abi, &args.config)?;
     let devices = args.dist.devices(args.backend, config.train.devices.as_deref())?;
     let nodes = args.dist.nodes()?;
+    // The replicas' split of a step, before any model or data is loaded.
+    let world = devices.len() * nodes.as_ref().map_or(1, |n| n.nnodes);
+    config.settings().check_world(world).map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
     let run_kind = match method {
         Method::Grpo => kiln::config_import::RunKind::Rl,
         Method::Opd => kiln::config_import::RunKind::Opd,

@@ -138,6 +138,24 @@ pub struct PgSettings {
 }
 
 impl PgSettings {
+    /// Whether a step splits over `world` data-parallel replicas (whole prompt groups and whole
+    /// micro-batches on each), as a message; `kiln rl` checks it before loading anything.
+    pub fn check_world(&self, world: usize) -> std::result::Result<(), String> {
+        if world == 0 || !self.prompts_per_step.is_multiple_of(world) || !self.mini_batch.is_multiple_of(world) {
+            return Err(format!("[train] prompts_per_step ({}) and mini_batch ({}) must be multiples of the {world} replicas", self.prompts_per_step, self.mini_batch));
+        }
+        if world > 1 && self.filter_groups.is_some_and(|f| f.enable) {
+            return Err("[rollout.filter_groups] (dynamic sampling) runs on one replica only".into());
+        }
+        if !(self.mini_batch / world * self.rollout.n).is_multiple_of(self.micro_batch) {
+            return Err(format!(
+                "a replica's share of a mini-batch (mini_batch {} / {world} replicas × n {}) must be a multiple of micro_batch ({})",
+                self.mini_batch, self.rollout.n, self.micro_batch
+            ));
+        }
+        Ok(())
+    }
+
     /// Settings that cannot work together, as a message.
     pub fn check(&self) -> std::result::Result<(), String> {
         let (r, c) = (&self.rollout, &self.clip);
@@ -261,22 +279,7 @@ impl<B: AutodiffBackend> PolicyGradient<B> {
     /// replicas' mean gradient is the one of the mini-batch on one device (verl's
     /// `ppo_mini_batch_size` is global, `ppo_micro_batch_size_per_gpu` per replica).
     pub fn shard(mut self, rank: usize, world: usize) -> Result<Self> {
-        let s = &self.settings;
-        if !s.prompts_per_step.is_multiple_of(world) || !s.mini_batch.is_multiple_of(world) {
-            return Err(Error::InvalidInput(format!(
-                "[train] prompts_per_step ({}) and mini_batch ({}) must be multiples of the {world} replicas",
-                s.prompts_per_step, s.mini_batch
-            )));
-        }
-        if world > 1 && s.filter_groups.is_some_and(|f| f.enable) {
-            return Err(Error::InvalidInput("[rollout.filter_groups] (dynamic sampling) runs on one replica only".into()));
-        }
-        if !(s.mini_batch / world * s.rollout.n).is_multiple_of(s.micro_batch) {
-            return Err(Error::InvalidInput(format!(
-                "a replica's share of a mini-batch (mini_batch {} / {world} replicas × n {}) must be a multiple of micro_batch ({})",
-                s.mini_batch, s.rollout.n, s.micro_batch
-            )));
-        }
+        self.settings.check_world(world).map_err(Error::InvalidInput)?;
         (self.rank, self.world) = (rank, world);
         Ok(self)
     }
