@@ -309,6 +309,7 @@ fn whole_floats_are_integers_and_refusals_name_the_source_key() {
     for (extra, expected) in [
         ("max_steps=10.5", "max_steps = 10.5: expected an integer"),
         ("generation_batch_size=64.5", "generation_batch_size = 64.5: expected a non-negative integer"),
+        ("warmup_steps=10.5", "warmup_steps = 10.5: a whole number of steps"),
         ("learning_rate=-1", "learning_rate (imported as optimizer.lr): "),
     ] {
         let err = import(&[extra]).err().unwrap_or_else(|| panic!("{extra} is refused")).to_string();

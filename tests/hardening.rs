@@ -600,6 +600,7 @@ fn models_too_large_for_memory_and_benchmarks_past_the_context_are_refused() {
     fails_with(&["bench", "--config", s(&short), "--prompt-len", "60", "--new-tokens", "32"], &["--prompt-len 60 + --new-tokens 32", "64 positions"]);
     // Counts whose sum or product overflows: one line, not an overflow panic.
     let max = usize::MAX.to_string();
-    fails_with(&["bench", "--config", s(&short), "--prompt-len", &max, "--new-tokens", "32"], &["+ --new-tokens 32", "64 positions"]);
+    fails_with(&["bench", "--config", s(&short), "--prompt-len", &max, "--new-tokens", "32"], &[&format!("--prompt-len {max}"), "is too large"]);
     fails_with(&["bench", "--matmul", "--config", s(&short), "--batch", "2", "--prompt-len", &max], &["--batch 2 × --prompt-len", "is too large"]);
+    fails_with(&["bench", "--train", "--config", s(&short), "--repeats", &max], &[&format!("--repeats {max}"), "is too large"]);
 }

@@ -284,6 +284,16 @@ fn tiny_release_runs_end_to_end_resumes_and_skips() {
     let args = |stages: &'static str| vec!["release", "run", "--config", config.to_str().unwrap(), "--scale", "tiny", "--out", &root_arg, "--stages", stages].into_iter().map(String::from).collect::<Vec<_>>();
     let call = |stages: &'static str| kiln(&args(stages).iter().map(String::as_str).collect::<Vec<_>>());
 
+    // An RL step that does not split over the devices: one error line before anything is
+    // written (the data and pre-training stages would otherwise run first).
+    let mut three = args("data,pretrain,rl");
+    three.extend(["--devices".to_string(), "cpu,cpu,cpu".into()]);
+    let out = kiln(&three.iter().map(String::as_str).collect::<Vec<_>>());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(!out.status.success() && last.starts_with("error: release ") && last.contains(": 020305 rl op11_14 (") && last.contains("multiples of the 3 replicas"), "{stderr}");
+    assert!(!root.exists(), "nothing written");
+
     // A later stage before its inputs exist: one error line naming the stage to run.
     let out = call("rl");
     assert!(!out.status.success());

@@ -89,6 +89,11 @@ pub struct BenchArgs {
 
 pub fn run(args: BenchArgs) -> Result<()> {
     let backend = args.backend;
+    // Counts the benchmarks multiply (a training run's 64 batches of --prompt-len tokens, the
+    // repeats' warm-ups) kept within what arithmetic holds: one line, not an overflow.
+    if args.batch.checked_mul(64).and_then(|b| b.checked_mul(args.prompt_len)).is_none() || args.repeats > u32::MAX as usize {
+        bail!("--batch {} × --prompt-len {} (or --repeats {}) is too large", args.batch, args.prompt_len, args.repeats);
+    }
     if args.all_reduce || args.all_gather {
         use super::bench_all_reduce::{AllReduceJob, DEFAULT_SIZES, Mode};
         let devices = args.dist.devices(Some(backend), None)?;
@@ -103,8 +108,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         if backend != DeviceSpec::Cpu {
             bail!("--matmul times the CPU's products: leave out --backend {backend} (or give --backend cpu)");
         }
-        let Some(tokens) = args.batch.checked_mul(args.prompt_len) else { bail!("--batch {} × --prompt-len {} is too large", args.batch, args.prompt_len) };
-        return super::bench_matmul::run(&Qwen2Config::from_file(config)?, tokens, args.repeats, &cpu_model());
+        return super::bench_matmul::run(&Qwen2Config::from_file(config)?, args.batch * args.prompt_len, args.repeats, &cpu_model());
     }
     if args.train {
         let recompute = args.recompute;

@@ -294,7 +294,7 @@ trait Source {
 
     fn usize(&mut self, key: &str) -> Result<usize> {
         let v = self.get(key);
-        whole(&v).and_then(|i| usize::try_from(i).ok()).ok_or_else(|| self.refuse(key, &v, "expected a non-negative integer"))
+        v.as_u64().and_then(|u| usize::try_from(u).ok()).or_else(|| whole(&v).and_then(|i| usize::try_from(i).ok())).ok_or_else(|| self.refuse(key, &v, "expected a non-negative integer"))
     }
 
     fn text(&mut self, key: &str) -> Option<String> {
@@ -336,11 +336,14 @@ fn finish(path: &Path, table: toml::Table, kind: RunKind, report: ImportReport) 
 /// A refusal of the TOML an importer wrote (`text`) at one of its lines, which are not the source
 /// file's: named instead by the source key carried there and the kiln key it became.
 fn at_source_key(path: &Path, text: &str, report: &ImportReport, e: Error) -> Error {
-    let Error::Data { line: Some(line), message, .. } = &e else { return e };
-    let Some(key) = key_at(text, *line) else { return e };
-    let from = report.carried.iter().find(|(_, to)| to.split(" = ").next() == Some(key.as_str()));
-    match from {
-        Some((from, _)) => Error::config(path, format!("{from} (imported as {key}): {message}")),
+    let Error::Data { path: at, line: Some(line), message } = &e else { return e };
+    let Some(key) = key_at(text, *line).filter(|_| at == path) else { return e };
+    // The last value written to the key (a carried entry's source may say "(TRL's default)").
+    match report.carried.iter().rfind(|(_, to)| to.split(" = ").next() == Some(key.as_str())) {
+        Some((from, _)) => {
+            let (from, origin) = from.split_once(" (").map_or((from.as_str(), String::new()), |(f, o)| (f, format!("{}, ", o.trim_end_matches(')'))));
+            Error::config(path, format!("{from} ({origin}imported as {key}): {message}"))
+        }
         None => Error::config(path, format!("imported {key}: {message}")),
     }
 }
@@ -353,7 +356,7 @@ fn key_at(text: &str, line: usize) -> Option<String> {
     if let Some(table) = header(here) {
         return Some(table);
     }
-    let name = here.split_once('=')?.0.trim().trim_matches('"');
+    let name = here.split_once('=')?.0.trim().trim_matches(['"', '\'']);
     Some(match lines[..line - 1].iter().rev().find_map(|l| header(l)) {
         Some(table) => format!("{table}.{name}"),
         None => name.to_owned(),

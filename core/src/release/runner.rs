@@ -63,6 +63,14 @@ pub enum Event<'a> {
 /// with one data-parallel replica per device ([`crate::train::run::run_replicated`]), the
 /// evaluation with one engine per device ([`crate::eval::evaluate_on`]).
 pub fn run<B: AutodiffBackend>(plan: &Plan, stages: &[Stage], devices: &[B::Device], mut on_event: impl FnMut(Event)) -> Result<()> {
+    // Every RL and OPD run's step splits over the devices, checked before the first stage.
+    for stage in [Stage::Rl, Stage::Opd].into_iter().filter(|s| stages.contains(s)) {
+        for run in plan.runs_of(stage) {
+            if let RunSpec::Pg(c) = &run.spec {
+                c.settings().check_world(devices.len()).map_err(|e| Error::InvalidInput(format!("{} ({}): {e}", run.label(), run.source.display())))?;
+            }
+        }
+    }
     std::fs::create_dir_all(&plan.root).map_err(|e| Error::io(&plan.root, e))?;
     on_event(Event::Stage(Stage::Data));
     data(plan, &mut on_event)?;

@@ -139,7 +139,8 @@ pub struct PgSettings {
 
 impl PgSettings {
     /// Whether a step splits over `world` data-parallel replicas (whole prompt groups and whole
-    /// micro-batches on each), as a message; `kiln rl` checks it before loading anything.
+    /// micro-batches on each), as a message; `kiln rl`, `kiln opd` and `kiln release run` check
+    /// it before loading anything.
     pub fn check_world(&self, world: usize) -> std::result::Result<(), String> {
         if world == 0 || !self.prompts_per_step.is_multiple_of(world) || !self.mini_batch.is_multiple_of(world) {
             return Err(format!("[train] prompts_per_step ({}) and mini_batch ({}) must be multiples of the {world} replicas", self.prompts_per_step, self.mini_batch));
