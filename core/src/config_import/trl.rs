@@ -253,10 +253,10 @@ pub fn import(path: &Path, text: &str, overrides: &[String], kind: Option<RunKin
         return Err(c.refuse("lr_scheduler_kwargs", &v, "kiln takes scheduler arguments for cosine_with_min_lr only"));
     }
     let warmup_steps = c.f64("warmup_steps")?;
-    if warmup_steps >= 1.0 && warmup_steps.fract() != 0.0 {
-        return Err(c.refuse("warmup_steps", &Value::from(warmup_steps), "a whole number of steps, or below 1 for a ratio of the run"));
-    }
     if warmup_steps >= 1.0 {
+        if warmup_steps.fract() != 0.0 {
+            return Err(c.refuse("warmup_steps", &Value::from(warmup_steps), "a whole number of steps, or below 1 for a ratio of the run"));
+        }
         c.carry("warmup_steps", "schedule.warmup_steps", warmup_steps as u64);
     } else if warmup_steps > 0.0 {
         c.carry("warmup_steps", "schedule.warmup_ratio", warmup_steps);

@@ -67,7 +67,7 @@ pub fn run<B: AutodiffBackend>(plan: &Plan, stages: &[Stage], devices: &[B::Devi
     for stage in [Stage::Rl, Stage::Opd].into_iter().filter(|s| stages.contains(s)) {
         for run in plan.runs_of(stage) {
             if let RunSpec::Pg(c) = &run.spec {
-                c.settings().check_world(devices.len()).map_err(|e| Error::InvalidInput(format!("{} ({}): {e}", run.label(), run.source.display())))?;
+                c.settings().check_world(devices.len()).map_err(|e| run_error(run, e))?;
             }
         }
     }
@@ -149,6 +149,11 @@ fn needs(path: &Path, what: &str, stage: Stage) -> Result<()> {
     Err(Error::data(path, None, format!("{what} is not there yet: run the {} stage first (`--stages {}`)", stage.name(), stage.name())))
 }
 
+/// An error of `run`, named by its label and the config it comes from.
+fn run_error(run: &PlannedRun, e: impl std::fmt::Display) -> Error {
+    Error::InvalidInput(format!("{} ({}): {e}", run.label(), run.source.display()))
+}
+
 fn train<B: AutodiffBackend>(plan: &Plan, run: &PlannedRun, devices: &[B::Device], on_event: &mut impl FnMut(Event)) -> Result<()> {
     if run.finished() {
         on_event(Event::RunSkipped { run });
@@ -207,7 +212,7 @@ fn train<B: AutodiffBackend>(plan: &Plan, run: &PlannedRun, devices: &[B::Device
                 (RunSpec::Pg(c), RunKind::Opd) => crate::rl::run::run_replicated::<B>(c, Method::Opd, devices, None, true, on_data, on_record),
                 (RunSpec::Pg(c), _) => crate::rl::run::run_replicated::<B>(c, Method::Grpo, devices, None, true, on_data, on_record),
             }
-            .map_err(|e| Error::InvalidInput(format!("{} ({}): {e}", run.label(), run.source.display())))?
+            .map_err(|e| run_error(run, e))?
         };
         on_event(Event::RunDone { run, summary: &summary });
         if !run.last.join("config.json").is_file() {
