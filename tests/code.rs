@@ -254,6 +254,23 @@ fn eval_code_writes_records_and_summaries() {
     // A finished model is skipped; bad selections fail in one line.
     let again = kiln(&args);
     assert!(again.status.success() && String::from_utf8_lossy(&again.stderr).contains("skipped"));
+    // ... the same problems read from another path too; other settings are refused, naming the
+    // summary and what differs, and the finished files stay.
+    let copy = tmp.path().join("lcb_copy");
+    std::fs::create_dir(&copy).unwrap();
+    for entry in std::fs::read_dir(&mini).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), copy.join(entry.file_name())).unwrap();
+    }
+    let moved = kiln(&[&args[..5], &[s(&copy)], &args[6..]].concat());
+    assert!(moved.status.success() && String::from_utf8_lossy(&moved.stderr).contains("skipped"), "{}", String::from_utf8_lossy(&moved.stderr));
+    let summary_text = std::fs::read_to_string(out.join("model_code_summary.json")).unwrap();
+    let more = kiln(&[&args[..9], &["3"], &args[10..]].concat());
+    let stderr = String::from_utf8_lossy(&more.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(!more.status.success() && !stderr.contains("panicked"), "{stderr}");
+    assert!(last.contains("model_code_summary.json") && last.contains("(settings.sampling; settings.sampling: {") && last.contains("--overwrite"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(out.join("model_code_summary.json")).unwrap(), summary_text);
     let bad = kiln(&[&args[..6], &["--release", "v9", "--out", s(&out)]].concat());
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success() && stderr.lines().count() == 1 && stderr.contains("v9"), "{stderr}");

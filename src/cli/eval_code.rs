@@ -191,6 +191,8 @@ pub fn run(mut args: CodeEvalArgs) -> Result<()> {
         keep_generations: true,
         overwrite: args.overwrite,
         dtype: args.dtype,
+        // LiveCodeBench samples with vLLM's default: special tokens are not part of the text.
+        skip_special_tokens: true,
         ..EvalSettings::default()
     };
     if settings.samples == 0 {

@@ -52,7 +52,7 @@ impl ShardWork<'_> {
             stop: StopCriteria { token_ids: Vec::new(), strings: settings.stop.clone() },
             ignore_eos: false, // the model's EOS ids stop too
             seed: shard_seed(settings.seed, shard.part, shard.index),
-            skip_special_tokens: false,
+            skip_special_tokens: settings.skip_special_tokens,
         };
         let results = engine.generate(self.prompts(shard), &params, |p| progress(p.finished, p.tokens))?;
         let completions: Vec<Vec<Completion>> = results
@@ -78,9 +78,9 @@ impl<'a> Progress<'a> {
     /// Before sampling: everything but the `missing` shards is on disk.
     pub fn new(name: &'a str, parts: &[Part<'_>], missing: &[Shard], settings: &EvalSettings) -> Self {
         let n = settings.samples;
-        let total = parts.iter().map(|p| p.items.len()).sum::<usize>() * n;
-        let left: usize = missing.iter().map(|s| shard_len(parts, *s, settings) * n).sum();
-        Self { name, done: total - left, total, new_samples: 0, new_tokens: 0 }
+        let total = parts.iter().map(|p| p.items.len()).sum::<usize>().saturating_mul(n);
+        let left = missing.iter().fold(0usize, |left, s| left.saturating_add(shard_len(parts, *s, settings).saturating_mul(n)));
+        Self { name, done: total.saturating_sub(left), total, new_samples: 0, new_tokens: 0 }
     }
 
     /// The event, with `samples` and `tokens` of a shard under way added.

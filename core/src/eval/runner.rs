@@ -65,6 +65,9 @@ pub struct EvalSettings {
     pub overwrite: bool,
     /// The dtype models are loaded and sampled in.
     pub dtype: Dtype,
+    /// Drop special tokens from the completions' text (vLLM's `skip_special_tokens`, on in
+    /// LiveCodeBench's sampling); the Interplay evaluation keeps them, as its reference does.
+    pub skip_special_tokens: bool,
 }
 
 impl Default for EvalSettings {
@@ -85,6 +88,7 @@ impl Default for EvalSettings {
             keep_generations: false,
             overwrite: false,
             dtype: Dtype::F32,
+            skip_special_tokens: false,
         }
     }
 }
@@ -111,6 +115,9 @@ impl EvalSettings {
         }
         if self.dtype != Dtype::F32 {
             fields.push(("dtype", Json::from(self.dtype.name())));
+        }
+        if self.skip_special_tokens {
+            fields.push(("skip_special_tokens", Json::from(true)));
         }
         Json::object(fields)
     }
@@ -211,6 +218,9 @@ fn run_replica<B: Backend>(
     // Every replica, so that all of them stop (read-only: a directory another node lacks is fine).
     for entry in models {
         evaluation.check_out(out, &entry.name)?;
+        if !settings.overwrite && evaluation.finished_marker(out, &entry.name).is_file() {
+            evaluation.check_finished(out, &entry.name)?;
+        }
     }
     let main = replica.is_main();
     if main {
@@ -335,4 +345,18 @@ fn evaluate_model<B: Backend>(
     let run = FinishedRun { generations: &generations, samples: settings.samples, losses: losses.as_deref(), keep_generations: settings.keep_generations };
     evaluation.finish(name, out, &run, &mut |stage| on_event(EvalEvent::Stage { name, stage }))?;
     store.remove()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_record_skipped_special_tokens_only_when_on() {
+        let text = |settings: &EvalSettings| settings.shard_settings("x".into()).dumps(Style::COMPACT);
+        let kept = EvalSettings::default();
+        assert!(!text(&kept).contains("skip_special_tokens"), "shards written before the setting stay valid: {}", text(&kept));
+        let skipped = EvalSettings { skip_special_tokens: true, ..EvalSettings::default() };
+        assert!(text(&skipped).contains("skip_special_tokens"), "shards of texts without special tokens are not reused for texts with them");
+    }
 }

@@ -70,6 +70,13 @@ pub trait Evaluation {
         Ok(())
     }
 
+    /// Called for every model whose finished marker exists, before anything is evaluated (the
+    /// model would be skipped): refuses when its files were made with other settings or data
+    /// than this run's, rather than reporting them as this run's results.
+    fn check_finished(&self, _out: &Path, _model: &str) -> Result<()> {
+        Ok(())
+    }
+
     /// Called once per run before the first model is finished (Interplay: the gold graphs).
     fn prepare(&self, _out: &Path) -> Result<()> {
         Ok(())

@@ -27,7 +27,7 @@ use serde_json::Value;
 use super::problem::{Problem, RawProblem, TestMode};
 use super::prompt::{CodePrompt, PromptTemplate, code_prompt_parts};
 use crate::error::{Error, Result};
-use crate::io::jsonl_records;
+use crate::io::{jsonl_records, pyjson};
 use crate::tasks::{Item, Source};
 
 /// A problem with its tests in the sandbox's form.
@@ -123,6 +123,7 @@ impl CodeProblem {
             Value::Number(n) => n.to_string(),
             other => return Err(format!("id {other} is not a string")),
         };
+        check_tests(row.tests.iter().map(|t| (t.input.as_str(), t.output.as_str())), row.fn_name.is_some())?;
         let tests = row
             .tests
             .into_iter()
@@ -157,6 +158,30 @@ impl CodeProblem {
             source,
         }
     }
+}
+
+/// Tests (input, output) a problem can be graded by: at least one (a problem without tests would
+/// accept any program), and in call mode every line of an input one JSON value (an argument) and
+/// the output one JSON value, read as the sandbox's harness reads them (Python's `json.loads`
+/// of `input.split("\n")`): a test that cannot be read is the file's error, not the model's.
+pub(crate) fn check_tests<'a>(tests: impl Iterator<Item = (&'a str, &'a str)>, call: bool) -> std::result::Result<(), String> {
+    let mut count = 0;
+    for (i, (input, output)) in tests.enumerate() {
+        count += 1;
+        if !call {
+            continue;
+        }
+        for (l, line) in input.split('\n').enumerate() {
+            pyjson::parse(line).map_err(|e| {
+                format!("test {}: input line {} is not a JSON value (a call test passes one JSON argument per line): {e}", i + 1, l + 1)
+            })?;
+        }
+        pyjson::parse(output).map_err(|e| format!("test {}: the output is not a JSON value (a call test's expected return value): {e}", i + 1))?;
+    }
+    if count == 0 {
+        return Err("no tests: a problem without tests would accept any program".into());
+    }
+    Ok(())
 }
 
 /// The problems of a file, in order, with their places; a row that is neither shape is an error
@@ -206,10 +231,18 @@ mod tests {
     fn bad_rows_name_file_and_line() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("p.jsonl");
-        let good = r#"{"id": "a", "question": "q", "tests": []}"#;
+        let good = r#"{"id": "a", "question": "q", "tests": [{"input": "1\n", "output": "1\n"}]}"#;
+        let call = |input: &str, output: &str| {
+            let test = serde_json::json!({ "input": input, "output": output });
+            format!("{good}\n{}\n", serde_json::json!({ "id": "b", "question": "q", "fn_name": "f", "tests": [{ "input": "1", "output": "2" }, test] }))
+        };
         for (text, expected) in [
             (format!("{good}\n{{\"id\": \"b\", \"question\": \"q\"}}\n"), "p.jsonl line 2: neither a LiveCodeBench row"),
             (format!("{good}\n{{\"id\": \"b\", \"question\": \"q\", \"tests\": [], \"extra\": 1}}\n"), "unknown field `extra`"),
+            (format!("{good}\n{{\"id\": \"b\", \"question\": \"q\", \"tests\": []}}\n"), "p.jsonl line 2: no tests: a problem without tests would accept any program"),
+            (call("1 2", "3"), "p.jsonl line 2: test 2: input line 1 is not a JSON value"),
+            (call("[1, 2]\n", "3"), "p.jsonl line 2: test 2: input line 2 is not a JSON value"),
+            (call("[1, 2]\n3", "eight"), "p.jsonl line 2: test 2: the output is not a JSON value"),
             (format!("{good}\n{good}\n"), "p.jsonl line 2: id \"a\" already appears on line 1"),
             ("{\"question_id\": \"x\"}\n".to_owned(), "p.jsonl line 1: not a LiveCodeBench problem row"),
         ] {
@@ -217,5 +250,8 @@ mod tests {
             let e = read_code_problems(&path).unwrap_err().to_string();
             assert!(e.contains(expected), "{e}");
         }
+        // Python's json.loads reads NaN and surrounding spaces: such tests are fine.
+        std::fs::write(&path, call(" [1, 2] \nNaN", "[3]")).unwrap();
+        assert_eq!(read_code_problems(&path).unwrap().len(), 2);
     }
 }

@@ -173,6 +173,8 @@ struct SummaryFile<'a> {
     summary: &'a CodeSummary,
     settings: &'a Value,
     grading: Value,
+    /// The problems' and grading's hash ([`Evaluation::fingerprint`]).
+    data_sha256: String,
     protections: &'a Protections,
 }
 
@@ -270,6 +272,7 @@ impl Evaluation for CodeEvaluation {
             summary: &summary,
             settings: &self.settings,
             grading: self.grading(),
+            data_sha256: self.fingerprint(),
             protections: self.sandbox.protections(),
         };
         if !run.keep_generations {
@@ -277,6 +280,45 @@ impl Evaluation for CodeEvaluation {
         }
         let text = serde_json::to_string_pretty(&file).expect("a summary serialises") + "\n";
         write_atomic(&Self::summary_path(out, model), &text)
+    }
+
+    /// The summary's recorded `settings` (each key), `grading` and `data_sha256` against this
+    /// run's; a key one side lacks (a summary written before it was recorded) is not compared.
+    fn check_finished(&self, out: &Path, model: &str) -> Result<()> {
+        let path = Self::summary_path(out, model);
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let recorded: Value = serde_json::from_str(&text).map_err(|e| Error::data(&path, None, e.to_string()))?;
+        let now = json!({ "settings": self.settings, "grading": self.grading(), "data_sha256": self.fingerprint() });
+        let mut differ = Vec::new();
+        for (section, value) in now.as_object().expect("an object") {
+            let Some(old) = recorded.get(section) else { continue };
+            match (old.as_object(), value.as_object()) {
+                (Some(old), Some(value)) => differ.extend(
+                    value.iter().filter(|(k, v)| old.get(*k).is_some_and(|o| o != *v)).map(|(k, v)| (format!("{section}.{k}"), old[k].clone(), v.clone())),
+                ),
+                _ if old != value => differ.push((section.clone(), old.clone(), value.clone())),
+                _ => {}
+            }
+        }
+        // The same problems read from another path are the same evaluation.
+        if recorded.get("data_sha256") == now.get("data_sha256") {
+            differ.retain(|(k, _, _)| k != "settings.problems");
+        }
+        let Some((key, old, value)) = differ.first() else { return Ok(()) };
+        let short = |v: &Value| {
+            let text = v.to_string();
+            if text.chars().count() > 60 { format!("{}…", text.chars().take(60).collect::<String>()) } else { text }
+        };
+        let keys = differ.iter().map(|(k, _, _)| k.as_str()).collect::<Vec<_>>().join(", ");
+        Err(Error::data(
+            &path,
+            None,
+            format!(
+                "model {model} was evaluated with other settings or problems than this run's ({keys}; {key}: {} then, {} now): pass --overwrite to evaluate it again, or another --out",
+                short(old),
+                short(value)
+            ),
+        ))
     }
 
     fn summary(&self, out: &Path, model: &str) -> Result<Json> {

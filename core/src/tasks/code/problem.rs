@@ -254,6 +254,7 @@ impl RawProblem {
         if let Some(test) = problem.tests().find(|t| t.testtype != want) {
             return Err(format!("a {:?} test in a problem whose metadata makes it {:?}", test.testtype, want));
         }
+        super::code_problem::check_tests(problem.tests().map(|t| (t.input.as_str(), t.output.as_str())), want == TestType::Functional)?;
         Ok(problem)
     }
 }
@@ -298,6 +299,12 @@ mod tests {
         assert!(err.contains("metadata"), "{err}");
         let err = RawProblem::parse(&row("{}", r#"[{"input": "1"}]"#)).unwrap().decode().unwrap_err();
         assert!(err.contains("public_test_cases") && err.contains("output"), "{err}");
+        // No tests at all, and call tests the harness cannot read: the row's error, not the model's.
+        let err = RawProblem::parse(&row("{}", "[]")).unwrap().decode().unwrap_err();
+        assert!(err.starts_with("no tests"), "{err}");
+        let unreadable = r#"[{"input": "1 2", "output": "3", "testtype": "functional"}]"#;
+        let err = RawProblem::parse(&row(r#"{"func_name": "add"}"#, unreadable)).unwrap().decode().unwrap_err();
+        assert!(err.starts_with("test 1: input line 1 is not a JSON value"), "{err}");
     }
 
     #[test]
