@@ -65,6 +65,18 @@ fn compare_gives_the_numpy_interval_and_per_question_differences() {
     let bad = kiln(&["eval", "code", "compare", s(&a), s(&short)]);
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success() && stderr.lines().count() == 1 && stderr.contains("not in") && stderr.contains("short_code_generations.jsonl"), "{stderr}");
+
+    // `--out` naming an input (it replaced run A's file with the report) and resamples past the
+    // bound (a capacity-overflow panic) are one line; the input stays.
+    let a_copy = tmp.path().join("a_code_generations.jsonl");
+    std::fs::copy(&a, &a_copy).unwrap();
+    let bad = kiln(&["eval", "code", "compare", s(&a_copy), s(&b), "--out", s(&a_copy)]);
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && stderr.lines().count() == 1 && stderr.contains("would replace the input"), "{stderr}");
+    assert_eq!(std::fs::read(&a_copy).unwrap(), std::fs::read(&a).unwrap());
+    let bad = kiln(&["eval", "code", "compare", s(&a), s(&b), "--resamples", "18446744073709551615"]);
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && stderr.lines().count() == 1 && stderr.contains("--resamples must be at most 100000000"), "{stderr}");
 }
 
 #[test]
@@ -92,6 +104,14 @@ fn decontaminate_reports_the_known_overlaps() {
     let bad = kiln(&["data", "decontaminate", "--rows", s(&bad_rows), "--problems", s(&problems)]);
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success() && stderr.lines().count() == 1 && stderr.contains("bad.jsonl:2") && stderr.contains("\"prompt\""), "{stderr}");
+
+    // `--out` naming the problem file (the report replaced it): one line, the file kept.
+    let problems_copy = tmp.path().join("test6.jsonl");
+    std::fs::copy(&problems, &problems_copy).unwrap();
+    let bad = kiln(&["data", "decontaminate", "--rows", s(&rows), "--problems", s(&problems_copy), "--out", s(&problems_copy)]);
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && stderr.lines().count() == 1 && stderr.contains("would replace the input"), "{stderr}");
+    assert_eq!(std::fs::read(&problems_copy).unwrap(), std::fs::read(&problems).unwrap());
 }
 
 /// A tiny random model with a byte-level BPE tokenizer, saved at `path`.

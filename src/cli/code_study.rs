@@ -21,6 +21,10 @@ pub enum CodeEvalCommand {
     Compare(CompareArgs),
 }
 
+/// More bootstrap resamples than this are refused (each is a mean over the questions, all kept
+/// for the percentiles; LiveCodeBench-style comparisons use 10,000).
+const MAX_RESAMPLES: usize = 100_000_000;
+
 #[derive(Debug, Args)]
 pub struct CompareArgs {
     /// Run A (the baseline): a `<model>_code_summary.json`, a `<model>_code_generations.jsonl`,
@@ -49,6 +53,12 @@ pub struct CompareArgs {
 
 pub fn run(command: CodeEvalCommand) -> Result<()> {
     let CodeEvalCommand::Compare(args) = command;
+    if args.resamples > MAX_RESAMPLES {
+        bail!("--resamples must be at most {MAX_RESAMPLES} (got {})", args.resamples);
+    }
+    if let Some(out) = &args.out {
+        super::refuse_input_as_out(out, &[&args.a, &args.b])?;
+    }
     let (a_name, b_name) = (args.a.display().to_string(), args.b.display().to_string());
     let bootstrap = Bootstrap { resamples: args.resamples, seed: args.seed, level: args.level };
     let c = compare(&read_counts(&args.a)?, &read_counts(&args.b)?, bootstrap, &a_name, &b_name)?;

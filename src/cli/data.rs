@@ -97,7 +97,10 @@ fn interplay(args: InterplayArgs) -> Result<()> {
     if args.per_op == 0 {
         bail!("--per-op must be at least 1");
     }
-    let bar = progress::with_eta((args.ops.0.len() * args.per_op) as u64, "rows");
+    let Some(rows) = args.ops.0.len().checked_mul(args.per_op) else {
+        bail!("--per-op {} for {} ops is more rows than can be counted", args.per_op, args.ops.0.len());
+    };
+    let bar = progress::with_eta(rows as u64, "rows");
     let start = Instant::now();
     let report = write_split(
         &args.out,

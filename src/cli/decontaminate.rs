@@ -39,6 +39,9 @@ pub fn run(args: DecontaminateArgs) -> Result<()> {
     if args.ngram == 0 {
         bail!("--ngram must be at least 1");
     }
+    if let Some(out) = &args.out {
+        super::refuse_input_as_out(out, &[&args.rows, &args.problems])?;
+    }
     let release = args.release.as_deref().map(Release::parse).transpose()?;
     let problems = load_problems(&args.problems, &Selection { release, window: DateWindow::default() })?;
     let problems: Vec<(String, String)> = problems.into_iter().map(|p| (p.question_id, p.question_content)).collect();

@@ -104,6 +104,20 @@ impl Cli {
     }
 }
 
+/// Refuses an `--out` that is one of the command's `inputs` (or a file inside an input
+/// directory): the report would replace what the command reads.
+#[cfg(feature = "code")]
+pub(crate) fn refuse_input_as_out(out: &std::path::Path, inputs: &[&std::path::Path]) -> Result<()> {
+    let Ok(written) = out.canonicalize() else { return Ok(()) };
+    for input in inputs {
+        let Ok(read) = input.canonicalize() else { continue };
+        if written == read || (read.is_dir() && written.parent() == Some(read.as_path())) {
+            anyhow::bail!("--out {} would replace the input {}: write the report elsewhere", out.display(), input.display());
+        }
+    }
+    Ok(())
+}
+
 /// A count of at least 1.
 pub(crate) fn positive(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
