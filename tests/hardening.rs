@@ -104,6 +104,9 @@ fn counts_and_time_budgets() {
         fails_with(&["bench", "--config", s(&config), flag, value], &[flag, "expected a whole number of at least 1"]);
     }
     fails_with(&["bench", "--matmul", "--model", s(config.parent().unwrap())], &["--matmul needs --config"]);
+    let interplay = tmp.path().join("interplay");
+    fails_with(&["data", "interplay", "--ops", "2,3", "--per-op", "18446744073709551615", "--out", s(&interplay)], &["--per-op", "more rows than can be counted"]);
+    assert!(!interplay.exists());
     let out = tmp.path().join("quickstart");
     for minutes in ["--minutes=-1", "--minutes=nan", "--minutes=inf"] {
         fails_with(&["quickstart", "--out", s(&out), minutes], &["--minutes", "expected a finite number of minutes >= 0"]);
@@ -137,6 +140,24 @@ fn counts_and_time_budgets() {
     fails_with(&["sft", "--config", s(&run)], &[s(&run), "time_budget_s", "more seconds than a duration holds"]);
     std::fs::write(&run, text("10")).unwrap();
     fails_with(&["sft", "--config", s(&run), "--dist-timeout", "1e20"], &["--dist-timeout", "at most 1e9"]);
+
+    // An `[output] name` with a '/' (its checkpoints would land where resume and the overwrite
+    // guard never look), a `save_steps` of a fraction above 1 (was cut to 1: every step saved),
+    // batch sizes whose product overflows or that would copy samples for hours before a step.
+    let sft = |train: &str, output: &str| {
+        format!("[model]\ninit = \"c.json\"\n\n[data]\nkind = \"sft\"\npath = \"sft.jsonl\"\n\n[train]\nsteps = 1\n{train}\n\n[optimizer]\nlr = 1e-3\n\n[output]\ndir = \"o\"\n{output}\n")
+    };
+    for (train, output, expected) in [
+        ("micro_batch = 1", "name = \"a/b\"", "[output] name \"a/b\" must be a plain name"),
+        ("micro_batch = 1", "save_steps = 1.5", "[output] save_steps must be a whole number of steps"),
+        ("micro_batch = 1", "save_steps = nan", "[output] save_steps must be a whole number of steps"),
+        ("micro_batch = 4294967296\ngrad_accum = 4294967296", "", "micro_batch × grad_accum (4294967296 × 4294967296)"),
+        ("micro_batch = 100000000000", "", "sequences per step"),
+    ] {
+        std::fs::write(&run, sft(train, output)).unwrap();
+        fails_with(&["sft", "--config", s(&run)], &[s(&run), expected]);
+    }
+    assert!(!tmp.path().join("o").exists(), "nothing is written for bad configs");
 }
 
 /// A chat tokenizer, a small model written for it (`vocab_size`, context and width as given) and
@@ -356,6 +377,11 @@ fn a_fresh_start_keeps_the_earlier_metrics() {
     assert_eq!(std::fs::read(out.join("metrics.jsonl.prev")).unwrap(), earlier, "the earlier records are kept as they were");
     let steps: Vec<u64> = losses(&out.join("metrics.jsonl")).iter().map(|(step, _)| *step).collect();
     assert_eq!(steps, [1, 2], "the new run's log holds its own steps");
+    // `--resume` with nothing to resume (a typo in `dir`, a changed name) says so, then starts.
+    std::fs::remove_dir_all(out.join("checkpoint-2")).unwrap();
+    let resumed = ok(&["sft", "--config", s(&run), "--resume"]);
+    let stderr = String::from_utf8_lossy(&resumed.stderr);
+    assert!(stderr.contains(&format!("note: --resume: no checkpoint in {}; starting from step 0", out.display())), "{stderr}");
 }
 
 /// A latest checkpoint that cannot be loaded is kept aside (renamed, not deleted) and the run

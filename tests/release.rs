@@ -372,12 +372,32 @@ fn tiny_release_runs_end_to_end_resumes_and_skips() {
     assert_eq!(log.matches("kept (files exist)").count(), 3, "{log}");
     assert_eq!((modified(&final_rl), modified(&root.join("020305/evals/rl_op11_14_step2_metrics.json"))), (before, metrics));
 
+    // The scale's model directory holding another architecture than the config's: refused,
+    // naming the file and the keys; nothing rewritten.
+    let model_config = std::fs::read_dir(root.join("model")).unwrap().next().unwrap().unwrap().path().join("config.json");
+    let kept = std::fs::read_to_string(&model_config).unwrap();
+    let mut other: Value = serde_json::from_str(&kept).unwrap();
+    other["hidden_size"] = Value::from(other["hidden_size"].as_u64().unwrap() * 2);
+    std::fs::write(&model_config, other.to_string()).unwrap();
+    let out = call("data");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(!out.status.success() && last.contains(model_config.to_str().unwrap()) && last.contains("(hidden_size differ)"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&model_config).unwrap(), other.to_string());
+    std::fs::write(&model_config, kept).unwrap();
+
     // An interrupted run (its last checkpoint missing) resumes from its latest one; its index
     // record keeps its start.
     let start = index(&root, "020305").iter().find(|r| r["run"] == "rl op13_20").unwrap()["start"].clone();
     std::fs::remove_dir_all(root.join("020305/rl/op13_20_step2")).unwrap();
     std::fs::remove_dir_all(root.join("020305/opd_refkl/op11_14_step2")).unwrap();
+    // (its effective config, edited since, is rewritten and the edited one kept beside it)
+    let effective = root.join("020305/configs/rl_op13_20.toml");
+    let edited = std::fs::read_to_string(&effective).unwrap() + "# edited\n";
+    std::fs::write(&effective, &edited).unwrap();
     let log = ok(call("rl,opd"));
+    assert_eq!(std::fs::read_to_string(root.join("020305/configs/rl_op13_20.toml.prev")).unwrap(), edited);
+    assert!(!std::fs::read_to_string(&effective).unwrap().contains("# edited"));
     assert!(log.contains("020305 rl op13_20: 2 steps into") && log.contains("resuming from step 1"), "{log}");
     assert!(log.contains("020305 opd: 2 steps into"), "{log}");
     assert!(root.join("020305/rl/op13_20_step2/model.safetensors").is_file());
@@ -464,6 +484,14 @@ fn a_scale_names_runs_that_exist() {
     let labels = plan_with(&["op13_20", "opd_refkl", "op11_14"]).unwrap();
     assert_eq!(labels.len(), 2 + 2 * 2 + 2, "{labels:?}");
     assert!(labels.contains(&"050302 opd".to_owned()) && !labels.iter().any(|l| l.ends_with("op15_20")), "{labels:?}");
+
+    // Two RL runs of a batch under one [output] name would share checkpoints (the second was
+    // skipped as finished, or resumed from the first's).
+    let mut config = release();
+    let first = config.batches[0].rl[0].clone();
+    config.batches[0].rl.push(first.clone());
+    let e = kiln::release::plan(&config, &release_file(), "cpu", None).unwrap_err().to_string();
+    assert!(e.contains(first.to_str().unwrap()) && e.contains("is also") && e.contains("the two runs would share checkpoints"), "{e}");
 }
 
 /// The evaluation refuses a test file the scale's splits do not name (another per-op count left

@@ -266,7 +266,12 @@ pub fn plan(config: &ReleaseConfig, path: &Path, scale: &str, out: Option<&Path>
         let model = pretrain.model.clone();
         runs.push(pretrain);
         for source in &batch.rl {
-            runs.push(plan_pg(&batch.name, source, RunKind::Grpo, &dir, &data, &base, &model, rl_scale, ops.as_ref(), None)?);
+            let run = plan_pg(&batch.name, source, RunKind::Grpo, &dir, &data, &base, &model, rl_scale, ops.as_ref(), None)?;
+            if let Some(other) = runs.iter().find(|r| r.batch == batch.name && r.kind == RunKind::Grpo && r.name == run.name) {
+                let message = format!("[output] name {:?} is also {}'s in [[batch]] {}: the two runs would share checkpoints", run.name, other.source.display(), batch.name);
+                return Err(Error::config(source, message));
+            }
+            runs.push(run);
         }
         if let (Some(source), Some(teacher)) = (&batch.opd, &batch.teacher) {
             let teacher_run = runs

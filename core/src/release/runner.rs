@@ -121,6 +121,20 @@ fn data(plan: &Plan, on_event: &mut impl FnMut(Event)) -> Result<()> {
 fn write_model_dir(config: &Value, dir: &Path) -> Result<()> {
     let config_path = dir.join("config.json");
     if config_path.is_file() {
+        let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
+        let kept: Value = serde_json::from_str(&text).map_err(|e| Error::json(&config_path, None, e))?;
+        // (Keys one side lacks are not compared: a config.json written by another kiln version.)
+        let differ: Vec<&String> = match (kept.as_object(), config.as_object()) {
+            (Some(kept), Some(now)) => now.iter().filter(|(k, v)| kept.get(*k).is_some_and(|old| old != *v)).map(|(k, _)| k).collect(),
+            _ => Vec::new(),
+        };
+        if !differ.is_empty() {
+            let keys = differ.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ");
+            let message = format!(
+                "holds another model than this scale's in the release config ({keys} differ): the runs here were made with it; choose another --out, or remove the directory to start over"
+            );
+            return Err(Error::data(&config_path, None, message));
+        }
         return Ok(());
     }
     for (name, text) in PAPER_TOKENIZER_FILES {
@@ -183,7 +197,13 @@ fn train<B: AutodiffBackend>(plan: &Plan, run: &PlannedRun, devices: &[B::Device
         },
         batch_dir.join(&config).display()
     );
-    crate::io::write_atomic(&batch_dir.join(&config), &(header + &run.config_toml()?))?;
+    // An earlier effective config that differs is kept beside it (`.prev`): the run's checkpoints
+    // were made with it, and the resume below may refuse the new one.
+    let (config_path, text) = (batch_dir.join(&config), header + &run.config_toml()?);
+    if std::fs::read_to_string(&config_path).is_ok_and(|old| old != text) {
+        crate::train::checkpoint::set_aside_as(&config_path, "prev")?;
+    }
+    crate::io::write_atomic(&config_path, &text)?;
     let mut index = RunIndex::load(&batch_dir, &note(plan))?;
     let label = index_label(run);
     index.started(RunRecord {

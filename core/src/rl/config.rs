@@ -317,7 +317,7 @@ impl PgConfig {
         self.loss.rejection().map_err(|m| Refusal::at("loss", Some("rollout_rs"), format!("[loss] {m}")))?;
         let prompts = self.prompts().map_err(|m| Refusal::at("data", Some("kind"), m))?;
         t.total_steps(|_| 0)?;
-        self.output.time_budget()?;
+        self.output.check()?;
         if prompts.dir.is_some() != prompts.files.is_empty() {
             return Err("[data] needs exactly one of `dir` (per-op files) or `files`".into());
         }

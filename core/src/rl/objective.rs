@@ -166,6 +166,10 @@ impl PgSettings {
         if !self.prompts_per_step.is_multiple_of(self.mini_batch) {
             return Err(format!("prompts_per_step ({}) must be a multiple of mini_batch ({})", self.prompts_per_step, self.mini_batch));
         }
+        let max = crate::train::config::MAX_SEQUENCES_PER_STEP;
+        if self.prompts_per_step.checked_mul(r.n).is_none_or(|n| n > max) {
+            return Err(format!("a step's responses (prompts_per_step {} × n {}) are more than {max}", self.prompts_per_step, r.n));
+        }
         if !(self.mini_batch * r.n).is_multiple_of(self.micro_batch) {
             return Err(format!(
                 "a mini-batch's responses (mini_batch {} × n {}) must be a multiple of micro_batch ({})",
@@ -821,6 +825,10 @@ mod tests {
             let kl = Some((KlEstimator::K3, beta));
             assert!(PgSettings { kl, ..settings() }.check().is_err_and(|e| e.contains("KL")), "{beta}");
         }
+        // A step's responses past the bound (the product overflowed in the checks below).
+        let (prompts_per_step, n) = (1 << 40, 1 << 30);
+        let huge = PgSettings { prompts_per_step, mini_batch: prompts_per_step, rollout: RolloutSettings { n, ..settings().rollout }, ..settings() };
+        assert!(huge.check().is_err_and(|e| e.contains("a step's responses (prompts_per_step 1099511627776 × n 1073741824)")));
     }
 
     /// One optimizer update on the step's first mini-batch raises `Σ A · log π` over its tokens:

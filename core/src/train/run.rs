@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::adamw::AdamWConfig;
 use super::config::{
-    DEFAULT_CUTOFF, DataSection, Family, MixtureData, ModelSection, NextTokenEval, NextTokenTrain, OutputSection, Refusal,
+    DEFAULT_CUTOFF, DataSection, Family, MAX_SEQUENCES_PER_STEP, MixtureData, ModelSection, NextTokenEval, NextTokenTrain, OutputSection, Refusal,
     ScheduleSection, TokenCount, Typo, base_dir, read_config, refused, resolve_shared,
 };
 use super::heldout::HeldOut;
@@ -119,11 +119,18 @@ impl RunConfig {
         if t.micro_batch == 0 || t.grad_accum == 0 {
             return Err("[train] micro_batch and grad_accum must be positive".into());
         }
+        if t.micro_batch.checked_mul(t.grad_accum).is_none_or(|n| n > MAX_SEQUENCES_PER_STEP) {
+            let message = format!(
+                "[train] micro_batch × grad_accum ({} × {}) is more than {MAX_SEQUENCES_PER_STEP} sequences per step",
+                t.micro_batch, t.grad_accum
+            );
+            return Err(Refusal::at("train", Some("micro_batch"), message));
+        }
         if self.cutoff_len() == 0 || matches!(&self.data, DataSection::Sft(s) if s.max_length == Some(0)) {
             return Err("[data] cutoff_len and max_length must be positive".into());
         }
         t.total_steps(|_| 0)?;
-        self.output.time_budget()?;
+        self.output.check()?;
         self.optimizer.check().map_err(|(key, m)| Refusal::at("optimizer", Some(key), m))?;
         self.schedule.build(self.optimizer.lr, 1)?;
         Ok(())
@@ -190,7 +197,7 @@ fn prepare<'a, B: AutodiffBackend>(config: &'a RunConfig, replica: &Replica, dev
     let (samples, heldout_rows, data_report) = if replica.is_main() { prepare_data()? } else { crate::progress::silenced(prepare_data)? };
 
     let (micro_batch, grad_accum) = (t.micro_batch, t.grad_accum);
-    let samples_per_step = micro_batch * grad_accum * replica.world();
+    let samples_per_step = (micro_batch * grad_accum).saturating_mul(replica.world());
     let total_steps = t
         .total_steps(|epochs| ((samples.len() as f64 * epochs) / samples_per_step as f64).ceil() as u64)
         .map_err(Error::InvalidInput)?;

@@ -198,7 +198,7 @@ impl<B: AutodiffBackend> Start<B> {
                             let changes = changed_settings(path, &state, config)?;
                             // (the data cursor before any warning: a run that cannot continue its
                             // data ends in one error line)
-                            objective.restore(&state.data)?;
+                            objective.restore(&state.data).map_err(|e| Error::checkpoint(path, e.to_string()))?;
                             warn_of_changes(path, &state, config, &changes);
                             if !changes.is_empty() {
                                 optimizer.config = config.optimizer;
@@ -221,7 +221,14 @@ impl<B: AutodiffBackend> Start<B> {
                 config.out_dir.display(),
                 path.display()
             ))),
-            None => Self::fresh(config, device, fresh),
+            None => {
+                if resume {
+                    // (HF's Trainer refuses here; kiln's release reruns every stage with --resume.)
+                    let named = config.save.run_name.as_deref().map(|n| format!(" of run {n:?}")).unwrap_or_default();
+                    eprintln!("note: --resume: no checkpoint{named} in {}; starting from step 0", config.out_dir.display());
+                }
+                Self::fresh(config, device, fresh)
+            }
         }
     }
 

@@ -87,6 +87,11 @@ impl ModelSection {
     }
 }
 
+/// More sequences than this in one optimizer step (micro-batches × accumulation, or an RL step's
+/// responses) are refused: 2^24, thousands of times any published recipe's batch (a typo,
+/// which would otherwise overflow or copy samples for hours before the first step).
+pub const MAX_SEQUENCES_PER_STEP: usize = 1 << 24;
+
 /// `steps`, or the steps of `epochs` by the run's rule; exactly one is needed.
 pub fn total_steps(steps: Option<u64>, epochs: Option<f64>, of_epochs: impl FnOnce(f64) -> u64) -> std::result::Result<u64, String> {
     match (steps, epochs) {
@@ -222,8 +227,9 @@ pub struct OutputSection {
     /// Checkpoints `<name>_step<N>` and `<name>_metrics.jsonl` (e.g. `op11_14`); an empty name
     /// gives `step<N>`; without one, `checkpoint-<N>` and `metrics.jsonl`.
     pub name: Option<String>,
-    /// Save every n steps, or a fraction of the run (`0.2` → 5 checkpoints); absent: after the
-    /// last step only. (`save_freq` in rl/opd configs.)
+    /// Save every n steps (a whole number), or a fraction of the run (`0.2` → 5 checkpoints);
+    /// absent, 0 or less (TRL's `save_strategy = "no"`, verl's `-1`): after the last step only.
+    /// (`save_freq` in rl/opd configs.)
     #[serde(alias = "save_freq")]
     pub save_steps: Option<f64>,
     /// Extra steps to save at.
@@ -248,6 +254,22 @@ impl OutputSection {
                 .map_err(|_| format!("[output] time_budget_s = {s} is more seconds than a duration holds; leave it out for no budget")),
             Some(s) => Err(format!("[output] time_budget_s must be a finite number of seconds >= 0 (got {s})")),
         }
+    }
+
+    /// `name`, `save_steps` and `time_budget_s` as a run can use them.
+    pub fn check(&self) -> std::result::Result<(), Refusal> {
+        self.time_budget()?;
+        if let Some(name) = self.name.as_deref().filter(|n| n.contains(['/', '\0'])) {
+            let message = format!("[output] name {name:?} must be a plain name: it begins the names of the files in `dir` (no '/')");
+            return Err(Refusal::at("output", Some("name"), message));
+        }
+        if let Some(every) = self.save_steps.filter(|e| e.is_nan() || e.is_infinite() || (*e > 1.0 && e.fract() != 0.0)) {
+            let message = format!(
+                "[output] save_steps must be a whole number of steps, or a fraction of the run below 1 (got {every}; 0 or less saves the last step only)"
+            );
+            return Err(Refusal::at("output", Some("save_steps"), message));
+        }
+        Ok(())
     }
 
     /// When to save.

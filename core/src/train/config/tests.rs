@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::rl::{Method, PgConfig};
 use crate::rl::loss::{KlEstimator, LossAgg};
 use crate::train::adamw::AdamWConfig;
-use crate::train::config::{DataSection, MixtureData, SftData, TokenCount, Typo};
+use crate::train::config::{DataSection, MixtureData, OutputSection, SftData, TokenCount, Typo};
 use crate::train::run::{RunConfig, Sections, loop_config};
 use crate::train::schedule::{Decay, Schedule};
 use crate::train::trainer::{LoopConfig, SavePolicy};
@@ -382,4 +382,23 @@ fn the_optimizer_section_is_what_adamw_takes() {
     let nan_rate = text.replace("lr = 3e-4", "lr = 0.0").replace("[output]", "[schedule]\nkind = \"cosine_with_min_lr\"\nmin_lr = 1e-5\n[output]");
     let err = RunConfig::from_toml(Path::new("/work/run.toml"), &nan_rate).unwrap_err().to_string();
     assert!(err.contains("[schedule] min_lr must be a finite number >= 0, and [optimizer] lr positive"), "{err}");
+}
+
+#[test]
+fn output_save_steps_and_names_that_runs_can_use() {
+    let output = |name: Option<&str>, save_steps: Option<f64>| OutputSection { name: name.map(str::to_owned), save_steps, ..OutputSection::default() };
+    // Whole steps, fractions of the run, and 0 or less (TRL's save_strategy "no", verl's -1).
+    for every in [None, Some(20.0), Some(0.2), Some(1.0), Some(0.0), Some(-1.0), Some(1e300)] {
+        assert!(output(Some("op11_14"), every).check().is_ok(), "{every:?}");
+    }
+    for every in [1.5, 20.5, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        let e = output(None, Some(every)).check().unwrap_err();
+        assert_eq!(e.key, Some("save_steps"), "{every}");
+    }
+    for name in ["", "..", "a.b"] {
+        assert!(output(Some(name), None).check().is_ok(), "{name:?}");
+    }
+    for name in ["a/b", "../x", "/abs"] {
+        assert!(output(Some(name), None).check().is_err_and(|e| e.key == Some("name") && e.message.contains("plain name")), "{name:?}");
+    }
 }
