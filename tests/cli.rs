@@ -133,6 +133,12 @@ fn init_then_generate_text_with_stop_string() {
     // init refuses to overwrite what exists.
     let again = kiln(&["init", "--config", config.to_str().unwrap(), "--out", m]);
     assert!(one_line_error(&again).contains("already exists"));
+    // `--config` naming a model directory copies that directory's tokenizer (was: its parent's,
+    // here none).
+    let copy = tmp.path().join("copy");
+    let out = kiln(&["init", "--config", m, "--out", copy.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read(copy.join("tokenizer.json")).unwrap(), std::fs::read(model.join("tokenizer.json")).unwrap());
 }
 
 #[test]
@@ -250,6 +256,15 @@ fn step_matches_pytorch_and_refuses_bad_input() {
         let out = tmp.path().join("c");
         let err = one_line_error(&Command::new(env!("CARGO_BIN_EXE_kiln")).args(args(&out, &data)).output().unwrap());
         assert!(err.contains("data.jsonl line 2") && err.contains(expected), "{err}");
+        assert!(!out.exists(), "nothing written");
+    }
+    // Optimizer flags the run configs refuse (a NaN --lr wrote a NaN model and exited 0).
+    for (flag, value) in [("--lr", "NaN"), ("--lr", "-1"), ("--weight-decay", "inf"), ("--max-grad-norm", "NaN")] {
+        let out = tmp.path().join("d");
+        let mut flagged = args(&out, &data);
+        flagged.push(format!("{flag}={value}"));
+        let err = one_line_error(&Command::new(env!("CARGO_BIN_EXE_kiln")).args(flagged).output().unwrap());
+        assert!(err.contains(flag) && err.contains("must be a finite number"), "{err}");
         assert!(!out.exists(), "nothing written");
     }
 }

@@ -413,6 +413,8 @@ fn bench_all_reduce_times_checked_sums_per_size() {
         assert!(b.status.success() && b.stdout.is_empty(), "rank 1 prints nothing: {}", stderr(&b));
         let bad = kiln().args(["bench", "--all-reduce", "--sizes", "4095"]).output().unwrap();
         assert_eq!(last_line(&bad), "error: --sizes: 4095 is not a whole number of f32 values (a multiple of 4 bytes)");
+        let bad = kiln().args(["bench", "--all-reduce", "--sizes", "18446744073709551612"]).output().unwrap();
+        assert_eq!(last_line(&bad), "error: --sizes: 18446744073709551612 bytes is more than 17179869184 (16 GiB) a buffer");
         return;
     }
     panic!("no free port on 127.0.0.1");

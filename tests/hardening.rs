@@ -104,6 +104,13 @@ fn counts_and_time_budgets() {
         fails_with(&["bench", "--config", s(&config), flag, value], &[flag, "expected a whole number of at least 1"]);
     }
     fails_with(&["bench", "--matmul", "--model", s(config.parent().unwrap())], &["--matmul needs --config"]);
+    // `kiln plan`: an unknown backend (was planned as wgpu), a length past the context, a step's
+    // tokens that overflowed.
+    let context = serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(&config).unwrap()).unwrap()["max_position_embeddings"].as_u64().unwrap();
+    let beyond = (context + 1).to_string();
+    fails_with(&["plan", "--config", s(&config), "--batch", "1", "--seq", "8", "--backend", "gpu"], &["--backend \"gpu\": expected cpu, cuda or wgpu"]);
+    fails_with(&["plan", "--config", s(&config), "--batch", "1", "--seq", &beyond], &["--seq", "more than the model's context"]);
+    fails_with(&["plan", "--config", s(&config), "--batch", "18446744073709551615", "--seq", "8"], &["more than 2^32 tokens a step"]);
     let interplay = tmp.path().join("interplay");
     fails_with(&["data", "interplay", "--ops", "2,3", "--per-op", "18446744073709551615", "--out", s(&interplay)], &["--per-op", "more rows than can be counted"]);
     assert!(!interplay.exists());

@@ -16,6 +16,9 @@ use kiln::backends::ReplicaJob;
 use kiln::dist::{self, NodeSpec, Reduce, Replica};
 use serde_json::json;
 
+/// The largest `--sizes` value: 16 GiB.
+const MAX_SIZE: usize = 16 << 30;
+
 /// The sizes (bytes of f32) when `--sizes` is not given: 1 MiB to 256 MiB by 4.
 pub const DEFAULT_SIZES: [usize; 5] = [1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28];
 
@@ -40,6 +43,10 @@ impl ReplicaJob for AllReduceJob {
     fn run<B: AutodiffBackend>(self, devices: Vec<B::Device>) -> Result<()> {
         if let Some(size) = self.sizes.iter().find(|s| **s < 4 || **s % 4 != 0) {
             bail!("--sizes: {size} is not a whole number of f32 values (a multiple of 4 bytes)");
+        }
+        // (nccl-tests' largest default size is 128 MiB; a buffer past memory aborted the process.)
+        if let Some(size) = self.sizes.iter().find(|s| **s > MAX_SIZE) {
+            bail!("--sizes: {size} bytes is more than {MAX_SIZE} (16 GiB) a buffer");
         }
         let parts: Vec<String> = self.sizes.iter().map(usize::to_string).chain([self.repeats.to_string()]).collect();
         let fingerprint = dist::fingerprint(&parts.iter().map(String::as_str).collect::<Vec<_>>());

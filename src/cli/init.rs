@@ -28,7 +28,9 @@ pub struct InitArgs {
 
 pub fn run(args: InitArgs) -> Result<()> {
     let config = Qwen2Config::from_file(&args.config)?;
+    // (`--config` may name the model directory itself, as `from_file` reads it.)
     let config_dir = match args.config.parent() {
+        _ if args.config.is_dir() => args.config.clone(),
         Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
         _ => PathBuf::from("."),
     };

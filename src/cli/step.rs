@@ -88,6 +88,11 @@ pub fn run(args: StepArgs) -> Result<()> {
     if args.out.read_dir().is_ok_and(|mut d| d.next().is_some()) {
         bail!("--out {} exists and is not empty", args.out.display());
     }
+    // The run configs' optimizer checks, named by flag (a NaN --lr wrote a NaN model).
+    let flags = [("--lr", args.lr), ("--weight-decay", args.weight_decay), ("--max-grad-norm", args.max_grad_norm)];
+    if let Some((flag, value)) = flags.into_iter().find(|(flag, v)| v.is_nan() || v.is_infinite() || (*flag != "--max-grad-norm" && *v < 0.0)) {
+        bail!("{flag} must be a finite number{} (got {value})", if flag == "--max-grad-norm" { " (0 or less: no clipping)" } else { " >= 0" });
+    }
     let backend = args.backend;
     super::on_cpu_pool(&[backend], || kiln::backends::run_training(backend, StepJob(args)))?
 }

@@ -4,7 +4,10 @@
 //! A turn renders as `<|im_start|>{role}\n{content}<|im_end|>\n`; without a system turn, Qwen's
 //! default system prompt is inserted, as the Qwen2.5 template does. Targets are the assistant
 //! contents plus their `<|im_end|>` (not the newline after it); everything else (system, user,
-//! the `<|im_start|>assistant\n` headers) is context only. The whole text is tokenized at once
+//! the `<|im_start|>assistant\n` headers, and in prompt/completion rows every turn of the prompt,
+//! as TRL's completion-only loss) is context only. Roles other than system, user and assistant
+//! (tool turns), messages carrying tool calls or reasoning fields, and a tokenizer without the
+//! ChatML tokens are errors: they would not render as the template renders them. The whole text is tokenized at once
 //! and targets are chosen by character offsets, so the ids equal `tokenizer(apply_chat_template(...))`.
 
 #[cfg(feature = "tasks")]
@@ -47,6 +50,16 @@ pub enum Turns {
 }
 
 impl SftRow {
+    /// How many leading turns of [`SftRow::messages`] are the prompt (context only): a
+    /// prompt/completion row's prompt; none of a `messages` row.
+    pub fn prompt_turns(&self) -> usize {
+        match self {
+            SftRow::Messages { .. } => 0,
+            SftRow::PromptCompletion { prompt: Turns::Text(_), .. } => 1,
+            SftRow::PromptCompletion { prompt: Turns::Messages(m), .. } => m.len(),
+        }
+    }
+
     /// The conversation as messages.
     pub fn messages(&self) -> Vec<Message> {
         let turns = |t: &Turns, role: &str| match t {
@@ -85,8 +98,9 @@ impl SftColumns {
         }
     }
 
-    /// The conversation of one row.
-    pub fn conversation(&self, row: &Map<String, Value>) -> std::result::Result<Vec<Message>, String> {
+    /// The conversation of one row, and how many of its leading turns are the prompt (context
+    /// only; see [`SftRow::prompt_turns`]).
+    pub fn conversation(&self, row: &Map<String, Value>) -> std::result::Result<(Vec<Message>, usize), String> {
         let column = |name: &str| match row.get(name) {
             None => Err(format!("no column {name:?}")),
             Some(Value::Null) => Err(format!("column {name:?} is null")),
@@ -99,8 +113,12 @@ impl SftColumns {
             }
         };
         match (&self.messages, &self.prompt, &self.completion) {
-            (Some(m), _, _) => messages_of(column(m)?).map_err(|e| format!("column {m:?}: {e}")),
-            (None, Some(p), Some(c)) => Ok([turns(p, "user")?, turns(c, "assistant")?].concat()),
+            (Some(m), _, _) => Ok((messages_of(column(m)?).map_err(|e| format!("column {m:?}: {e}"))?, 0)),
+            (None, Some(p), Some(c)) => {
+                let prompt = turns(p, "user")?;
+                let prompt_turns = prompt.len();
+                Ok(([prompt, turns(c, "assistant")?].concat(), prompt_turns))
+            }
             _ => Err("no columns chosen".into()),
         }
     }
@@ -109,11 +127,39 @@ impl SftColumns {
 fn messages_of(value: &Value) -> std::result::Result<Vec<Message>, String> {
     let list = value.as_array().ok_or("expected a string or a list of {role, content}")?;
     list.iter()
-        .map(|m| match (m.get("role").and_then(Value::as_str), m.get("content").and_then(Value::as_str)) {
-            (Some(role), Some(content)) => Ok(Message { role: role.into(), content: content.into() }),
-            _ => Err(format!("a message without string `role` and `content`: {m}")),
+        .map(|m| {
+            check_message_fields(m)?;
+            match (m.get("role").and_then(Value::as_str), m.get("content").and_then(Value::as_str)) {
+                (Some(role), Some(content)) => Ok(Message { role: role.into(), content: content.into() }),
+                (Some(_), None) if m.get("content").is_some_and(Value::is_array) => {
+                    Err(format!("`content` is a list of parts, not a string (join the text parts): {m}"))
+                }
+                _ => Err(format!("a message without string `role` and `content`: {m}")),
+            }
         })
         .collect()
+}
+
+/// Message fields kiln would drop although Qwen2.5's template renders them (tool calls) or
+/// other tools read them (reasoning): refused rather than trained without.
+const UNRENDERED_FIELDS: [&str; 6] = ["tool_calls", "function_call", "tool_call_id", "reasoning_content", "reasoning", "thinking"];
+
+fn check_message_fields(message: &Value) -> std::result::Result<(), String> {
+    match UNRENDERED_FIELDS.iter().find(|k| message.get(**k).is_some_and(|v| !v.is_null())) {
+        Some(key) => Err(format!("a message with `{key}`: kiln renders only `role` and `content` (no tool calls or reasoning fields)")),
+        None => Ok(()),
+    }
+}
+
+/// The same check over a row's `messages`, `prompt` and `completion` lists (the rows read
+/// without named columns).
+pub fn check_row_messages(row: &Map<String, Value>) -> std::result::Result<(), String> {
+    for key in ["messages", "prompt", "completion"] {
+        if let Some(Value::Array(list)) = row.get(key) {
+            list.iter().try_for_each(check_message_fields).map_err(|e| format!("`{key}`: {e}"))?;
+        }
+    }
+    Ok(())
 }
 
 /// A rendered, tokenized row and what truncation removed.
@@ -130,9 +176,20 @@ pub struct RenderedRow {
 
 /// Renders `messages` as ChatML (inserting `default_system` when there is no system turn),
 /// tokenizes it and marks the assistant targets; keeps the first `max_length` tokens if given.
-pub fn render(messages: &[Message], tokenizer: &Tokenizer, default_system: Option<&str>, max_length: Option<usize>) -> Result<RenderedRow> {
-    if !messages.iter().any(|m| m.role == "assistant") {
-        return Err(Error::InvalidInput("an SFT row needs at least one assistant turn".into()));
+/// The first `prompt_turns` messages are context only (a prompt/completion row's prompt).
+pub fn render(messages: &[Message], prompt_turns: usize, tokenizer: &Tokenizer, default_system: Option<&str>, max_length: Option<usize>) -> Result<RenderedRow> {
+    if let Some(m) = messages.iter().find(|m| !["system", "user", "assistant"].contains(&m.role.as_str())) {
+        return Err(Error::InvalidInput(format!("role {:?} is not supported (system, user, assistant)", m.role)));
+    }
+    if !messages[prompt_turns.min(messages.len())..].iter().any(|m| m.role == "assistant") {
+        return Err(Error::InvalidInput("an SFT row needs at least one assistant turn (after the prompt)".into()));
+    }
+    for tag in ["<|im_start|>", "<|im_end|>"] {
+        if tokenizer.token_id(tag).is_none() {
+            return Err(Error::InvalidInput(format!(
+                "the tokenizer has no {tag} token: SFT rows are rendered in ChatML (Qwen2.5's chat template); use a tokenizer with ChatML's tokens (a Qwen2/2.5 one)"
+            )));
+        }
     }
     let mut text = String::new();
     let mut spans: Vec<std::ops::Range<usize>> = Vec::new();
@@ -141,14 +198,15 @@ pub fn render(messages: &[Message], tokenizer: &Tokenizer, default_system: Optio
         .then_some(default_system)
         .flatten()
         .map(|content| Message { role: "system".into(), content: content.into() });
-    for message in system.iter().chain(messages) {
+    let context = system.iter().map(|m| (m, true)).chain(messages.iter().enumerate().map(|(i, m)| (m, i < prompt_turns)));
+    for (message, context_only) in context {
         text.push_str("<|im_start|>");
         text.push_str(&message.role);
         text.push('\n');
         let start = text.len();
         text.push_str(&message.content);
         text.push_str("<|im_end|>");
-        if message.role == "assistant" {
+        if message.role == "assistant" && !context_only {
             spans.push(start..text.len());
             final_code_end = message.content.rfind("```").map(|i| start + i + 3);
         }
@@ -198,7 +256,7 @@ pub fn render_examples(examples: &[SftExample], tokenizer: &Tokenizer, system: O
     let mut report = SftReport { max_length, ..Default::default() };
     let stage = crate::progress::stage("rendering chat rows", examples.len() as u64, "rows");
     for (i, example) in examples.iter().enumerate() {
-        let rendered = render(&example.messages, tokenizer, system, max_length).map_err(|e| example.error(e.to_string()))?;
+        let rendered = render(&example.messages, example.prompt_turns, tokenizer, system, max_length).map_err(|e| example.error(e.to_string()))?;
         let last_assistant = example.messages.iter().rev().find(|m| m.role == "assistant");
         report.rows += 1;
         report.truncated += rendered.truncated as usize;
@@ -242,7 +300,7 @@ mod tests {
             Message { role: "user".into(), content: "Write f.".into() },
             Message { role: "assistant".into(), content: "```python\ndef f(x):\n    return x\n```".into() },
         ];
-        let row = render(&messages, &t, Some(QWEN_DEFAULT_SYSTEM), None).unwrap();
+        let row = render(&messages, 0, &t, Some(QWEN_DEFAULT_SYSTEM), None).unwrap();
         let text = t.decode(&row.sample.ids, false).unwrap();
         assert!(text.starts_with(&format!("<|im_start|>system\n{QWEN_DEFAULT_SYSTEM}<|im_end|>\n<|im_start|>user\nWrite f.<|im_end|>\n<|im_start|>assistant\n")));
         assert_eq!(target_text(&t, &row), "```python\ndef f(x):\n    return x\n```<|im_end|>");
@@ -251,7 +309,7 @@ mod tests {
 
         // Cut inside the code block: the final code and the final answer are lost.
         let cut = row.sample.ids.len() - 4;
-        let short = render(&messages, &t, Some(QWEN_DEFAULT_SYSTEM), Some(cut)).unwrap();
+        let short = render(&messages, 0, &t, Some(QWEN_DEFAULT_SYSTEM), Some(cut)).unwrap();
         assert_eq!(short.sample.ids.len(), cut);
         assert!(short.truncated && short.final_code_lost && short.final_answer_lost);
     }
@@ -261,10 +319,42 @@ mod tests {
         let t = chatml_tokenizer();
         let m = |role: &str, content: &str| Message { role: role.into(), content: content.into() };
         let messages = vec![m("system", "Be terse."), m("user", "a"), m("assistant", "b"), m("user", "c"), m("assistant", "d")];
-        let row = render(&messages, &t, Some(QWEN_DEFAULT_SYSTEM), None).unwrap();
+        let row = render(&messages, 0, &t, Some(QWEN_DEFAULT_SYSTEM), None).unwrap();
         assert!(t.decode(&row.sample.ids, false).unwrap().starts_with("<|im_start|>system\nBe terse.<|im_end|>"));
         assert_eq!(target_text(&t, &row), "b<|im_end|>d<|im_end|>");
-        assert!(render(&messages[..2], &t, None, None).is_err(), "no assistant turn");
+        assert!(render(&messages[..2], 0, &t, None, None).is_err(), "no assistant turn");
+    }
+
+    /// TRL's completion-only loss: a prompt/completion row trains on its completion alone, even
+    /// where the prompt holds assistant turns; tool turns and fields, content parts and a
+    /// tokenizer without ChatML's tokens are errors, not rendered otherwise than the template.
+    #[test]
+    fn prompt_turns_are_context_and_unrendered_input_is_refused() {
+        let t = chatml_tokenizer();
+        let row: SftRow = serde_json::from_str(
+            r#"{"prompt": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "WRONG"}, {"role": "user", "content": "c"}],
+                "completion": [{"role": "assistant", "content": "d"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(row.prompt_turns(), 3);
+        let rendered = render(&row.messages(), row.prompt_turns(), &t, None, None).unwrap();
+        assert_eq!(target_text(&t, &rendered), "d<|im_end|>");
+        assert!(t.decode(&rendered.sample.ids, false).unwrap().contains("WRONG"), "the prompt's turn is context");
+        let columns = SftColumns { prompt: Some("p".into()), completion: Some("c".into()), ..Default::default() };
+        let fields: Map<String, Value> = serde_json::from_str(r#"{"p": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "WRONG"}], "c": "d"}"#).unwrap();
+        assert_eq!(columns.conversation(&fields).unwrap().1, 2);
+
+        let m = |role: &str, content: &str| Message { role: role.into(), content: content.into() };
+        let err = render(&[m("user", "a"), m("tool", "5"), m("assistant", "b")], 0, &t, None, None).unwrap_err().to_string();
+        assert!(err.contains("role \"tool\" is not supported"), "{err}");
+        let plain = Tokenizer::train_byte_level_bpe((0..50).map(|i| format!("word {i}")), 300, &["<|endoftext|>"]).unwrap();
+        let err = render(&[m("user", "a"), m("assistant", "b")], 0, &plain, None, None).unwrap_err().to_string();
+        assert!(err.contains("the tokenizer has no <|im_start|> token"), "{err}");
+        let row: Map<String, Value> =
+            serde_json::from_str(r#"{"messages": [{"role": "user", "content": "add"}, {"role": "assistant", "content": "", "tool_calls": [{"name": "add"}]}]}"#).unwrap();
+        assert!(check_row_messages(&row).is_err_and(|e| e.contains("`messages`: a message with `tool_calls`")));
+        let parts = serde_json::json!([{"role": "user", "content": [{"type": "text", "text": "hi"}]}]);
+        assert!(messages_of(&parts).is_err_and(|e| e.contains("a list of parts")));
     }
 
     #[test]
@@ -285,7 +375,7 @@ mod tests {
         let rows = read_sft_rows(&SftSource { path: fixtures.join("cots_mini"), columns: Some(columns), split: None }).unwrap();
         let t = chatml_tokenizer();
         for example in &rows.train {
-            let row = render(&example.messages, &t, Some(QWEN_DEFAULT_SYSTEM), None).unwrap();
+            let row = render(&example.messages, example.prompt_turns, &t, Some(QWEN_DEFAULT_SYSTEM), None).unwrap();
             assert_eq!(t.decode(&row.sample.ids, false).unwrap(), qwen.render(&example.messages, false).unwrap());
         }
         let (samples, report) = render_examples(&rows.train, &t, Some(QWEN_DEFAULT_SYSTEM), Some(400)).unwrap();

@@ -24,7 +24,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 pub use super::chat::SftColumns;
-use super::chat::{Message, SftRow};
+use super::chat::{Message, SftRow, check_row_messages};
 use crate::error::{Error, Result};
 use crate::io::jsonl_records;
 
@@ -57,6 +57,8 @@ pub enum Place {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SftExample {
     pub messages: Vec<Message>,
+    /// Leading messages that are the prompt: context only ([`super::chat::SftRow::prompt_turns`]).
+    pub prompt_turns: usize,
     pub file: PathBuf,
     pub place: Place,
 }
@@ -122,14 +124,16 @@ pub fn read_sft_rows(source: &SftSource) -> Result<SftRows> {
             jsonl_records(file)?.map(|r| r.map(|r| (Place::Line(r.line), r.fields))).collect::<Result<_>>()?
         };
         for (place, row) in records {
-            let messages = match &source.columns {
+            let (messages, prompt_turns) = match &source.columns {
                 Some(columns) => columns.conversation(&row),
                 None if row.contains_key("messages") && row.contains_key("prompt") => Err(
                     "the row has both `messages` and `prompt`: name the columns to train on (sft_columns)".to_owned(),
                 ),
-                None => serde_json::from_value::<SftRow>(Value::Object(row.clone()))
-                    .map(|r| r.messages())
-                    .map_err(|e| format!("not an SFT row ({{\"messages\": [...]}} or {{\"prompt\", \"completion\"}}): {e}")),
+                None => check_row_messages(&row).and_then(|()| {
+                    serde_json::from_value::<SftRow>(Value::Object(row.clone()))
+                        .map(|r| (r.messages(), r.prompt_turns()))
+                        .map_err(|e| format!("not an SFT row ({{\"messages\": [...]}} or {{\"prompt\", \"completion\"}} with string `content`s): {e}"))
+                }),
             }
             .map_err(|e| place_error(file, &place, e))?;
             if let Some(key) = key {
@@ -139,7 +143,7 @@ pub fn read_sft_rows(source: &SftSource) -> Result<SftRows> {
                     _ => return Err(place_error(file, &place, format!("no string split key {key:?}"))),
                 }
             }
-            examples.push(SftExample { messages, file: file.clone(), place });
+            examples.push(SftExample { messages, prompt_turns, file: file.clone(), place });
         }
     }
     if examples.is_empty() {

@@ -29,7 +29,7 @@ const CHUNK_BYTES: u64 = 64 << 20;
 
 /// Bytes of f32 scores `[B, H, T, S]` computed at once without chunks.
 pub fn dense_bytes(batch: usize, heads: usize, queries: usize, keys: usize) -> u64 {
-    (batch * heads * queries * keys) as u64 * 4
+    [heads, queries, keys, 4].into_iter().fold(batch as u64, |n, m| n.saturating_mul(m as u64))
 }
 
 /// Queries per chunk: as many as keep a chunk's f32 scores within [`CHUNK_BYTES`] and half the

@@ -134,6 +134,26 @@ impl Qwen2Config {
                 self.num_kv_heads()
             ));
         }
+        // A model of another architecture (Qwen3's q/k norms, Llama's missing biases) would be
+        // run with Qwen2's layers.
+        if let Some(kind) = self.extra.get("model_type").filter(|v| !v.is_null() && v.as_str() != Some("qwen2")) {
+            return Err(format!("`model_type` {kind} is not supported (only \"qwen2\": Qwen2 and Qwen2.5 checkpoints)"));
+        }
+        if let Some(archs) = self.extra.get("architectures").and_then(Value::as_array)
+            && !archs.iter().any(|a| a.as_str() == Some("Qwen2ForCausalLM"))
+        {
+            return Err(format!("`architectures` {} is not supported (only \"Qwen2ForCausalLM\")", Value::Array(archs.clone())));
+        }
+        // The projections' widths, whose products overflowed in the tensor list (the weights'
+        // sizes are checked against memory where a model is built).
+        let values = |a: usize, b: usize| a.checked_mul(b).filter(|n| *n <= 1 << 60);
+        let products = [
+            ("num_attention_heads × head_dim", values(self.num_attention_heads, self.head_dim())),
+            ("num_key_value_heads × head_dim", values(self.num_kv_heads(), self.head_dim())),
+        ];
+        if let Some((name, _)) = products.iter().find(|(_, n)| n.is_none()) {
+            return Err(format!("`{name}` is more than 2^60 values: not a model kiln can hold"));
+        }
         if self.hidden_act != "silu" {
             return Err(format!("`hidden_act` {:?} is not supported (only \"silu\")", self.hidden_act));
         }
@@ -144,6 +164,21 @@ impl Qwen2Config {
             && kind != "default"
         {
             return Err(format!("`rope_type` {kind:?} is not supported (only \"default\")"));
+        }
+        // transformers reads `rope_parameters.type` as `rope_type`, rotates only a part of each
+        // head with `partial_rotary_factor`, and takes per-layer-type parameters: kiln's RoPE is
+        // the default one over the whole head.
+        if let Some(r) = &self.rope_parameters {
+            if let Some(kind) = r.extra.get("type").filter(|t| !t.is_null() && t.as_str() != Some("default")) {
+                return Err(format!("`rope_parameters.type` {kind} is not supported (only \"default\")"));
+            }
+            if let Some((key, _)) = r.extra.iter().find(|(_, v)| v.is_object()) {
+                return Err(format!("`rope_parameters.{key}`: RoPE parameters per layer type are not supported"));
+            }
+        }
+        let partial = self.extra.get("partial_rotary_factor").or_else(|| self.rope_parameters.as_ref().and_then(|r| r.extra.get("partial_rotary_factor")));
+        if let Some(factor) = partial.filter(|f| !f.is_null() && f.as_f64() != Some(1.0)) {
+            return Err(format!("`partial_rotary_factor` {factor} is not supported (RoPE over the whole head only)"));
         }
         match self.extra.get("rope_scaling") {
             None | Some(Value::Null) => {}
@@ -290,5 +325,32 @@ mod tests {
             "num_attention_heads":2,"head_dim":0}"#)
         .unwrap_err();
         assert!(err.contains("`head_dim` must be positive"), "{err}");
+    }
+
+    /// What transformers would run differently from kiln's Qwen2 is refused, not run with other
+    /// maths: other architectures, RoPE variants under `rope_parameters`, a partial rotary
+    /// factor; shapes whose products overflow.
+    #[test]
+    fn other_architectures_and_rope_variants_are_refused() {
+        let base = r#"{"vocab_size":10,"hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2"#;
+        let with = |extra: &str| parse(&format!("{base},{extra}}}"));
+        for (extra, expected) in [
+            (r#""model_type":"qwen3""#, "`model_type` \"qwen3\" is not supported"),
+            (r#""architectures":["LlamaForCausalLM"]"#, "`architectures` [\"LlamaForCausalLM\"] is not supported"),
+            (r#""rope_parameters":{"type":"yarn","factor":4.0,"rope_theta":10000.0}"#, "`rope_parameters.type` \"yarn\""),
+            (r#""rope_parameters":{"full_attention":{"rope_type":"yarn"}}"#, "`rope_parameters.full_attention`: RoPE parameters per layer type"),
+            (r#""partial_rotary_factor":0.5"#, "`partial_rotary_factor` 0.5"),
+            (r#""rope_parameters":{"rope_theta":1e4,"partial_rotary_factor":0.25}"#, "`partial_rotary_factor` 0.25"),
+            (r#""head_dim":4611686018427387904,"num_key_value_heads":1"#, "`num_attention_heads × head_dim` is more than 2^60"),
+        ] {
+            let err = with(extra).unwrap_err();
+            assert!(err.contains(expected), "{extra}: {err}");
+        }
+        for fine in [
+            r#""model_type":"qwen2","architectures":["Qwen2ForCausalLM"]"#,
+            r#""partial_rotary_factor":1.0,"rope_parameters":{"rope_type":"default","type":"default"}"#,
+        ] {
+            assert!(with(fine).is_ok(), "{fine}");
+        }
     }
 }
