@@ -268,3 +268,31 @@ fn step_matches_pytorch_and_refuses_bad_input() {
         assert!(!out.exists(), "nothing written");
     }
 }
+
+/// `kiln plot train`: a NaN loss (the trainer writes it as null) is a gap in the line and a
+/// warning, not a line drawn across it; a run's `<name>_metrics.jsonl` draws `<name>_*.svg`, so
+/// runs sharing a directory keep their own charts.
+#[test]
+fn plot_train_leaves_gaps_at_non_finite_values_and_names_charts_by_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let write = |name: &str, losses: [&str; 5]| {
+        let path = tmp.path().join(name);
+        let lines: String = (1..=5).zip(losses).map(|(step, loss)| format!("{{\"step\": {step}, \"loss\": {loss}, \"lr\": 0.001}}\n")).collect();
+        std::fs::write(&path, lines).unwrap();
+        path
+    };
+    let plot = |path: &Path| {
+        let out = kiln(&["plot", "train", "--metrics", path.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let smooth = plot(&write("a_metrics.jsonl", ["2.0", "1.5", "1.2", "1.0", "0.9"]));
+    assert!(!smooth.contains("warning"), "{smooth}");
+    let diverged = plot(&write("b_metrics.jsonl", ["2.0", "1.5", "null", "null", "0.9"]));
+    assert!(diverged.contains("b_metrics.jsonl: loss is not a finite number at step 3, 4 (a gap in b_loss.svg)"), "{diverged}");
+    let polylines = |name: &str| std::fs::read_to_string(tmp.path().join(name)).unwrap().matches("<polyline").count();
+    assert_eq!(polylines("b_loss.svg"), polylines("a_loss.svg") + 1, "the line breaks at steps 3 and 4");
+    for chart in ["a_loss.svg", "a_lr.svg", "b_loss.svg", "b_lr.svg"] {
+        assert!(tmp.path().join(chart).is_file(), "{chart}");
+    }
+}

@@ -129,6 +129,14 @@ fn code_grade_gives_each_solution_its_verdict() {
     let summary = &graded.last().unwrap()["summary"];
     assert!((summary["pass@1"].as_f64().unwrap() - 1.0 / 3.0).abs() < 1e-12, "{summary}");
     assert_eq!(summary["pass@5"], Value::Null);
+    // --overwrite never replaces an input: the completions file named as --out is refused.
+    let mut onto_input = even_args.clone();
+    onto_input[7] = s(&even);
+    let kept = std::fs::read(&even).unwrap();
+    let refused = kiln(&onto_input);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && stderr.contains("would replace the input"), "{stderr}");
+    assert_eq!(std::fs::read(&even).unwrap(), kept);
 
     // Bad input: one line naming the file and line.
     std::fs::write(&completions, "{\"question_id\": \"abc900_a\", \"completion\": \"x\"}\n{\"question_id\": \"nope\", \"completion\": \"x\"}\n").unwrap();
@@ -265,10 +273,17 @@ fn eval_code_writes_records_and_summaries() {
     let moved = kiln(&[&args[..5], &[s(&copy)], &args[6..]].concat());
     assert!(moved.status.success() && String::from_utf8_lossy(&moved.stderr).contains("skipped"), "{}", String::from_utf8_lossy(&moved.stderr));
     let summary_text = std::fs::read_to_string(out.join("model_code_summary.json")).unwrap();
-    let more = kiln(&[&args[..9], &["3"], &args[10..]].concat());
+    let more_args = [&args[..9], &["3"], &args[10..]].concat();
+    let more = kiln(&more_args);
     let stderr = String::from_utf8_lossy(&more.stderr);
     let last = stderr.lines().last().unwrap_or_default();
     assert!(!more.status.success() && !stderr.contains("panicked"), "{stderr}");
+    assert!(last.contains("model_eval_settings.json") && last.contains("(samples differ)") && last.contains("--overwrite"), "{stderr}");
+    // (a summary from before the settings file: its recorded settings decide)
+    std::fs::remove_file(out.join("model_eval_settings.json")).unwrap();
+    let more = kiln(&more_args);
+    let stderr = String::from_utf8_lossy(&more.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
     assert!(last.contains("model_code_summary.json") && last.contains("(settings.sampling; settings.sampling: {") && last.contains("--overwrite"), "{stderr}");
     assert_eq!(std::fs::read_to_string(out.join("model_code_summary.json")).unwrap(), summary_text);
     let bad = kiln(&[&args[..6], &["--release", "v9", "--out", s(&out)]].concat());
@@ -312,7 +327,10 @@ fn an_interrupted_code_evaluation_resumes_to_the_same_files() {
     };
     run(None).unwrap();
     let complete = snapshot(&out);
-    assert_eq!(complete.keys().collect::<Vec<_>>(), ["m_code_generations.jsonl", "m_code_lcb_custom_output.json", "m_code_summary.json", "summary.json"]);
+    assert_eq!(
+        complete.keys().collect::<Vec<_>>(),
+        ["m_code_generations.jsonl", "m_code_lcb_custom_output.json", "m_code_summary.json", "m_eval_settings.json", "summary.json"]
+    );
     std::fs::remove_dir_all(&out).unwrap();
 
     assert!(run(Some(5)).is_err());

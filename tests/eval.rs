@@ -425,6 +425,16 @@ fn the_cli_evaluates_a_release_resumes_after_a_kill_and_plots() {
     assert!(stderr.contains("resuming: ") && stderr.contains(" of 8 samples are on disk"), "{stderr}");
     assert_eq!(snapshot(&evals), complete);
 
+    // Finished models and other sampling settings: refused, naming the recorded settings and
+    // what differs (they were skipped, their old results reported as the new run's).
+    let mut more = args.to_vec();
+    more[7] = "3";
+    let out = kiln(&more);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(!out.status.success() && last.contains("pretrain_checkpoint-1_eval_settings.json") && last.contains("(samples differ)") && last.contains("--overwrite"), "{stderr}");
+    assert_eq!(snapshot(&evals), complete);
+
     // Bad data: one line naming file and line; the finished evaluation is untouched.
     let bad = tmp.path().join("bad");
     std::fs::create_dir_all(&bad).unwrap();

@@ -115,7 +115,7 @@ fn counts_and_time_budgets() {
     fails_with(&["data", "interplay", "--ops", "2,3", "--per-op", "18446744073709551615", "--out", s(&interplay)], &["--per-op", "more rows than can be counted"]);
     assert!(!interplay.exists());
     let out = tmp.path().join("quickstart");
-    for minutes in ["--minutes=-1", "--minutes=nan", "--minutes=inf"] {
+    for minutes in ["--minutes=-1", "--minutes=nan", "--minutes=inf", "--minutes=1e300"] {
         fails_with(&["quickstart", "--out", s(&out), minutes], &["--minutes", "expected a finite number of minutes >= 0"]);
     }
     fails_with(&["quickstart", "--out", s(&out), "--steps", "0"], &["--steps"]);

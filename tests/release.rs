@@ -492,6 +492,14 @@ fn a_scale_names_runs_that_exist() {
     config.batches[0].rl.push(first.clone());
     let e = kiln::release::plan(&config, &release_file(), "cpu", None).unwrap_err().to_string();
     assert!(e.contains(first.to_str().unwrap()) && e.contains("is also") && e.contains("the two runs would share checkpoints"), "{e}");
+    // ... and two under one file name would share `<batch>/configs/<file name>`.
+    let dir = tempfile::tempdir().unwrap();
+    let twin = dir.path().join(first.file_name().unwrap());
+    std::fs::write(&twin, std::fs::read_to_string(&first).unwrap().replace("name = \"op11_14\"", "name = \"twin\"")).unwrap();
+    let mut config = release();
+    config.batches[0].rl.push(twin.clone());
+    let e = kiln::release::plan(&config, &release_file(), "cpu", None).unwrap_err().to_string();
+    assert!(e.contains(twin.to_str().unwrap()) && e.contains("has the same file name") && e.contains("share one file"), "{e}");
 }
 
 /// The evaluation refuses a test file the scale's splits do not name (another per-op count left

@@ -13,7 +13,8 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, PartialEq)]
 pub struct Series {
     pub label: String,
-    /// `(x, y)` points of a line chart, in drawing order.
+    /// `(x, y)` points of a line chart, in drawing order; a y that is not finite (a NaN loss)
+    /// is a gap in the line.
     pub points: Vec<(f64, f64)>,
 }
 
@@ -132,10 +133,15 @@ pub fn line_chart(chart: &LineChart, path: &Path) -> Result<()> {
         for (i, series) in chart.series.iter().enumerate() {
             let style = color(i).stroke_width(2);
             let points: Vec<(f64, f64)> = series.points.iter().map(|&(x, y)| (map_x(x), y)).collect();
-            ctx.draw_series(LineSeries::new(points.clone(), style))?
-                .label(series.label.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color(i).stroke_width(2)));
-            ctx.draw_series(points.into_iter().map(|p| Circle::new(p, 3, color(i).filled())))?;
+            // One line per run of finite values: a gap where a value is not finite.
+            let runs: Vec<&[(f64, f64)]> = points.split(|p| !p.1.is_finite()).filter(|run| !run.is_empty()).collect();
+            for (r, run) in runs.iter().enumerate() {
+                let drawn = ctx.draw_series(LineSeries::new(run.to_vec(), style))?;
+                if r == 0 {
+                    drawn.label(series.label.as_str()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color(i).stroke_width(2)));
+                }
+            }
+            ctx.draw_series(runs.concat().into_iter().map(|p| Circle::new(p, 3, color(i).filled())))?;
         }
         if chart.series.iter().any(|s| !s.label.is_empty()) {
             ctx.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).position(SeriesLabelPosition::LowerRight).draw()?;

@@ -144,6 +144,8 @@ pub fn run(mut args: CodeEvalArgs) -> Result<()> {
         })?),
     };
     let public_only = args.probe.is_some();
+    // Tests that cannot grade (none, or call tests that are not JSON; `--probe` keeps the
+    // public ones) are the problem's error, named by file and line.
     let problems: Vec<(CodeProblem, kiln::tasks::Source)> = selected
         .iter()
         .map(|(p, s)| {
@@ -151,9 +153,10 @@ pub fn run(mut args: CodeEvalArgs) -> Result<()> {
             if public_only {
                 problem.tests.truncate(p.public_tests.len());
             }
-            (problem, s.clone())
+            problem.check_tests().map_err(|e| s.error(if public_only { format!("--probe (public tests only): {e}") } else { e }))?;
+            Ok((problem, s.clone()))
         })
-        .collect();
+        .collect::<kiln::Result<_>>()?;
     let prompts = problems.iter().map(|(p, _)| p.prompt(template).render(chat_template.as_ref())).collect::<kiln::Result<Vec<_>>>()?;
     let stop = kiln::generate::StopCriteria::strings_without_empty(&args.stop);
     let sampling = CodeSampling {
@@ -167,7 +170,7 @@ pub fn run(mut args: CodeEvalArgs) -> Result<()> {
     };
     let settings_record = json!({
         "problems": problems_path, "release": args.release, "from": args.from, "to": args.to, "limit": args.limit,
-        "template": template, "sampling": sampling,
+        "template": template, "sampling": sampling, "skip_special_tokens": true,
         "probe": args.probe.map(|count| json!({ "problems": count, "rule": "smallest sha256(question_id)", "tests": "public" })),
     });
     let limits = limits(args.sandbox.timeout, true)?;
@@ -191,8 +194,6 @@ pub fn run(mut args: CodeEvalArgs) -> Result<()> {
         keep_generations: true,
         overwrite: args.overwrite,
         dtype: args.dtype,
-        // LiveCodeBench samples with vLLM's default: special tokens are not part of the text.
-        skip_special_tokens: true,
         ..EvalSettings::default()
     };
     if settings.samples == 0 {

@@ -108,7 +108,13 @@ impl Cli {
 /// directory): the report would replace what the command reads.
 #[cfg(feature = "code")]
 pub(crate) fn refuse_input_as_out(out: &std::path::Path, inputs: &[&std::path::Path]) -> Result<()> {
-    let Ok(written) = out.canonicalize() else { return Ok(()) };
+    // (A file not written yet: its directory, made absolute, and its name.)
+    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let written = match (out.canonicalize(), parent.canonicalize(), out.file_name()) {
+        (Ok(path), _, _) => path,
+        (Err(_), Ok(dir), Some(name)) => dir.join(name),
+        _ => return Ok(()),
+    };
     for input in inputs {
         let Ok(read) = input.canonicalize() else { continue };
         if written == read || (read.is_dir() && written.parent() == Some(read.as_path())) {

@@ -44,16 +44,16 @@ pub fn run(args: PlanArgs) -> Result<()> {
     if args.batch == 0 || args.seq == 0 || args.devices == 0 {
         anyhow::bail!("--batch, --seq and --devices must be positive");
     }
-    if !matches!(args.backend.split(':').next(), Some("cpu" | "cuda" | "wgpu")) {
+    let Ok(backend) = args.backend.parse::<kiln::backends::DeviceSpec>() else {
         anyhow::bail!("--backend {:?}: expected cpu, cuda or wgpu", args.backend);
-    }
+    };
     if args.seq > config.max_position_embeddings {
         anyhow::bail!("--seq {} is more than the model's context (max_position_embeddings {})", args.seq, config.max_position_embeddings);
     }
     if args.batch.checked_mul(args.seq).is_none_or(|tokens| tokens > 1 << 32) {
         anyhow::bail!("--batch {} × --seq {} is more than 2^32 tokens a step", args.batch, args.seq);
     }
-    let request = PlanRequest { batch: args.batch, seq: args.seq, precision: args.precision, devices: args.devices, recompute: args.recompute, cpu_kernels: args.backend.starts_with("cpu"), gpu_kernels: args.backend.starts_with("cuda") };
+    let request = PlanRequest { batch: args.batch, seq: args.seq, precision: args.precision, devices: args.devices, recompute: args.recompute, cpu_kernels: backend == kiln::backends::DeviceSpec::Cpu, gpu_kernels: matches!(backend, kiln::backends::DeviceSpec::Cuda(_)) };
     let plan = plan(&config, request);
     match args.json {
         true => println!("{}", serde_json::to_string(&plan)?),

@@ -44,11 +44,12 @@ pub struct QuickstartArgs {
     backend: DeviceSpec,
 }
 
-/// A finite, non-negative number of minutes.
+/// A finite, non-negative number of minutes, at most 1e9 (its seconds go into the generated
+/// config, where a larger number overflowed after the data and model were written).
 fn minutes(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
-        Ok(m) if m.is_finite() && m >= 0.0 => Ok(m),
-        _ => Err(format!("expected a finite number of minutes >= 0, got {text:?}")),
+        Ok(m) if (0.0..=1e9).contains(&m) => Ok(m),
+        _ => Err(format!("expected a finite number of minutes >= 0 (at most 1e9), got {text:?}")),
     }
 }
 

@@ -6,8 +6,8 @@
 //! contents plus their `<|im_end|>` (not the newline after it); everything else (system, user,
 //! the `<|im_start|>assistant\n` headers, and in prompt/completion rows every turn of the prompt,
 //! as TRL's completion-only loss) is context only. Roles other than system, user and assistant
-//! (tool turns), messages carrying tool calls or reasoning fields, and a tokenizer without the
-//! ChatML tokens are errors: they would not render as the template renders them. The whole text is tokenized at once
+//! (tool turns), messages carrying tool calls, and a tokenizer without the ChatML tokens are
+//! errors: they would not render as the template renders them. The whole text is tokenized at once
 //! and targets are chosen by character offsets, so the ids equal `tokenizer(apply_chat_template(...))`.
 
 #[cfg(feature = "tasks")]
@@ -140,13 +140,15 @@ fn messages_of(value: &Value) -> std::result::Result<Vec<Message>, String> {
         .collect()
 }
 
-/// Message fields kiln would drop although Qwen2.5's template renders them (tool calls) or
-/// other tools read them (reasoning): refused rather than trained without.
-const UNRENDERED_FIELDS: [&str; 6] = ["tool_calls", "function_call", "tool_call_id", "reasoning_content", "reasoning", "thinking"];
+/// Message fields Qwen2.5's template renders and kiln would drop: refused rather than trained
+/// without (null, `""` and `[]` are absent, as the template reads them; fields it ignores, such
+/// as `reasoning_content`, are ignored here too).
+const UNRENDERED_FIELDS: [&str; 2] = ["tool_calls", "function_call"];
 
 fn check_message_fields(message: &Value) -> std::result::Result<(), String> {
-    match UNRENDERED_FIELDS.iter().find(|k| message.get(**k).is_some_and(|v| !v.is_null())) {
-        Some(key) => Err(format!("a message with `{key}`: kiln renders only `role` and `content` (no tool calls or reasoning fields)")),
+    let given = |v: &Value| !(v.is_null() || v.as_str() == Some("") || v.as_array().is_some_and(Vec::is_empty));
+    match UNRENDERED_FIELDS.iter().find(|k| message.get(**k).is_some_and(given)) {
+        Some(key) => Err(format!("a message with `{key}`: kiln renders only `role` and `content` (no tool calls)")),
         None => Ok(()),
     }
 }
@@ -353,6 +355,10 @@ mod tests {
         let row: Map<String, Value> =
             serde_json::from_str(r#"{"messages": [{"role": "user", "content": "add"}, {"role": "assistant", "content": "", "tool_calls": [{"name": "add"}]}]}"#).unwrap();
         assert!(check_row_messages(&row).is_err_and(|e| e.contains("`messages`: a message with `tool_calls`")));
+        // Empty tool calls and fields the template ignores render as before.
+        let row: Map<String, Value> =
+            serde_json::from_str(r#"{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "tool_calls": [], "reasoning_content": "c"}]}"#).unwrap();
+        assert!(check_row_messages(&row).is_ok());
         let parts = serde_json::json!([{"role": "user", "content": [{"type": "text", "text": "hi"}]}]);
         assert!(messages_of(&parts).is_err_and(|e| e.contains("a list of parts")));
     }

@@ -52,7 +52,7 @@ impl ShardWork<'_> {
             stop: StopCriteria { token_ids: Vec::new(), strings: settings.stop.clone() },
             ignore_eos: false, // the model's EOS ids stop too
             seed: shard_seed(settings.seed, shard.part, shard.index),
-            skip_special_tokens: settings.skip_special_tokens,
+            skip_special_tokens: self.evaluation.skip_special_tokens(),
         };
         let results = engine.generate(self.prompts(shard), &params, |p| progress(p.finished, p.tokens))?;
         let completions: Vec<Vec<Completion>> = results

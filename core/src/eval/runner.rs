@@ -24,8 +24,8 @@ use super::shards::{ShardKind, ShardStore, concatenate, remove_dir};
 use crate::dist::{self, NodeSpec, Replica};
 use crate::error::{Error, Result};
 use crate::generate::{Engine, Sampler};
-use crate::io::pyjson::{Json, Style};
-use crate::io::remove_file;
+use crate::io::pyjson::{self, Json, Style};
+use crate::io::{remove_file, write_atomic};
 use crate::model::{Dtype, hf};
 use crate::tasks::{Evaluation, FinishedRun, Item};
 use crate::tokenizer::Tokenizer;
@@ -65,9 +65,6 @@ pub struct EvalSettings {
     pub overwrite: bool,
     /// The dtype models are loaded and sampled in.
     pub dtype: Dtype,
-    /// Drop special tokens from the completions' text (vLLM's `skip_special_tokens`, on in
-    /// LiveCodeBench's sampling); the Interplay evaluation keeps them, as its reference does.
-    pub skip_special_tokens: bool,
 }
 
 impl Default for EvalSettings {
@@ -88,14 +85,14 @@ impl Default for EvalSettings {
             keep_generations: false,
             overwrite: false,
             dtype: Dtype::F32,
-            skip_special_tokens: false,
         }
     }
 }
 
 impl EvalSettings {
     /// What the generation shards depend on; shards made with anything else are not reused.
-    fn shard_settings(&self, fingerprint: String) -> Json {
+    fn shard_settings(&self, evaluation: &dyn Evaluation) -> Json {
+        let (fingerprint, skip_special_tokens) = (evaluation.fingerprint(), evaluation.skip_special_tokens());
         let mut fields = vec![
             ("samples", Json::from(self.samples)),
             ("temperature", Json::Float(f64::from(self.sampler.temperature))),
@@ -116,7 +113,7 @@ impl EvalSettings {
         if self.dtype != Dtype::F32 {
             fields.push(("dtype", Json::from(self.dtype.name())));
         }
-        if self.skip_special_tokens {
+        if skip_special_tokens {
             fields.push(("skip_special_tokens", Json::from(true)));
         }
         Json::object(fields)
@@ -189,7 +186,7 @@ pub fn evaluate_on<B: Backend>(
     on_event: impl FnMut(EvalEvent),
 ) -> Result<Vec<ModelOutcome>> {
     let names: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
-    let settings_text = settings.shard_settings(evaluation.fingerprint()).dumps(Style::COMPACT);
+    let settings_text = settings.shard_settings(evaluation).dumps(Style::COMPACT);
     let fingerprint = dist::fingerprint(&["eval", &names.join("\n"), &settings_text, &devices.len().to_string()]);
     let other = |replica: Replica, device: &B::Device| run_replica::<B>(&replica, device, models, evaluation, out, settings, &mut |_| {});
     let main = |replica: Replica, device: &B::Device| {
@@ -219,6 +216,7 @@ fn run_replica<B: Backend>(
     for entry in models {
         evaluation.check_out(out, &entry.name)?;
         if !settings.overwrite && evaluation.finished_marker(out, &entry.name).is_file() {
+            check_settings(out, &entry.name, &settings.shard_settings(evaluation))?;
             evaluation.check_finished(out, &entry.name)?;
         }
     }
@@ -260,6 +258,38 @@ fn run_replica<B: Backend>(
         evaluation.write_summaries(out, &names)?;
     }
     Ok(outcomes)
+}
+
+/// `<out>/<model>_eval_settings.json`: what a model's samples were drawn with and from (the
+/// shards' settings, [`EvalSettings::shard_settings`]), written when its evaluation starts.
+pub fn settings_path(out: &Path, model: &str) -> PathBuf {
+    out.join(format!("{model}_eval_settings.json"))
+}
+
+/// A finished model is skipped only if it was evaluated with `now`'s settings and data (its
+/// files from before the settings were recorded are taken as they are).
+fn check_settings(out: &Path, model: &str, now: &Json) -> Result<()> {
+    let path = settings_path(out, model);
+    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(()) };
+    let recorded = pyjson::parse(text.trim_end()).map_err(|e| Error::data(&path, None, e))?;
+    let keys: Vec<&str> = match (&recorded, now) {
+        (Json::Object(old), Json::Object(new)) => {
+            let value = |fields: &[(String, Json)], key: &str| fields.iter().find(|(k, _)| k == key).map(|(_, v)| v.dumps(Style::COMPACT));
+            let mut keys: Vec<&str> = old.iter().chain(new.iter()).map(|(k, _)| k.as_str()).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            keys.into_iter().filter(|k| value(old, k) != value(new, k)).collect()
+        }
+        _ => vec!["settings"],
+    };
+    if keys.is_empty() {
+        return Ok(());
+    }
+    Err(Error::data(
+        &path,
+        None,
+        format!("model {model} was evaluated with other settings or data ({} differ): pass --overwrite to evaluate it again, or another --out", keys.join(", ")),
+    ))
 }
 
 /// Prompt token ids of `items`, checked against the model's context.
@@ -307,7 +337,9 @@ fn evaluate_model<B: Backend>(
             remove_file(&evaluation.finished_marker(out, name))?;
             remove_dir(&shard_dir)?;
         }
-        Some(ShardStore::open(&shard_dir, &settings.shard_settings(evaluation.fingerprint()))?)
+        let shard_settings = settings.shard_settings(evaluation);
+        write_atomic(&settings_path(out, name), &(shard_settings.dumps(Style::COMPACT) + "\n"))?;
+        Some(ShardStore::open(&shard_dir, &shard_settings)?)
     } else {
         None
     };
@@ -351,12 +383,43 @@ fn evaluate_model<B: Backend>(
 mod tests {
     use super::*;
 
+    /// An evaluation of nothing, whose texts keep or drop special tokens.
+    struct Empty(bool);
+
+    impl Evaluation for Empty {
+        fn parts(&self) -> Vec<crate::tasks::Part<'_>> {
+            Vec::new()
+        }
+        fn fingerprint(&self) -> String {
+            "x".into()
+        }
+        fn records(&self, _: usize, _: usize, _: &[Vec<crate::tasks::Completion>]) -> Result<Vec<String>> {
+            Ok(Vec::new())
+        }
+        fn loss_text(&self, _: usize, _: usize) -> Option<&str> {
+            None
+        }
+        fn finished_marker(&self, out: &Path, _: &str) -> PathBuf {
+            out.to_path_buf()
+        }
+        fn finish(&self, _: &str, _: &Path, _: &FinishedRun<'_>, _: &mut dyn FnMut(&'static str)) -> Result<()> {
+            Ok(())
+        }
+        fn summary(&self, _: &Path, _: &str) -> Result<Json> {
+            Ok(Json::Null)
+        }
+        fn write_summaries(&self, _: &Path, _: &[String]) -> Result<()> {
+            Ok(())
+        }
+        fn skip_special_tokens(&self) -> bool {
+            self.0
+        }
+    }
+
     #[test]
     fn shards_record_skipped_special_tokens_only_when_on() {
-        let text = |settings: &EvalSettings| settings.shard_settings("x".into()).dumps(Style::COMPACT);
-        let kept = EvalSettings::default();
-        assert!(!text(&kept).contains("skip_special_tokens"), "shards written before the setting stay valid: {}", text(&kept));
-        let skipped = EvalSettings { skip_special_tokens: true, ..EvalSettings::default() };
-        assert!(text(&skipped).contains("skip_special_tokens"), "shards of texts without special tokens are not reused for texts with them");
+        let text = |evaluation: &Empty| EvalSettings::default().shard_settings(evaluation).dumps(Style::COMPACT);
+        assert!(!text(&Empty(false)).contains("skip_special_tokens"), "shards written before the setting stay valid: {}", text(&Empty(false)));
+        assert!(text(&Empty(true)).contains("skip_special_tokens"), "shards of texts without special tokens are not reused for texts with them");
     }
 }

@@ -140,6 +140,7 @@ impl Qwen2Config {
             return Err(format!("`model_type` {kind} is not supported (only \"qwen2\": Qwen2 and Qwen2.5 checkpoints)"));
         }
         if let Some(archs) = self.extra.get("architectures").and_then(Value::as_array)
+            && !archs.is_empty()
             && !archs.iter().any(|a| a.as_str() == Some("Qwen2ForCausalLM"))
         {
             return Err(format!("`architectures` {} is not supported (only \"Qwen2ForCausalLM\")", Value::Array(archs.clone())));
@@ -169,15 +170,16 @@ impl Qwen2Config {
         // head with `partial_rotary_factor`, and takes per-layer-type parameters: kiln's RoPE is
         // the default one over the whole head.
         if let Some(r) = &self.rope_parameters {
-            if let Some(kind) = r.extra.get("type").filter(|t| !t.is_null() && t.as_str() != Some("default")) {
+            // (`rope_type`, checked above, wins where both are given.)
+            if let Some(kind) = r.extra.get("type").filter(|t| r.rope_type.is_none() && !t.is_null() && t.as_str() != Some("default")) {
                 return Err(format!("`rope_parameters.type` {kind} is not supported (only \"default\")"));
             }
             if let Some((key, _)) = r.extra.iter().find(|(_, v)| v.is_object()) {
                 return Err(format!("`rope_parameters.{key}`: RoPE parameters per layer type are not supported"));
             }
         }
-        let partial = self.extra.get("partial_rotary_factor").or_else(|| self.rope_parameters.as_ref().and_then(|r| r.extra.get("partial_rotary_factor")));
-        if let Some(factor) = partial.filter(|f| !f.is_null() && f.as_f64() != Some(1.0)) {
+        let partial = [self.extra.get("partial_rotary_factor"), self.rope_parameters.as_ref().and_then(|r| r.extra.get("partial_rotary_factor"))];
+        if let Some(factor) = partial.into_iter().flatten().find(|f| !f.is_null() && f.as_f64() != Some(1.0)) {
             return Err(format!("`partial_rotary_factor` {factor} is not supported (RoPE over the whole head only)"));
         }
         match self.extra.get("rope_scaling") {
@@ -340,7 +342,7 @@ mod tests {
             (r#""rope_parameters":{"type":"yarn","factor":4.0,"rope_theta":10000.0}"#, "`rope_parameters.type` \"yarn\""),
             (r#""rope_parameters":{"full_attention":{"rope_type":"yarn"}}"#, "`rope_parameters.full_attention`: RoPE parameters per layer type"),
             (r#""partial_rotary_factor":0.5"#, "`partial_rotary_factor` 0.5"),
-            (r#""rope_parameters":{"rope_theta":1e4,"partial_rotary_factor":0.25}"#, "`partial_rotary_factor` 0.25"),
+            (r#""partial_rotary_factor":null,"rope_parameters":{"rope_theta":1e4,"partial_rotary_factor":0.25}"#, "`partial_rotary_factor` 0.25"),
             (r#""head_dim":4611686018427387904,"num_key_value_heads":1"#, "`num_attention_heads × head_dim` is more than 2^60"),
         ] {
             let err = with(extra).unwrap_err();
@@ -348,6 +350,8 @@ mod tests {
         }
         for fine in [
             r#""model_type":"qwen2","architectures":["Qwen2ForCausalLM"]"#,
+            r#""architectures":[],"partial_rotary_factor":null"#,
+            r#""rope_parameters":{"rope_type":"default","type":"linear"}"#,
             r#""partial_rotary_factor":1.0,"rope_parameters":{"rope_type":"default","type":"default"}"#,
         ] {
             assert!(with(fine).is_ok(), "{fine}");

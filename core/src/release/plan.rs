@@ -267,8 +267,14 @@ pub fn plan(config: &ReleaseConfig, path: &Path, scale: &str, out: Option<&Path>
         runs.push(pretrain);
         for source in &batch.rl {
             let run = plan_pg(&batch.name, source, RunKind::Grpo, &dir, &data, &base, &model, rl_scale, ops.as_ref(), None)?;
-            if let Some(other) = runs.iter().find(|r| r.batch == batch.name && r.kind == RunKind::Grpo && r.name == run.name) {
+            let batch_runs = || runs.iter().filter(|r| r.batch == batch.name && r.kind == RunKind::Grpo);
+            if let Some(other) = batch_runs().find(|r| r.name == run.name) {
                 let message = format!("[output] name {:?} is also {}'s in [[batch]] {}: the two runs would share checkpoints", run.name, other.source.display(), batch.name);
+                return Err(Error::config(source, message));
+            }
+            // Each run's effective config is `<batch>/configs/<file name>`.
+            if let Some(other) = batch_runs().find(|r| r.source.file_name() == run.source.file_name()) {
+                let message = format!("{} has the same file name in [[batch]] {}: their effective configs would share one file", other.source.display(), batch.name);
                 return Err(Error::config(source, message));
             }
             runs.push(run);

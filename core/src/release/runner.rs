@@ -199,11 +199,12 @@ fn train<B: AutodiffBackend>(plan: &Plan, run: &PlannedRun, devices: &[B::Device
     );
     // An earlier effective config that differs is kept beside it (`.prev`): the run's checkpoints
     // were made with it, and the resume below may refuse the new one.
-    let (config_path, text) = (batch_dir.join(&config), header + &run.config_toml()?);
-    if std::fs::read_to_string(&config_path).is_ok_and(|old| old != text) {
+    // (The settings after the header: the header names paths as this command spelled them.)
+    let (config_path, body) = (batch_dir.join(&config), run.config_toml()?);
+    if std::fs::read_to_string(&config_path).is_ok_and(|old| old.split_once("\n\n").map(|(_, b)| b) != Some(body.as_str())) {
         crate::train::checkpoint::set_aside_as(&config_path, "prev")?;
     }
-    crate::io::write_atomic(&config_path, &text)?;
+    crate::io::write_atomic(&config_path, &(header + &body))?;
     let mut index = RunIndex::load(&batch_dir, &note(plan))?;
     let label = index_label(run);
     index.started(RunRecord {

@@ -77,6 +77,12 @@ pub trait Evaluation {
         Ok(())
     }
 
+    /// Whether completions drop special tokens from their text (vLLM's `skip_special_tokens`):
+    /// code, as LiveCodeBench samples; Interplay keeps them, as its reference does.
+    fn skip_special_tokens(&self) -> bool {
+        false
+    }
+
     /// Called once per run before the first model is finished (Interplay: the gold graphs).
     fn prepare(&self, _out: &Path) -> Result<()> {
         Ok(())

@@ -114,7 +114,9 @@ impl CodeProblem {
     pub fn parse(line: &str) -> std::result::Result<Self, String> {
         let value: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
         if value.get("question_id").is_some() {
-            return Ok(Self::from_lcb(&RawProblem::parse(line)?.decode()?));
+            let problem = Self::from_lcb(&RawProblem::parse(line)?.decode()?);
+            problem.check_tests()?;
+            return Ok(problem);
         }
         let row: Row = serde_json::from_value(value)
             .map_err(|e| format!("neither a LiveCodeBench row (no question_id) nor a code-problem row {{id, question, tests}}: {e}"))?;
@@ -133,6 +135,14 @@ impl CodeProblem {
             })
             .collect();
         Ok(Self { id, question: row.question, starter_code: row.starter_code, tests, difficulty: row.difficulty, platform: row.platform })
+    }
+
+    /// Whether the tests can grade a program ([`check_tests`]).
+    pub fn check_tests(&self) -> std::result::Result<(), String> {
+        let call = self.tests.iter().any(|t| matches!(t, TestCase::Call { .. }));
+        check_tests(self.tests.iter().map(|t| match t {
+            TestCase::Stdin { input, output } | TestCase::Call { input, output, .. } => (input.as_str(), output.as_str()),
+        }), call)
     }
 
     /// The prompt under `template` (as [`super::code_prompt`] builds it for LiveCodeBench).

@@ -260,6 +260,10 @@ impl Evaluation for CodeEvaluation {
         Self::summary_path(out, model)
     }
 
+    fn skip_special_tokens(&self) -> bool {
+        true
+    }
+
     fn finish(&self, model: &str, out: &Path, run: &FinishedRun<'_>, stage: &mut dyn FnMut(&'static str)) -> Result<()> {
         stage("summary");
         let generations = run.generations.first().ok_or_else(|| Error::InvalidInput("no generations file".into()))?;
