@@ -808,13 +808,21 @@ fn opd_on_two_replicas_matches_one_device() {
 fn rollouts_sample_in_the_configured_dtype() {
     use kiln::model::Dtype;
     use kiln::train::Precision;
-    let run = |dtype: Option<Dtype>, precision: Precision| {
+    let run = |dtype: Option<Dtype>, precision: Precision, temperature: f32| {
         let tmp = tempfile::tempdir().unwrap();
         let device = Default::default();
         let tokenizer = Tokenizer::from_file(paper_tokenizer()).unwrap();
         let prompts = PromptSet::load(&[fixture("interplay/rows/op2.jsonl")], &tokenizer, 512, Some(4)).unwrap();
         let settings = PgSettings {
-            rollout: RolloutSettings { n: 2, sampler: Sampler::default(), max_response_length: 6, batch_size: 64, kv_memory: None, max_prefill_tokens: kiln::generate::MAX_PREFILL_TOKENS, dtype },
+            rollout: RolloutSettings {
+                n: 2,
+                sampler: Sampler { temperature, ..Sampler::default() },
+                max_response_length: 6,
+                batch_size: 64,
+                kv_memory: None,
+                max_prefill_tokens: kiln::generate::MAX_PREFILL_TOKENS,
+                dtype,
+            },
             prompts_per_step: 2,
             mini_batch: 2,
             micro_batch: 4,
@@ -842,9 +850,13 @@ fn rollouts_sample_in_the_configured_dtype() {
         train(start, &mut objective, &loop_config, |_| Ok(Record::new()), |r| records.push(r.clone())).unwrap();
         records[0]["logprob_diff_max"].as_f64().unwrap()
     };
-    let same = run(None, Precision::F32);
-    let bf16 = run(Some(Dtype::BF16), Precision::F32);
+    let same = run(None, Precision::F32, 1.0);
+    let bf16 = run(Some(Dtype::BF16), Precision::F32, 1.0);
     assert!(same < 1e-4, "f32 rollouts of an f32 policy: {same}");
     assert!(bf16 > 1e-3, "bf16 rollouts of an f32 policy should differ by bf16 rounding: {bf16}");
-    assert!(run(None, Precision::Bf16Mixed).is_finite());
+    assert!(run(None, Precision::Bf16Mixed, 1.0).is_finite());
+    // At another temperature the learner scores the tempered distribution the rollouts sampled
+    // from (verl's actor divides the logits by it, as TRL does): the same log-probs.
+    let tempered = run(None, Precision::F32, 0.5);
+    assert!(tempered < 1e-4, "rollouts at temperature 0.5 against the learner's log-probs: {tempered}");
 }

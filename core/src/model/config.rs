@@ -147,7 +147,7 @@ impl Qwen2Config {
         }
         // The projections' widths, whose products overflowed in the tensor list (the weights'
         // sizes are checked against memory where a model is built).
-        let values = |a: usize, b: usize| a.checked_mul(b).filter(|n| *n <= 1 << 60);
+        let values = |a: usize, b: usize| a.checked_mul(b).filter(|n| *n as u64 <= 1 << 60);
         let products = [
             ("num_attention_heads × head_dim", values(self.num_attention_heads, self.head_dim())),
             ("num_key_value_heads × head_dim", values(self.num_kv_heads(), self.head_dim())),

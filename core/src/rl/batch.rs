@@ -88,14 +88,24 @@ impl ResponseLayout {
 
 /// The logits that predict each response token, `[rows, R, V]`.
 pub fn response_logits<B: Backend>(model: &Qwen2<B>, batch: &ResponseBatch<B>) -> Tensor<B, 3> {
-    model.logits(response_hidden(model, batch))
+    model.logits(response_hidden(model, batch, 1.0))
 }
 
 /// The final hidden states `[responses, tokens, D]` that predict the response tokens.
-pub fn response_hidden<B: Backend>(model: &Qwen2<B>, batch: &ResponseBatch<B>) -> Tensor<B, 3> {
+///
+/// Divided by the rollouts' `temperature` (not for greedy ones): the head's logits over it are
+/// the logits divided by it (Qwen2's LM head has no bias; a head with one is refused at other
+/// temperatures by the loss), so the log-probs, entropies and KLs are those of the
+/// distribution the rollouts sampled from, as verl's actor (`logits.div_(temperature)`) and TRL
+/// (`logits / self.temperature`) compute them.
+pub fn response_hidden<B: Backend>(model: &Qwen2<B>, batch: &ResponseBatch<B>, temperature: f32) -> Tensor<B, 3> {
     let hidden = model.forward_hidden(&batch.inputs, None);
     let width = batch.mask.dims()[1];
-    hidden.narrow(1, batch.prompt_width - 1, width)
+    let hidden = hidden.narrow(1, batch.prompt_width - 1, width);
+    match temperature {
+        t if t == 1.0 || t < crate::generate::sampler::GREEDY_BELOW => hidden,
+        t => hidden.div_scalar(t),
+    }
 }
 
 #[cfg(test)]

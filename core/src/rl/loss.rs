@@ -79,16 +79,20 @@ pub fn masked_mean<B: Backend>(values: Tensor<B, 2>, mask: &Tensor<B, 2>) -> Ten
 /// Aggregates `[responses, tokens]` losses into a scalar; `max_response_length` is the
 /// constant divisor of [`LossAgg::SeqMeanTokenSumNorm`] (verl divides by the padded response
 /// width, which its rollout pads to `max_response_length`).
+///
+/// The sequence means leave out responses with no token left (rejection sampling drops whole
+/// responses): verl's `agg_loss` takes `masked_mean(seq_losses, seq_mask)` over
+/// `seq_mask = (Σ mask > 0)`, and a token mean divides by `Σ mask + 1e-8` (0 / 0 was NaN here).
 pub fn aggregate<B: Backend>(losses: Tensor<B, 2>, mask: &Tensor<B, 2>, agg: LossAgg, max_response_length: usize) -> Tensor<B, 1> {
+    let counts = mask.clone().sum_dim(1);
+    let kept = counts.clone().greater_elem(0.0).float();
+    let sequence_mean = |per_sequence: Tensor<B, 2>| (per_sequence * kept.clone()).sum() / (kept.clone().sum() + 1e-8);
     match agg {
         LossAgg::TokenMean => masked_mean(losses, mask),
-        LossAgg::SeqMeanTokenMean => {
-            let per_sequence = zero_padding(losses, mask).sum_dim(1) / mask.clone().sum_dim(1);
-            per_sequence.mean()
-        }
-        LossAgg::SeqMeanTokenSum => zero_padding(losses, mask).sum_dim(1).mean(),
+        LossAgg::SeqMeanTokenMean => sequence_mean(zero_padding(losses, mask).sum_dim(1) / (counts + 1e-8)),
+        LossAgg::SeqMeanTokenSum => sequence_mean(zero_padding(losses, mask).sum_dim(1)),
         LossAgg::SeqMeanTokenSumNorm => zero_padding(losses, mask).sum() / max_response_length as f64,
-        LossAgg::SeqMeanTokenSumNormDr => zero_padding(losses, mask).sum_dim(1).mean() / max_response_length as f64,
+        LossAgg::SeqMeanTokenSumNormDr => sequence_mean(zero_padding(losses, mask).sum_dim(1)) / max_response_length as f64,
     }
 }
 
@@ -357,5 +361,30 @@ fn at_least_f32<B: Backend>(logits: Tensor<B, 3>) -> Tensor<B, 3> {
     match logits.dtype() {
         DType::F16 | DType::BF16 => logits.cast(DType::F32),
         _ => logits,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::NdArray;
+    use burn::tensor::TensorData;
+
+    use super::*;
+
+    /// A response that rejection sampling dropped whole (its mask all zeros) leaves the sequence
+    /// means, as verl's `agg_loss` leaves it out (`seq_mask`): a NaN and a smaller divisor before.
+    #[test]
+    fn sequence_means_leave_out_responses_with_no_token() {
+        let device = Default::default();
+        let tensor = |values: Vec<f64>| Tensor::<NdArray<f64>, 2>::from_data(TensorData::new(values, [3, 2]), &device);
+        let losses = tensor(vec![1.0, 3.0, 5.0, 7.0, 9.0, 11.0]);
+        let mask = tensor(vec![1.0, 1.0, 0.0, 0.0, 1.0, 0.0]);
+        let value = |agg| aggregate(losses.clone(), &mask, agg, 4).into_scalar();
+        // Rows: (1 + 3) over 2 tokens, nothing, 9 over 1 token.
+        assert!((value(LossAgg::SeqMeanTokenMean) - (2.0 + 9.0) / 2.0).abs() < 1e-6);
+        assert!((value(LossAgg::SeqMeanTokenSum) - (4.0 + 9.0) / 2.0).abs() < 1e-6);
+        assert!((value(LossAgg::SeqMeanTokenSumNormDr) - (4.0 + 9.0) / 2.0 / 4.0).abs() < 1e-6);
+        assert!((value(LossAgg::SeqMeanTokenSumNorm) - 13.0 / 4.0).abs() < 1e-9, "verl's sum over the width, every row");
+        assert!((value(LossAgg::TokenMean) - 13.0 / 3.0).abs() < 1e-6);
     }
 }

@@ -194,9 +194,9 @@ impl PgSettings {
             return Err(format!("[loss] tis_imp_ratio_cap must be positive (got {cap})"));
         }
         if let Some(o) = self.overlong_buffer.filter(|o| o.enable) {
-            if o.len == 0 || o.len > r.max_response_length || !(o.penalty_factor >= 0.0) {
+            if o.len == 0 || o.len > r.max_response_length || !(o.penalty_factor.is_finite() && o.penalty_factor >= 0.0) {
                 return Err(format!(
-                    "[loss.overlong_buffer] needs 0 < len <= max_response_length ({}) and penalty_factor >= 0 (got len {}, penalty_factor {})",
+                    "[loss.overlong_buffer] needs 0 < len <= max_response_length ({}) and a finite penalty_factor >= 0 (got len {}, penalty_factor {})",
                     r.max_response_length, o.len, o.penalty_factor
                 ));
             }
@@ -298,7 +298,8 @@ impl<B: AutodiffBackend> PolicyGradient<B> {
     fn score(&self, policy: &Qwen2<B::InnerBackend>, layout: &ResponseLayout) -> Scored {
         let device = policy.device();
         let batch = layout.to_device::<B::InnerBackend>(&device);
-        let scores = |model: &Qwen2<B::InnerBackend>, entropy| target_scores(model, response_hidden(model, &batch), batch.targets.clone(), entropy);
+        let t = self.settings.rollout.sampler.temperature;
+        let scores = |model: &Qwen2<B::InnerBackend>, entropy| target_scores(model, response_hidden(model, &batch, t), batch.targets.clone(), entropy);
         let (old, entropy) = scores(policy, true);
         let (old, entropy) = (host(old), host(entropy.expect("asked for")));
         Scored { old, entropy, reference: self.reference.as_ref().map(|r| host(scores(r, false).0)) }
@@ -427,7 +428,11 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         let batch = &micro.batch;
         // The targets' log-probabilities and OPD's full-vocabulary reverse KL, both through the
         // chunked head (no `[rows, R, V]` logits) where the backend takes it.
-        let hidden = response_hidden(model, batch);
+        let t = s.rollout.sampler.temperature;
+        if t != 1.0 && model.lm_head.as_ref().is_some_and(|h| h.bias.is_some()) {
+            return Err(Error::InvalidInput(format!("[rollout] temperature {t}: a model whose LM head has a bias trains at temperature 1 only")));
+        }
+        let hidden = response_hidden(model, batch, t);
         let log_prob = target_logprobs(model, hidden.clone(), batch.targets.clone());
         let max_length = s.rollout.max_response_length;
         let mut metrics = Map::new();
@@ -447,10 +452,10 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         let mut loss = match &self.signal {
             Signal::Teacher { model: teacher, full_vocab: true, .. } => {
                 let inner = micro.layout.to_device::<B::InnerBackend>(&teacher.device());
-                let teacher_hidden = response_hidden(teacher, &inner);
+                let teacher_hidden = response_hidden(teacher, &inner, t);
                 let per_token = match target_reverse_kl(model, hidden, teacher, teacher_hidden.clone()) {
                     Some(kl) => kl,
-                    None => reverse_kl(model.logits(response_hidden(model, batch)), Tensor::from_inner(teacher.logits(teacher_hidden))),
+                    None => reverse_kl(model.logits(response_hidden(model, batch, t)), Tensor::from_inner(teacher.logits(teacher_hidden))),
                 };
                 let kl = aggregate(per_token, &mask, s.agg, max_length);
                 weighted(&mut metrics, "teacher_kl_full", kl.clone().detach());
@@ -604,7 +609,7 @@ impl<B: AutodiffBackend> PolicyGradient<B> {
                 let (token_advantages, teacher) = match advantages {
                     StepAdvantages::Sequence(sequence) => (spread(&layout, chunk, &sequence[first..first + chunk.len()]), None),
                     StepAdvantages::Teacher { model, coef } => {
-                        let teacher = logprobs_of(model, &layout);
+                        let teacher = logprobs_of(model, &layout, self.settings.rollout.sampler.temperature);
                         (distilled(&layout, chunk, &scored.old, &teacher, *coef), Some(teacher))
                     }
                 };
@@ -683,9 +688,9 @@ fn distilled(layout: &ResponseLayout, chunk: &[Response], old: &[f32], teacher: 
 }
 
 /// `model`'s log-probs of a micro-batch's sampled tokens, `[rows · R]` (no gradients).
-fn logprobs_of<BB: Backend>(model: &Qwen2<BB>, layout: &ResponseLayout) -> Vec<f32> {
+fn logprobs_of<BB: Backend>(model: &Qwen2<BB>, layout: &ResponseLayout, temperature: f32) -> Vec<f32> {
     let batch = layout.to_device::<BB>(&model.device());
-    host(target_scores(model, response_hidden(model, &batch), batch.targets.clone(), false).0)
+    host(target_scores(model, response_hidden(model, &batch, temperature), batch.targets.clone(), false).0)
 }
 
 impl TokenStats {
@@ -825,6 +830,9 @@ mod tests {
             let kl = Some((KlEstimator::K3, beta));
             assert!(PgSettings { kl, ..settings() }.check().is_err_and(|e| e.contains("KL")), "{beta}");
         }
+        // An infinite overlong penalty (a reward of −inf, NaN advantages for its group).
+        let overlong = Some(OverlongBuffer { enable: true, len: 2, penalty_factor: f64::INFINITY });
+        assert!(PgSettings { overlong_buffer: overlong, ..settings() }.check().is_err_and(|e| e.contains("a finite penalty_factor")));
         // A step's responses past the bound (the product overflowed in the checks below).
         let (prompts_per_step, n) = (1 << 40, 1 << 30);
         let huge = PgSettings { prompts_per_step, mini_batch: prompts_per_step, rollout: RolloutSettings { n, ..settings().rollout }, ..settings() };

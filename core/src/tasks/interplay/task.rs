@@ -104,6 +104,12 @@ impl Task for InterplayTask {
         Ok(match *config {
             RewardConfig::Outcome => Box::new(OutcomeReward),
             RewardConfig::Process { answer_weight, step_weight, zero_on_process_mismatch, value_tolerance } => {
+                // (A NaN or infinite weight made every correct answer's reward NaN, and its
+                // group's advantages with it.)
+                let numbers = [("answer_weight", answer_weight), ("step_weight", step_weight), ("value_tolerance", value_tolerance)];
+                if let Some((key, value)) = numbers.into_iter().find(|(_, v)| !(v.is_finite() && *v >= 0.0)) {
+                    return Err(crate::error::Error::InvalidInput(format!("[reward] {key} must be a finite number >= 0 (got {value})")));
+                }
                 Box::new(ProcessVerifiedReward(ProcessRewardConfig {
                     answer_weight,
                     step_weight,
@@ -209,6 +215,10 @@ mod tests {
         assert_eq!(task.evaluate(" </solution> <answer> -1 </answer>", first), 0.0);
         for config in [RewardConfig::Outcome, RewardConfig::Process { answer_weight: 1.0, step_weight: 0.0, zero_on_process_mismatch: true, value_tolerance: 1e-6 }] {
             assert_eq!(task.reward(&config).unwrap().score(completion, first), 1.0, "{config:?}");
+        }
+        for (answer_weight, step_weight, value_tolerance) in [(f64::NAN, 0.5, 0.0), (0.5, f64::INFINITY, 0.0), (0.5, 0.5, -1.0)] {
+            let config = RewardConfig::Process { answer_weight, step_weight, zero_on_process_mismatch: false, value_tolerance };
+            assert!(task.reward(&config).is_err_and(|e| e.to_string().contains("must be a finite number >= 0")), "{config:?}");
         }
         let ids: std::collections::HashSet<&str> = items.iter().map(|i| i.id.as_str()).collect();
         assert_eq!(ids.len(), 3, "ids are distinct: {ids:?}");
