@@ -829,7 +829,7 @@ fn rollouts_sample_in_the_configured_dtype() {
             clip: Clip { low: 0.2, high: 0.2, dual: 3.0 },
             agg: LossAgg::TokenMean,
             policy_loss: PolicyLossMode::default(),
-            tis_imp_ratio_cap: None,
+            tis_imp_ratio_cap: Some(100.0),
             rejection: None,
             overlong_buffer: None,
             filter_groups: None,
@@ -848,6 +848,8 @@ fn rollouts_sample_in_the_configured_dtype() {
         let start = Start::new(&loop_config, false, &mut objective, &device, || Qwen2::random(&config, 4, &device)).unwrap();
         let mut records = Vec::new();
         train(start, &mut objective, &loop_config, |_| Ok(Record::new()), |r| records.push(r.clone())).unwrap();
+        let tis = records[0]["tis_weight_mean"].as_f64().unwrap();
+        assert!(dtype.is_some() || !matches!(precision, Precision::F32) || (tis - 1.0).abs() < 1e-3, "TIS weights of f32 rollouts at temperature {temperature}: {tis}");
         records[0]["logprob_diff_max"].as_f64().unwrap()
     };
     let same = run(None, Precision::F32, 1.0);
@@ -856,7 +858,8 @@ fn rollouts_sample_in_the_configured_dtype() {
     assert!(bf16 > 1e-3, "bf16 rollouts of an f32 policy should differ by bf16 rounding: {bf16}");
     assert!(run(None, Precision::Bf16Mixed, 1.0).is_finite());
     // At another temperature the learner scores the tempered distribution the rollouts sampled
-    // from (verl's actor divides the logits by it, as TRL does): the same log-probs.
-    let tempered = run(None, Precision::F32, 0.5);
-    assert!(tempered < 1e-4, "rollouts at temperature 0.5 against the learner's log-probs: {tempered}");
+    // from (verl's actor divides the logits by it, as TRL does): the same log-probs, and TIS
+    // weights of 1 (checked in `run`).
+    let tempered = run(None, Precision::F32, 0.7);
+    assert!(tempered < 1e-4, "rollouts at temperature 0.7 against the learner's log-probs: {tempered}");
 }

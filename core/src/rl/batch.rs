@@ -86,7 +86,7 @@ impl ResponseLayout {
     }
 }
 
-/// The logits that predict each response token, `[rows, R, V]`.
+/// The logits that predict each response token, `[rows, R, V]`, at temperature 1.
 pub fn response_logits<B: Backend>(model: &Qwen2<B>, batch: &ResponseBatch<B>) -> Tensor<B, 3> {
     model.logits(response_hidden(model, batch, 1.0))
 }

@@ -322,8 +322,9 @@ pub fn policy_loss<B: Backend>(
 /// Truncated importance sampling (TIS; verl 0.9.1's `compute_rollout_correction_weights` with
 /// `rollout_is = "token"` and one threshold, verl ≤ 0.6's `tis_imp_ratio_cap`): per token
 /// `min(exp(clamp(log π_old − log π_rollout, ±20)), cap)`, 0 on padding, without gradient.
-/// `old_log_prob` is the learner's, `rollout_log_prob` the rollout engine's under the same
-/// (unmodified) distribution; `[responses, tokens]` in and out.
+/// `old_log_prob` is the learner's (of the tempered distribution), `rollout_log_prob` the rollout
+/// engine's under its sampling distribution (vLLM's `processed_logprobs`, as verl reads them);
+/// `[responses, tokens]` in and out.
 pub fn tis_weights<B: Backend>(old_log_prob: Tensor<B, 2>, rollout_log_prob: Tensor<B, 2>, mask: &Tensor<B, 2>, cap: f64) -> Tensor<B, 2> {
     let raw = zero_padding((old_log_prob - rollout_log_prob).clamp(-20.0, 20.0).exp(), mask);
     raw.clamp_max(cap).detach()

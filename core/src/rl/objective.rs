@@ -317,12 +317,16 @@ fn step_seed(seed: u64, step: u64) -> u64 {
     rng.next_u64()
 }
 
-/// The rollout's raw log-probs of a micro-batch's responses, `[rows · R]`, 0 on padding.
-fn raw_rollout_logprobs(layout: &ResponseLayout, chunk: &[Response]) -> Vec<f32> {
+/// The rollout's log-probs of a micro-batch's responses that truncated importance sampling and
+/// rejection compare with the learner's, `[rows · R]`, 0 on padding: under the sampling
+/// distribution (temperature and top-k/top-p applied: vLLM's `processed_logprobs`, which verl
+/// reads), since the learner scores the tempered distribution; the raw ones for greedy rollouts.
+fn rollout_logprobs(layout: &ResponseLayout, chunk: &[Response], greedy: bool) -> Vec<f32> {
     let width = layout.response_width;
     let mut out = vec![0.0; layout.rows() * width];
     for (row, response) in chunk.iter().enumerate() {
-        out[row * width..row * width + response.raw_logprobs.len()].copy_from_slice(&response.raw_logprobs);
+        let values = if greedy { &response.raw_logprobs } else { &response.sampler_logprobs };
+        out[row * width..row * width + values.len()].copy_from_slice(values);
     }
     out
 }
@@ -429,7 +433,11 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         // The targets' log-probabilities and OPD's full-vocabulary reverse KL, both through the
         // chunked head (no `[rows, R, V]` logits) where the backend takes it.
         let t = s.rollout.sampler.temperature;
-        if t != 1.0 && model.lm_head.as_ref().is_some_and(|h| h.bias.is_some()) {
+        // (The hidden states are divided by it: exact for a head without a bias, Qwen2's.)
+        let tempered = t != 1.0 && !s.rollout.sampler.is_greedy();
+        let teacher_biased = matches!(&self.signal, Signal::Teacher { model, .. } if model.lm_head.as_ref().is_some_and(|h| h.bias.is_some()));
+        let reference_biased = self.reference.as_ref().is_some_and(|r| r.lm_head.as_ref().is_some_and(|h| h.bias.is_some()));
+        if tempered && (model.lm_head.as_ref().is_some_and(|h| h.bias.is_some()) || teacher_biased || reference_biased) {
             return Err(Error::InvalidInput(format!("[rollout] temperature {t}: a model whose LM head has a bias trains at temperature 1 only")));
         }
         let hidden = response_hidden(model, batch, t);
@@ -619,7 +627,8 @@ impl<B: AutodiffBackend> PolicyGradient<B> {
                     old: layout.tensor(scored.old, &device),
                     advantages: layout.tensor(token_advantages.iter().map(|&a| a as f32).collect(), &device),
                     reference: scored.reference.map(|r| layout.tensor(r, &device)),
-                    rollout: (s.tis_imp_ratio_cap.is_some() || s.rejection.is_some()).then(|| layout.tensor(raw_rollout_logprobs(&layout, chunk), &device)),
+                    rollout: (s.tis_imp_ratio_cap.is_some() || s.rejection.is_some())
+                        .then(|| layout.tensor(rollout_logprobs(&layout, chunk, s.rollout.sampler.is_greedy()), &device)),
                     scale: 1.0 / count as f64,
                     weight: 1.0 / total_micros as f64,
                     layout,

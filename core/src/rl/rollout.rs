@@ -38,7 +38,7 @@ pub struct Response {
     pub sampler_logprobs: Vec<f32>,
     /// Per token: log-prob under the model's unmodified distribution, as the rollout engine
     /// computed it (in the rollout's dtype): truncated importance sampling compares it with the
-    /// learner's.
+    /// learner's for greedy rollouts (otherwise `sampler_logprobs`).
     pub raw_logprobs: Vec<f32>,
     /// The response decoded with special tokens (what the seed's reward manager scores).
     pub text: String,
