@@ -644,6 +644,12 @@ fn bad_configs_are_errors_naming_the_file() {
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(!out.status.success() && stderr.lines().count() == 1, "{stderr}");
     assert!(stderr.starts_with(&format!("error: {}: [train] prompts_per_step (4) and mini_batch", path.display())) && stderr.contains("multiples of the 3 replicas"), "{stderr}");
+    // Batch reward scaling over replicas (each divided by its own share's std).
+    std::fs::write(&path, good.replace("[output]", "[loss]\nreward_scaling = \"batch\"\n\n[output]")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kiln")).args(["rl", "--config", path.to_str().unwrap(), "--devices", "cpu,cpu"]).output().unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(!out.status.success() && stderr.lines().count() == 1, "{stderr}");
+    assert!(stderr.contains("reward_scaling = \"batch\" runs on one replica only (each of the 2"), "{stderr}");
     assert!(!work.join("out").exists());
 }
 

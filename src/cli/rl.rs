@@ -55,7 +55,7 @@ pub fn run(method: Method, args: RlArgs) -> Result<()> {
     let nodes = args.dist.nodes()?;
     // The replicas' split of a step, before any model or data is loaded.
     let Some(world) = devices.len().checked_mul(nodes.as_ref().map_or(1, |n| n.nnodes)) else { anyhow::bail!("--devices × --nnodes is too large") };
-    config.settings().check_world(world).map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
+    config.check_world(world).map_err(|e| anyhow::anyhow!("{}: {e}", args.config.display()))?;
     let run_kind = match method {
         Method::Grpo => kiln::config_import::RunKind::Rl,
         Method::Opd => kiln::config_import::RunKind::Opd,

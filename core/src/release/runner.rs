@@ -67,7 +67,7 @@ pub fn run<B: AutodiffBackend>(plan: &Plan, stages: &[Stage], devices: &[B::Devi
     for stage in [Stage::Rl, Stage::Opd].into_iter().filter(|s| stages.contains(s)) {
         for run in plan.runs_of(stage) {
             if let RunSpec::Pg(c) = &run.spec {
-                c.settings().check_world(devices.len()).map_err(|e| run_error(run, e))?;
+                c.check_world(devices.len()).map_err(|e| run_error(run, e))?;
             }
         }
     }

@@ -276,6 +276,18 @@ impl PgConfig {
         }
     }
 
+    /// What must hold over `world` replicas ([`PgSettings::check_world`]): besides the step's
+    /// split, `reward_scaling = "batch"` runs on one replica (each would divide by its own
+    /// share's standard deviation; TRL gathers the rewards of every process first).
+    pub fn check_world(&self, world: usize) -> std::result::Result<(), String> {
+        if world > 1 && self.teacher.is_none() && self.loss.reward_scaling == RewardScaling::Batch {
+            return Err(format!(
+                "[loss] reward_scaling = \"batch\" runs on one replica only (each of the {world} would divide by its own share's standard deviation)"
+            ));
+        }
+        self.settings().check_world(world)
+    }
+
     /// The step's shape and the loss settings.
     pub fn settings(&self) -> PgSettings {
         let (r, t, l) = (&self.rollout, &self.train, &self.loss);
