@@ -18,7 +18,7 @@ pub fn token_logprobs<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, In
 /// the fused CPU kernel on whole `[B, T, V]` logits (Flex in f32, where memory is the host's and
 /// that kernel is faster) rather than [`head_loss`]'s chunks.
 fn whole_logits<B: Backend>(model: &Qwen2<B>, dtype: DType) -> bool {
-    (super::kernels::kernels::<B>().host_memory && dtype == DType::F32) || model.head(dtype).1.is_some()
+    (super::kernels::kernels::<B>().host_memory && dtype == DType::F32) || model.head_has_bias()
 }
 
 /// `log p(targets[b, t])` `[B, T]` (f32) for final hidden states `[B, T, D]`, with gradients

@@ -506,6 +506,11 @@ impl<B: Backend> Qwen2<B> {
         }
     }
 
+    /// Whether the LM head has a bias (an untied head loaded with `lm_head.bias`; Qwen2's has none).
+    pub fn head_has_bias(&self) -> bool {
+        self.lm_head.as_ref().is_some_and(|head| head.bias.is_some())
+    }
+
     /// The LM head as a weight `[D, V]` in `dtype` (the activations') and its bias `[V]`, if any.
     pub fn head(&self, dtype: DType) -> (Tensor<B, 2>, Option<Tensor<B, 1>>) {
         match &self.lm_head {

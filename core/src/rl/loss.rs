@@ -84,12 +84,14 @@ pub fn masked_mean<B: Backend>(values: Tensor<B, 2>, mask: &Tensor<B, 2>) -> Ten
 /// responses): verl's `agg_loss` takes `masked_mean(seq_losses, seq_mask)` over
 /// `seq_mask = (Σ mask > 0)`, and a token mean divides by `Σ mask + 1e-8` (0 / 0 was NaN here).
 pub fn aggregate<B: Backend>(losses: Tensor<B, 2>, mask: &Tensor<B, 2>, agg: LossAgg, max_response_length: usize) -> Tensor<B, 1> {
-    let counts = mask.clone().sum_dim(1);
-    let kept = counts.clone().greater_elem(0.0).float();
-    let sequence_mean = |per_sequence: Tensor<B, 2>| (per_sequence * kept.clone()).sum() / (kept.clone().sum() + 1e-8);
+    // (Per-response token counts only for the sequence means.)
+    let sequence_mean = |per_sequence: Tensor<B, 2>| {
+        let kept = mask.clone().sum_dim(1).greater_elem(0.0).float();
+        (per_sequence * kept.clone()).sum() / (kept.sum() + 1e-8)
+    };
     match agg {
         LossAgg::TokenMean => masked_mean(losses, mask),
-        LossAgg::SeqMeanTokenMean => sequence_mean(zero_padding(losses, mask).sum_dim(1) / (counts + 1e-8)),
+        LossAgg::SeqMeanTokenMean => sequence_mean(zero_padding(losses, mask).sum_dim(1) / (mask.clone().sum_dim(1) + 1e-8)),
         LossAgg::SeqMeanTokenSum => sequence_mean(zero_padding(losses, mask).sum_dim(1)),
         LossAgg::SeqMeanTokenSumNorm => zero_padding(losses, mask).sum() / max_response_length as f64,
         LossAgg::SeqMeanTokenSumNormDr => sequence_mean(zero_padding(losses, mask).sum_dim(1)) / max_response_length as f64,

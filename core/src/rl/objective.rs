@@ -435,9 +435,8 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
         let t = s.rollout.sampler.temperature;
         // (The hidden states are divided by it: exact for a head without a bias, Qwen2's.)
         let tempered = t != 1.0 && !s.rollout.sampler.is_greedy();
-        let teacher_biased = matches!(&self.signal, Signal::Teacher { model, .. } if model.lm_head.as_ref().is_some_and(|h| h.bias.is_some()));
-        let reference_biased = self.reference.as_ref().is_some_and(|r| r.lm_head.as_ref().is_some_and(|h| h.bias.is_some()));
-        if tempered && (model.lm_head.as_ref().is_some_and(|h| h.bias.is_some()) || teacher_biased || reference_biased) {
+        let teacher_biased = matches!(&self.signal, Signal::Teacher { model, .. } if model.head_has_bias());
+        if tempered && (model.head_has_bias() || teacher_biased || self.reference.as_ref().is_some_and(Qwen2::head_has_bias)) {
             return Err(Error::InvalidInput(format!("[rollout] temperature {t}: a model whose LM head has a bias trains at temperature 1 only")));
         }
         let hidden = response_hidden(model, batch, t);

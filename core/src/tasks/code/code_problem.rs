@@ -115,8 +115,7 @@ impl CodeProblem {
         let value: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
         if value.get("question_id").is_some() {
             let problem = Self::from_lcb(&RawProblem::parse(line)?.decode()?);
-            problem.check_tests()?;
-            return Ok(problem);
+            return problem.check_tests().map(|()| problem);
         }
         let row: Row = serde_json::from_value(value)
             .map_err(|e| format!("neither a LiveCodeBench row (no question_id) nor a code-problem row {{id, question, tests}}: {e}"))?;
@@ -125,7 +124,6 @@ impl CodeProblem {
             Value::Number(n) => n.to_string(),
             other => return Err(format!("id {other} is not a string")),
         };
-        check_tests(row.tests.iter().map(|t| (t.input.as_str(), t.output.as_str())), row.fn_name.is_some())?;
         let tests = row
             .tests
             .into_iter()
@@ -134,7 +132,8 @@ impl CodeProblem {
                 Some(f) => TestCase::Call { fn_name: f.clone(), input: t.input, output: t.output },
             })
             .collect();
-        Ok(Self { id, question: row.question, starter_code: row.starter_code, tests, difficulty: row.difficulty, platform: row.platform })
+        let problem = Self { id, question: row.question, starter_code: row.starter_code, tests, difficulty: row.difficulty, platform: row.platform };
+        problem.check_tests().map(|()| problem)
     }
 
     /// Whether the tests can grade a program ([`check_tests`]).
@@ -174,7 +173,7 @@ impl CodeProblem {
 /// accept any program), and in call mode every line of an input one JSON value (an argument) and
 /// the output one JSON value, read as the sandbox's harness reads them (Python's `json.loads`
 /// of `input.split("\n")`): a test that cannot be read is the file's error, not the model's.
-pub(crate) fn check_tests<'a>(tests: impl Iterator<Item = (&'a str, &'a str)>, call: bool) -> std::result::Result<(), String> {
+fn check_tests<'a>(tests: impl Iterator<Item = (&'a str, &'a str)>, call: bool) -> std::result::Result<(), String> {
     let mut count = 0;
     for (i, (input, output)) in tests.enumerate() {
         count += 1;
