@@ -157,6 +157,24 @@ fn bad_input_is_one_clear_line() {
     let err = one_line_error(&kiln(&["logprobs", "--model", model, "--ids", "1,x"]));
     assert!(err.contains("not a token id list"), "{err}");
 
+    // A model whose activations are not finite (a NaN final norm here; f16 overflow in practice):
+    // `--json` wrote its log-probs as null, the first position's "none", and exited 0.
+    let broken = tmp.path().join("nan_model");
+    std::fs::create_dir(&broken).unwrap();
+    std::fs::copy(reference.dir.join("config.json"), broken.join("config.json")).unwrap();
+    let mut bytes = std::fs::read(reference.dir.join("model.safetensors")).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let norm = &header["model.norm.weight"];
+    assert_eq!(norm["dtype"], "F32");
+    let (start, end) = (norm["data_offsets"][0].as_u64().unwrap() as usize, norm["data_offsets"][1].as_u64().unwrap() as usize);
+    for value in bytes[8 + header_len + start..8 + header_len + end].chunks_mut(4) {
+        value.copy_from_slice(&f32::NAN.to_le_bytes());
+    }
+    std::fs::write(broken.join("model.safetensors"), bytes).unwrap();
+    let err = one_line_error(&kiln(&["logprobs", "--model", broken.to_str().unwrap(), "--ids", "1,2,3", "--json"]));
+    assert!(err.contains("the log-prob at position 1 is not finite"), "{err}");
+
     let err = one_line_error(&kiln(&["generate", "--model", model, "--prompt-ids", "1,2", "--backend", "tpu"]));
     assert!(err.contains("unknown backend"), "{err}");
 }

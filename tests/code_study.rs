@@ -77,6 +77,29 @@ fn compare_gives_the_numpy_interval_and_per_question_differences() {
     let bad = kiln(&["eval", "code", "compare", s(&a), s(&b), "--resamples", "18446744073709551615"]);
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success() && stderr.lines().count() == 1 && stderr.contains("--resamples must be at most 100000000"), "{stderr}");
+    // An existing report is kept unless --overwrite.
+    let report = std::fs::read(&out).unwrap();
+    let again = kiln(&["eval", "code", "compare", s(&a), s(&b), "--resamples", "20", "--out", s(&out)]);
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(!again.status.success() && stderr.lines().count() == 1 && stderr.contains("exists; pass --overwrite"), "{stderr}");
+    assert_eq!(std::fs::read(&out).unwrap(), report);
+    assert!(kiln(&["eval", "code", "compare", s(&a), s(&b), "--resamples", "20", "--out", s(&out), "--overwrite"]).status.success());
+    assert_ne!(std::fs::read(&out).unwrap(), report);
+
+    // A shard concatenated twice, and summaries whose counts cannot be, are refused naming the
+    // place (they were counted: pass@1 above 1, or a subtraction overflow).
+    let twice = tmp.path().join("twice_code_generations.jsonl");
+    std::fs::write(&twice, std::fs::read_to_string(&a).unwrap().repeat(2)).unwrap();
+    let bad = kiln(&["eval", "code", "compare", s(&twice), s(&b)]);
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && stderr.lines().count() == 1 && stderr.contains("twice_code_generations.jsonl") && stderr.contains("sample 0 of question \"q00\" appears twice"), "{stderr}");
+    let mut summary = json_file(&study("base_code_summary.json"));
+    summary["per_problem"][1]["no_code"] = json!(99);
+    let broken = tmp.path().join("broken_code_summary.json");
+    std::fs::write(&broken, summary.to_string()).unwrap();
+    let bad = kiln(&["eval", "code", "compare", s(&broken), s(&b)]);
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && stderr.lines().count() == 1 && stderr.contains("broken_code_summary.json") && stderr.contains("per_problem[1]"), "{stderr}");
 }
 
 #[test]

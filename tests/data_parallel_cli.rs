@@ -324,6 +324,9 @@ fn rendezvous_errors_are_one_line() {
     // --nnodes without a master address.
     let out = kiln().args(["pretrain", "--config", a.to_str().unwrap(), "--nnodes", "2"]).output().unwrap();
     assert!(last_line(&out).contains("--nnodes 2 needs --master-addr"), "{}", stderr(&out));
+    // A master address without --nnodes: node 0 alone would run the whole job.
+    let out = kiln().args(["pretrain", "--config", a.to_str().unwrap(), "--node-rank", "0", "--master-addr", "127.0.0.1:1"]).output().unwrap();
+    assert!(last_line(&out).contains("--master-addr 127.0.0.1:1 needs --nnodes above 1"), "{}", stderr(&out));
 }
 
 /// `--collective nccl` asks for NCCL even with one device: on the CPU that is one error line
@@ -438,7 +441,7 @@ fn launcher_environment(launcher: &str, rank: usize, port: u16) -> Vec<(&'static
             ("SLURM_PROCID", rank.clone()),
             ("SLURM_LOCALID", rank),
             ("SLURM_NTASKS", "2".into()),
-            ("SLURM_NTASKS_PER_NODE", "2".into()),
+            ("SLURM_STEP_TASKS_PER_NODE", "2".into()),
             ("SLURM_NODEID", "0".into()),
             ("SLURM_NNODES", "1".into()),
             ("SLURM_JOB_NODELIST", "127.0.0.1".into()),

@@ -44,9 +44,13 @@ pub struct CompareArgs {
     /// Write the comparison (with every question's counts and difference) to this JSON file.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Replace `--out` if it exists.
+    #[arg(long)]
+    overwrite: bool,
     /// Also compare sample by sample (on by default when A or B is LiveCodeBench's
-    /// `*_eval_all.json`): the samples whose verdicts or extracted codes differ. Both files must
-    /// record every sample (not a summary) of the same programs.
+    /// `*_eval_all.json`, skipped with a note where the two are not the same samples): the
+    /// samples whose verdicts or extracted codes differ. Both files must record every sample
+    /// (not a summary) of the same programs.
     #[arg(long)]
     samples: bool,
 }
@@ -58,13 +62,25 @@ pub fn run(command: CodeEvalCommand) -> Result<()> {
     }
     if let Some(out) = &args.out {
         super::refuse_input_as_out(out, &[&args.a, &args.b])?;
+        if out.exists() && !args.overwrite {
+            bail!("{} exists; pass --overwrite to replace it, or another --out", out.display());
+        }
     }
     let (a_name, b_name) = (args.a.display().to_string(), args.b.display().to_string());
     let bootstrap = Bootstrap { resamples: args.resamples, seed: args.seed, level: args.level };
     let c = compare(&read_counts(&args.a)?, &read_counts(&args.b)?, bootstrap, &a_name, &b_name)?;
     let samples = if args.samples || is_eval_all_file(&args.a)? || is_eval_all_file(&args.b)? {
         match (read_sample_verdicts(&args.a)?, read_sample_verdicts(&args.b)?) {
-            (Some(a), Some(b)) => Some(compare_samples(&a, &b, &a_name, &b_name)?),
+            (Some(a), Some(b)) if args.samples => Some(compare_samples(&a, &b, &a_name, &b_name)?),
+            // Chosen for the file kind, not asked for: two runs with other samples (another
+            // model, other sample counts) still compare question by question.
+            (Some(a), Some(b)) => match compare_samples(&a, &b, &a_name, &b_name) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    eprintln!("note: samples not compared ({e}); --samples makes this an error");
+                    None
+                }
+            },
             _ if args.samples => bail!("--samples needs every sample's verdict on both sides (generations, kiln code grade output or *_eval_all.json), not a summary file"),
             _ => None,
         }

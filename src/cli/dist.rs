@@ -140,7 +140,9 @@ impl DistArgs {
             match (nnodes, &self.master_addr) {
                 (0, _) => bail!("--nnodes must be at least 1"),
                 (1, _) if node_rank > 0 => bail!("--node-rank {node_rank} needs --nnodes above it"),
-                (1, _) => return Ok(None),
+                // (Node 0 would run the whole job alone while the others wait for it.)
+                (1, Some(master)) => bail!("--master-addr {master} needs --nnodes above 1 (the number of nodes of the run)"),
+                (1, None) => return Ok(None),
                 (_, None) => bail!("--nnodes {nnodes} needs --master-addr HOST:PORT (where node 0 listens)"),
                 (_, Some(master)) => {
                     announce(&format!("rank {node_rank} of {nnodes} from --nnodes and --node-rank (master {master} from --master-addr)"), node_rank);

@@ -52,6 +52,10 @@ impl Job for LogprobsJob {
         };
         let model = hf::load_as::<B>(&args.model, &device, args.dtype)?;
         let logprobs = sequence_logprobs(&model, std::slice::from_ref(&ids), 512).context(input)?.remove(0);
+        // (JSON would write NaN as null, the value of the first position, and exit 0.)
+        if let Some(t) = logprobs.iter().position(|lp| lp.is_some_and(|lp| !lp.is_finite())) {
+            bail!("the log-prob at position {t} is not finite (--dtype {}): NaN or infinite weights, or activations that overflow this dtype", args.dtype);
+        }
         let mut out = std::io::stdout().lock();
         if args.json {
             writeln!(out, "{}", serde_json::json!({ "ids": ids, "logprobs": logprobs }))?;

@@ -13,7 +13,7 @@
 //! |---|---|---|---|---|---|---|
 //! | torchrun | `RANK` | `WORLD_SIZE` | `LOCAL_RANK` | `LOCAL_WORLD_SIZE` | `GROUP_RANK` | `MASTER_ADDR:MASTER_PORT` |
 //! | Open MPI | `OMPI_COMM_WORLD_RANK` | `OMPI_COMM_WORLD_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK` | `OMPI_COMM_WORLD_LOCAL_SIZE` | – | `MASTER_ADDR:MASTER_PORT`; 127.0.0.1 when all processes are on one machine |
-//! | Slurm (srun) | `SLURM_PROCID` | `SLURM_NTASKS` | `SLURM_LOCALID` | `SLURM_NTASKS_PER_NODE` | `SLURM_NODEID` of `SLURM_NNODES` | `MASTER_ADDR`, else the first host of `SLURM_STEP_NODELIST` (else `SLURM_JOB_NODELIST`); port `MASTER_PORT` |
+//! | Slurm (srun) | `SLURM_PROCID` | `SLURM_NTASKS` | `SLURM_LOCALID` | `SLURM_STEP_TASKS_PER_NODE` at `SLURM_NODEID` | `SLURM_NODEID` of `SLURM_STEP_NUM_NODES` (else `SLURM_NNODES`) | `MASTER_ADDR`, else the first host of `SLURM_STEP_NODELIST` (else `SLURM_JOB_NODELIST`); port `MASTER_PORT` |
 //!
 //! The port is [`DEFAULT_PORT`] when `MASTER_PORT` is unset. Under a torchrun whose workers share
 //! its agent's TCPStore (`TORCHELASTIC_USE_AGENT_STORE=True`), rank 0's
@@ -80,7 +80,10 @@ impl Launched {
             // Recent torchrun (its workers share the agent's TCPStore) has rank 0's agent listen
             // on MASTER_PORT itself: kiln's rendezvous takes the port after it.
             let agent_store = env.text("TORCHELASTIC_USE_AGENT_STORE") == "True";
-            let agent_port = env.port()?.checked_add(1).ok_or_else(|| Error::InvalidInput("MASTER_PORT=65535 leaves no port after torchrun's store".into()))?;
+            let port = match agent_store {
+                true => env.port()?.checked_add(1).ok_or_else(|| Error::InvalidInput("MASTER_PORT=65535 leaves no port after torchrun's store".into()))?,
+                false => env.port()?,
+            };
             Self {
                 launcher: Launcher::Torchrun,
                 rank: env.need("RANK")?,
@@ -89,7 +92,7 @@ impl Launched {
                 local_world,
                 // Machines of equal size (torchrun's --nproc-per-node).
                 machine: env.number("GROUP_RANK")?.map(|g| (g, local_world.filter(|&l| l > 0).map(|l| world / l))),
-                master: format!("{}:{}", env.text("MASTER_ADDR"), if agent_store { agent_port } else { env.port()? }),
+                master: format!("{}:{}", env.text("MASTER_ADDR"), port),
                 master_from: if agent_store {
                     format!("MASTER_ADDR and MASTER_PORT+1 (torchrun's agent serves MASTER_PORT={}: TORCHELASTIC_USE_AGENT_STORE=True)", env.text("MASTER_PORT"))
                 } else {
@@ -135,8 +138,11 @@ impl Launched {
                 rank: env.need("SLURM_PROCID")?,
                 world: env.need("SLURM_NTASKS")?,
                 local_rank: env.need("SLURM_LOCALID")?,
-                local_world: env.number("SLURM_NTASKS_PER_NODE")?,
-                machine: env.number("SLURM_NODEID")?.map(|n| Ok::<_, Error>((n, env.number("SLURM_NNODES")?))).transpose()?,
+                local_world: slurm_step_tasks_here(&env)?,
+                machine: env
+                    .number("SLURM_NODEID")?
+                    .map(|n| Ok::<_, Error>((n, env.number("SLURM_STEP_NUM_NODES")?.or(env.number("SLURM_NNODES")?))))
+                    .transpose()?,
                 master: format!("{host}:{}", env.port()?),
                 master_from,
             }
@@ -240,6 +246,29 @@ impl Env<'_> {
     fn port_source(&self, host: &str) -> String {
         format!("{host}{}", self.port_note())
     }
+}
+
+/// The tasks of this srun step on this node: `SLURM_STEP_TASKS_PER_NODE` (`2(x3),1`: two tasks
+/// on each of the first three nodes, one on the fourth) at `SLURM_NODEID`. `None` without them:
+/// `SLURM_NTASKS_PER_NODE` is what the job asked for (`--ntasks-per-node`), which a step started
+/// inside it with fewer tasks inherits, so it is not read.
+fn slurm_step_tasks_here(env: &Env<'_>) -> Result<Option<usize>> {
+    let (Some(node), true) = (env.number("SLURM_NODEID")?, env.is_set("SLURM_STEP_TASKS_PER_NODE")) else { return Ok(None) };
+    let text = env.text("SLURM_STEP_TASKS_PER_NODE");
+    let bad = || Error::InvalidInput(format!("environment variable SLURM_STEP_TASKS_PER_NODE={text:?} is not a list like 2(x3),1"));
+    let mut first = 0usize;
+    for item in text.split(',') {
+        let (count, repeat) = match item.trim().split_once("(x") {
+            Some((count, rest)) => (count, rest.strip_suffix(')').ok_or_else(bad)?),
+            None => (item.trim(), "1"),
+        };
+        let (count, repeat): (usize, usize) = (count.parse().map_err(|_| bad())?, repeat.parse().map_err(|_| bad())?);
+        if node < first.saturating_add(repeat) {
+            return Ok(Some(count));
+        }
+        first = first.saturating_add(repeat);
+    }
+    Err(Error::InvalidInput(format!("Slurm's environment: SLURM_NODEID={node} is past the {first} nodes of SLURM_STEP_TASKS_PER_NODE={text:?}")))
 }
 
 /// The hosts of a Slurm node list, in order: `node[01-03,07]` → node01, node02, node03, node07;
@@ -370,11 +399,14 @@ mod tests {
         assert!(shared.master_from.contains("torchrun's agent serves MASTER_PORT=1234"), "{}", shared.master_from);
         let not_shared = launched(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1234"), ("TORCHELASTIC_USE_AGENT_STORE", "False")]);
         assert_eq!(not_shared.master, "h:1234");
+        // Port 65535 is only short of a next port under the agent's store.
+        let last = launched(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "65535")]);
+        assert_eq!(last.master, "h:65535");
     }
 
     #[test]
     fn slurm_master_is_the_first_host_of_the_step() {
-        let base = [("SLURM_STEP_ID", "0"), ("SLURM_PROCID", "5"), ("SLURM_NTASKS", "16"), ("SLURM_LOCALID", "1"), ("SLURM_NODEID", "1"), ("SLURM_NNODES", "2"), ("SLURM_NTASKS_PER_NODE", "8")];
+        let base = [("SLURM_STEP_ID", "0"), ("SLURM_PROCID", "5"), ("SLURM_NTASKS", "16"), ("SLURM_LOCALID", "1"), ("SLURM_NODEID", "1"), ("SLURM_NNODES", "2"), ("SLURM_STEP_TASKS_PER_NODE", "8(x2)")];
         let mut pairs = base.to_vec();
         pairs.push(("SLURM_JOB_NODELIST", "gpu[07-09,12],cpu1"));
         let got = launched(&pairs);
@@ -388,6 +420,17 @@ mod tests {
         assert_eq!(launched(&pairs).master, "gpu09:29500");
         pairs.extend([("MASTER_ADDR", "10.0.0.9"), ("MASTER_PORT", "4000")]);
         assert_eq!(launched(&pairs).master, "10.0.0.9:4000");
+        // The step's tasks per node, not the job's request (`--ntasks-per-node 4` inherited by an
+        // `srun -n 2` step); uneven steps read their node's count.
+        let step = [("SLURM_STEP_ID", "1"), ("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2"), ("SLURM_LOCALID", "1"), ("SLURM_NODEID", "0"), ("SLURM_NNODES", "3"), ("MASTER_ADDR", "h")];
+        let with = |extra: &[(&'static str, &'static str)]| [&step[..], extra].concat();
+        let got = launched(&with(&[("SLURM_NTASKS_PER_NODE", "4"), ("SLURM_STEP_TASKS_PER_NODE", "2"), ("SLURM_STEP_NUM_NODES", "1")]));
+        assert_eq!((got.local_world, got.machine), (Some(2), Some((0, Some(1)))));
+        assert_eq!(launched(&with(&[("SLURM_NTASKS_PER_NODE", "4")])).local_world, None);
+        let uneven = [("SLURM_STEP_ID", "0"), ("SLURM_PROCID", "6"), ("SLURM_NTASKS", "7"), ("SLURM_LOCALID", "0"), ("SLURM_NODEID", "3"), ("SLURM_STEP_TASKS_PER_NODE", "2(x3),1"), ("MASTER_ADDR", "h")];
+        assert_eq!(launched(&uneven).local_world, Some(1));
+        let err = error(&[&uneven[..6], &[("SLURM_STEP_TASKS_PER_NODE", "2(x3")], &uneven[6..]].concat());
+        assert!(err.contains("SLURM_STEP_TASKS_PER_NODE=\"2(x3\" is not a list like 2(x3),1"), "{err}");
         // A batch script's shell has SLURM_PROCID and SLURM_NTASKS but is no srun task.
         assert_eq!(Launched::from_env(env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "4"), ("SLURM_JOB_NODELIST", "n[1-2]")])).unwrap(), None);
         let err = error(&[("SLURM_STEP_ID", "0"), ("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_LOCALID", "0")]);

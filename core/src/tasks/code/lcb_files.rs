@@ -233,6 +233,11 @@ fn read_graded_samples(path: &Path) -> Result<Vec<ProblemSamples>> {
         });
         let samples = &mut problems[p].1;
         let index = sample.index.unwrap_or(samples.len());
+        // Indices run 0..n without gaps (checked below): a huge one is a broken file, not a
+        // vector to grow to it.
+        if index >= MAX_SAMPLE_INDEX {
+            return Err(Error::data(path, Some(line), format!("{} sample index {index} is not below {MAX_SAMPLE_INDEX}", sample.question_id)));
+        }
         if samples.len() <= index {
             samples.resize(index + 1, None);
         }
@@ -284,6 +289,9 @@ pub struct SampleComparison {
     /// Samples whose pass/fail differs or whose codes differ, in A's question order.
     pub differences: Vec<SampleDiff>,
 }
+
+/// Sample indices at or above this are refused when reading per-sample files.
+const MAX_SAMPLE_INDEX: usize = 1_000_000;
 
 /// Compares per-sample verdicts: both must have the same questions with as many samples each
 /// (`a_name`, `b_name` name them in errors).

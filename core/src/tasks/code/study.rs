@@ -20,7 +20,7 @@
 //!   depend on file order and is the same for every checkpoint; in Python
 //!   `sorted(ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())[:count]`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use kiln_sandbox::Verdict;
@@ -108,16 +108,25 @@ pub fn read_counts(path: &Path) -> Result<Vec<ProblemCount>> {
         difficulty: Option<String>,
         #[serde(default)]
         platform: Option<String>,
+        #[serde(default)]
+        index: Option<usize>,
     }
     if path.extension().is_some_and(|e| e == "jsonl") {
         let mut counts: Vec<ProblemCount> = Vec::new();
         let mut position: HashMap<String, usize> = HashMap::new();
+        let mut seen: HashSet<(String, usize)> = HashSet::new();
         for record in jsonl_records(path)? {
             let record = record?;
             if record.fields.contains_key("summary") {
                 continue;
             }
             let sample: Graded = serde_json::from_value(serde_json::Value::Object(record.fields)).map_err(|e| Error::json(path, Some(record.line), e))?;
+            // (The same shard concatenated twice would count its samples twice.)
+            if let Some(index) = sample.index
+                && !seen.insert((sample.question_id.clone(), index))
+            {
+                return Err(Error::data(path, Some(record.line), format!("sample {index} of question {:?} appears twice", sample.question_id)));
+            }
             let i = *position.entry(sample.question_id.clone()).or_insert_with(|| {
                 counts.push(ProblemCount { question_id: sample.question_id.clone(), difficulty: sample.difficulty, platform: sample.platform, n: 0, correct: 0, no_code: 0 });
                 counts.len() - 1
@@ -137,6 +146,16 @@ pub fn read_counts(path: &Path) -> Result<Vec<ProblemCount>> {
         per_problem: Vec<ProblemCount>,
     }
     let summary: Summary = serde_json::from_str(&text).map_err(|e| Error::json(path, Some(e.line()), e))?;
+    let mut ids = HashSet::new();
+    for (i, c) in summary.per_problem.iter().enumerate() {
+        if c.correct.checked_add(c.no_code).is_none_or(|used| used > c.n) {
+            let message = format!("per_problem[{i}] ({:?}): {} correct and {} without code of {} samples", c.question_id, c.correct, c.no_code, c.n);
+            return Err(Error::data(path, None, message));
+        }
+        if !ids.insert(c.question_id.as_str()) {
+            return Err(Error::data(path, None, format!("per_problem[{i}]: question {:?} appears twice", c.question_id)));
+        }
+    }
     Ok(summary.per_problem)
 }
 
