@@ -458,6 +458,21 @@ fn the_custom_output_is_what_lcb_runner_reads_and_compare_reads_what_it_writes()
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(run.status.success() && stdout.contains("9003 #1\twrong_answer\tWrong Answer\tdiffers") && stdout.contains("DIFFERENT code in 1 samples"), "{stdout}");
 
+    // Another sample count (one sample fewer of 9003): the questions still compare; the samples
+    // are skipped with a note (an error with --samples).
+    let mut fewer = edited.clone();
+    for key in ["output_list", "code_list", "graded_list", "metadata"] {
+        fewer[3][key].as_array_mut().unwrap().pop();
+    }
+    let fewer_path = tmp.path().join("fewer_eval_all.json");
+    std::fs::write(&fewer_path, serde_json::to_string_pretty(&fewer).unwrap()).unwrap();
+    let run = kiln(&["eval", "code", "compare", s(&generations), s(&fewer_path), "--resamples", "200"]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+    assert!(run.status.success() && stdout.contains("B - A: pass@1") && !stdout.contains("sample\t"), "{stdout}{stderr}");
+    assert!(stderr.contains("note: samples not compared (question \"9003\" has 3 samples") && stderr.contains("--samples makes this an error"), "{stderr}");
+    let bad = kiln(&["eval", "code", "compare", s(&generations), s(&fewer_path), "--resamples", "200", "--samples"]);
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("has 3 samples"));
+
     // Bad input: one line naming the file and the entry.
     edited[2]["graded_list"] = json!([true, false]);
     std::fs::write(&other, serde_json::to_string_pretty(&edited).unwrap()).unwrap();
@@ -586,7 +601,7 @@ fn kiln_sft_trains_on_parquet_rows_and_scores_the_held_out_ones() {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stderr}");
     assert!(stderr.contains("3 train + 2 held out (the 2 rows with the smallest sha256(id) held out)"), "{stderr}");
-    assert!(stderr.contains("3 rows, 0 truncated"), "{stderr}");
+    assert!(stderr.contains("3 rows rendered by chatml, 0 truncated"), "{stderr}");
     let metrics = lines(&tmp.path().join("run/metrics.jsonl"));
     let eval_losses: Vec<f64> = metrics.iter().filter_map(|m| m["eval_loss"].as_f64()).collect();
     assert!(eval_losses.len() >= 2 && eval_losses.iter().all(|l| l.is_finite() && *l > 1.0), "{metrics:?}");

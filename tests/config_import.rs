@@ -12,6 +12,7 @@ use kiln::config_import::{self, Effective, RunKind};
 use kiln::rl::PgConfig;
 use kiln::rl::loss::{KlEstimator, LossAgg};
 use kiln::train::config::{DataSection, Family, migrated_table};
+use kiln::data::chat::TemplateChoice;
 
 fn kiln(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().unwrap()
@@ -429,6 +430,13 @@ fn trl_sft_config_with_packing_is_imported() {
     assert!(["bf16", "use_liger_kernel"].iter().all(|k| ignored.contains(k)), "{ignored:?}");
     assert!(c.train.recompute, "gradient_checkpointing: true is kiln's per-layer recomputation");
     assert!(imported.report.unknown.is_empty(), "{:?}", imported.report.unknown);
+    assert_eq!(data.chat_template, None, "TRL's default: the tokenizer's own template, as kiln's");
+    // chat_template_path names another template (it was ignored as irrelevant).
+    let named = [overrides[0].clone(), overrides[1].clone(), "chat_template_path=templates/r1.jinja".into()];
+    let with_template = config_import::trl::import(&path, &text, &named, None).unwrap();
+    let Effective::NextToken(named) = &with_template.config else { panic!() };
+    let DataSection::Sft(named) = &named.data else { panic!() };
+    assert_eq!(named.chat_template, Some(TemplateChoice::Path("templates/r1.jinja".into())));
 
     // Written and read back through `kiln config show`: the same run.
     let tmp = tempfile::tempdir().unwrap();

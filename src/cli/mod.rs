@@ -58,7 +58,7 @@ enum Command {
     Plan(plan::PlanArgs),
     /// Pre-train on an Interplay mixture (packed next-token loss) from a TOML config.
     Pretrain(train::TrainArgs),
-    /// Supervised fine-tuning (completion-only loss on ChatML rows) from a TOML config.
+    /// Supervised fine-tuning (completion-only loss on chat-templated rows) from a TOML config.
     Sft(train::TrainArgs),
     /// GRPO with verifiable rewards (verl's clipped surrogate, KL to the initial policy) from a TOML config.
     Rl(rl::RlArgs),

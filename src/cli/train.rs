@@ -140,7 +140,8 @@ fn compact(data: &Value) -> String {
         text += &format!("; mixture {}", shares.join(", "));
     }
     if let Some(sft) = data["data"]["sft"].as_object() {
-        text += &format!("; {} rows, {} truncated ({} lost their final code block)", sft["rows"], sft["truncated"], sft["final_code_lost"]);
+        let template = sft.get("chat_template").and_then(Value::as_str).unwrap_or("chatml");
+        text += &format!("; {} rows rendered by {template}, {} truncated ({} lost their final code block)", sft["rows"], sft["truncated"], sft["final_code_lost"]);
         if sft["no_targets"].as_u64().is_some_and(|n| n > 0) {
             text += &format!(", {} with no response token left (they train nothing)", sft["no_targets"]);
         }

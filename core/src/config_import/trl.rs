@@ -49,6 +49,7 @@ pub const MAPPING: &[(&str, &str)] = &[
     ("max_length (sft)", "[data] max_length"),
     ("packing (packing_strategy bfd)", "[data] neat_packing, cutoff_len = max_length; [train] padding_free"),
     ("padding_free (sft)", "[train] padding_free"),
+    ("chat_template_path (sft)", "[data] chat_template"),
 ];
 
 /// TRL 1.16.0's defaults (`GRPOConfig`, `SFTConfig`, transformers' `TrainingArguments`) of the
@@ -104,7 +105,7 @@ pub const TRL_DEFAULTS: &[(&str, &str)] = &[
 /// GRPO keys: a file with any of them is a GRPOConfig (`loss_type` is in both).
 const GRPO_KEYS: &[&str] = &["num_generations", "beta", "epsilon", "epsilon_high", "max_completion_length", "scale_rewards", "temperature", "importance_sampling_level", "num_iterations", "generation_batch_size", "steps_per_generation", "delta"];
 /// SFT keys.
-const SFT_KEYS: &[&str] = &["max_length", "packing", "completion_only_loss", "assistant_only_loss", "dataset_text_field", "packing_strategy", "padding_free"];
+const SFT_KEYS: &[&str] = &["max_length", "packing", "completion_only_loss", "assistant_only_loss", "dataset_text_field", "packing_strategy", "padding_free", "chat_template_path"];
 
 /// Keys whose values change the training and that kiln runs only at these values.
 const REFUSED: &Refusals = &[
@@ -135,7 +136,7 @@ const IRRELEVANT: &[&str] = &[
     "dataset_num_proc", "num_generations_eval", "router_aux_loss_coef", "use_bias_correction_kl", "max_tool_calling_iterations",
     "use_transformers_continuous_batching", "transformers_continuous_batching_config", "use_transformers_paged", "eval_strategy",
     "eval_steps", "dataset_config", "dataset_train_split", "dataset_test_split", "dataset_text_field", "eval_packing",
-    "dataset_kwargs", "chat_template_path", "eos_token", "pad_token", "activation_offloading", "torch_dtype",
+    "dataset_kwargs", "eos_token", "pad_token", "activation_offloading", "torch_dtype",
     "dtype", "attn_implementation", "use_peft", "vllm_mode", "vllm_model_impl", "vllm_enable_sleep_mode", "vllm_server_base_url",
     "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_group_port", "vllm_gpu_memory_utilization",
     "vllm_max_model_length", "vllm_tensor_parallel_size", "vllm_structured_outputs_regex", "sapo_temperature_neg",
@@ -311,6 +312,10 @@ pub fn import(path: &Path, text: &str, overrides: &[String], kind: Option<RunKin
         let max_length = c.usize("max_length")?;
         c.carry("max_length", "data.max_length", max_length);
         sft_packing(&mut c, max_length)?;
+        // (TRL renders with the tokenizer's own template unless this names another; so does kiln.)
+        if let Some(template) = c.text("chat_template_path") {
+            c.carry("chat_template_path", "data.chat_template", template);
+        }
         // SFTConfig's loss_type (TRL_DEFAULTS holds GRPOConfig's): nll, or chunked_nll, the same
         // loss computed in chunks, as kiln's is.
         if c.tree.get("loss_type").is_some() && !matches!(c.text("loss_type").as_deref(), Some("nll" | "chunked_nll")) {

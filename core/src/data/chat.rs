@@ -1,15 +1,18 @@
-//! Supervised fine-tuning rows rendered in ChatML (Qwen2.5's chat template), with
-//! completion-only targets.
+//! Supervised fine-tuning rows rendered in ChatML (Qwen2.5's chat template) or the model's own
+//! chat template ([`ChatFormat`]), with completion-only targets.
 //!
-//! A turn renders as `<|im_start|>{role}\n{content}<|im_end|>\n`; without a system turn, Qwen's
+//! In ChatML a turn renders as `<|im_start|>{role}\n{content}<|im_end|>\n`; without a system turn, Qwen's
 //! default system prompt is inserted, as the Qwen2.5 template does. Targets are the assistant
 //! contents plus their `<|im_end|>` (not the newline after it); everything else (system, user,
 //! the `<|im_start|>assistant\n` headers, and in prompt/completion rows every turn of the prompt,
-//! as TRL's completion-only loss) is context only. Roles other than system, user and assistant
-//! (tool turns), messages carrying tool calls, and a tokenizer without the ChatML tokens are
-//! errors: they would not render as the template renders them. The whole text is tokenized at once
-//! and targets are chosen by character offsets, so the ids equal `tokenizer(apply_chat_template(...))`.
+//! as TRL's completion-only loss) is context only. Messages carrying tool calls, and in ChatML
+//! roles other than system, user and assistant (tool turns) and a tokenizer without the ChatML
+//! tokens, are errors: they would not render as the template renders them. With a model's
+//! template, the targets of an assistant turn are the text the template adds for it (see
+//! [`ChatFormat::Template`]). The whole text is tokenized at once and targets are chosen by
+//! character offsets, so the ids equal `tokenizer(apply_chat_template(...))`.
 
+use std::ops::Range;
 #[cfg(feature = "tasks")]
 use std::path::Path;
 
@@ -21,9 +24,16 @@ use super::sample::Sample;
 use super::sft_source::{SftExample, SftSource, read_sft_rows};
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
+#[cfg(feature = "code")]
+use crate::tokenizer::chat_template::ChatTemplate;
 
 /// Qwen2.5's default system prompt.
 pub const QWEN_DEFAULT_SYSTEM: &str = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+
+/// Qwen2.5's chat template (its instruct models' `tokenizer_config.json` `chat_template`; TRL's
+/// `chat_templates/qwen2_5.jinja`), which ChatML renders byte for byte: a model carrying it is
+/// rendered by [`ChatFormat::ChatMl`].
+pub const QWEN2_5_CHAT_TEMPLATE: &str = include_str!("qwen2_5_chat_template.jinja");
 
 /// One chat turn.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,6 +81,33 @@ impl SftRow {
             SftRow::PromptCompletion { prompt, completion } => {
                 [turns(prompt, "user"), turns(completion, "assistant")].concat()
             }
+        }
+    }
+}
+
+/// `[data] chat_template`: how SFT rows are rendered when the tokenizer's own template is not
+/// wanted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum TemplateChoice {
+    /// `"chatml"`: kiln's ChatML (Qwen2.5's template byte for byte, with `system_prompt`).
+    ChatMl,
+    /// A model directory (its `chat_template.jinja` or `tokenizer_config.json`'s template) or a
+    /// Jinja file, as TRL's `chat_template_path`; relative to the config file.
+    Path(std::path::PathBuf),
+}
+
+impl From<String> for TemplateChoice {
+    fn from(s: String) -> Self {
+        if s == "chatml" { TemplateChoice::ChatMl } else { TemplateChoice::Path(s.into()) }
+    }
+}
+
+impl From<TemplateChoice> for String {
+    fn from(c: TemplateChoice) -> Self {
+        match c {
+            TemplateChoice::ChatMl => "chatml".into(),
+            TemplateChoice::Path(p) => p.display().to_string(),
         }
     }
 }
@@ -172,48 +209,106 @@ pub struct RenderedRow {
     pub truncated: bool,
     /// The last assistant turn's final fenced code block (```…```) did not survive truncation.
     pub final_code_lost: bool,
-    /// The last target token (the final `<|im_end|>`) did not survive truncation.
+    /// The last target token (in ChatML the final `<|im_end|>`) did not survive truncation.
     pub final_answer_lost: bool,
 }
 
-/// Renders `messages` as ChatML (inserting `default_system` when there is no system turn),
-/// tokenizes it and marks the assistant targets; keeps the first `max_length` tokens if given.
-/// The first `prompt_turns` messages are context only (a prompt/completion row's prompt).
-pub fn render(messages: &[Message], prompt_turns: usize, tokenizer: &Tokenizer, default_system: Option<&str>, max_length: Option<usize>) -> Result<RenderedRow> {
-    if let Some(m) = messages.iter().find(|m| !["system", "user", "assistant"].contains(&m.role.as_str())) {
-        return Err(Error::InvalidInput(format!("role {:?} is not supported (system, user, assistant)", m.role)));
+/// How SFT rows become text: what `[data] chat_template` and `system_prompt` resolve to
+/// ([`ChatFormat::resolve`]).
+#[derive(Debug, Clone)]
+pub enum ChatFormat {
+    /// kiln's ChatML, Qwen2.5's template byte for byte; `default_system` is inserted when a row
+    /// has no system turn (`None`: no system turn at all).
+    ChatMl { default_system: Option<String> },
+    /// A Hugging Face chat template, rendered as `apply_chat_template` renders it; `system` is
+    /// inserted when a row has no system turn (`None`: the template decides, e.g. Qwen2.5's
+    /// inserts its default). An assistant turn's targets are the text the template adds for it
+    /// after its generation prompt (`add_generation_prompt`), as TRL's prompt/completion loss
+    /// takes them, without trailing whitespace (the newline after `<|im_end|>`, as ChatML's).
+    #[cfg(feature = "code")]
+    Template { template: ChatTemplate, system: Option<String> },
+}
+
+impl ChatFormat {
+    /// kiln's ChatML with Qwen2.5's default system prompt.
+    pub fn qwen() -> Self {
+        ChatFormat::ChatMl { default_system: Some(QWEN_DEFAULT_SYSTEM.into()) }
     }
+
+    /// The format of `[data] chat_template = choice` and `system_prompt` for a run whose
+    /// tokenizer is `tokenizer`: `"chatml"`; a model directory or Jinja file; or, when not given,
+    /// the tokenizer's own template as TRL renders with, ChatML when it has none or with
+    /// `system_prompt = ""` (no system turn, which only ChatML promises). A template that is
+    /// Qwen2.5's ([`QWEN2_5_CHAT_TEMPLATE`]) is ChatML. `system_prompt` unset means Qwen's
+    /// default in ChatML and the template's own default otherwise.
+    #[cfg(feature = "tasks")]
+    #[cfg_attr(not(feature = "code"), allow(unused_variables))]
+    pub fn resolve(choice: Option<&TemplateChoice>, system_prompt: Option<&str>, tokenizer: &Tokenizer) -> Result<Self> {
+        let chatml = || match system_prompt {
+            None => Self::qwen(),
+            Some("") => ChatFormat::ChatMl { default_system: None },
+            Some(s) => ChatFormat::ChatMl { default_system: Some(s.into()) },
+        };
+        #[cfg(feature = "code")]
+        {
+            let template = match choice {
+                Some(TemplateChoice::ChatMl) => return Ok(chatml()),
+                Some(TemplateChoice::Path(path)) => {
+                    let tokenizer_dir = tokenizer.path().parent().unwrap_or(Path::new("."));
+                    ChatTemplate::from_path(path, tokenizer_dir)?
+                }
+                None if system_prompt == Some("") => return Ok(chatml()),
+                None => match tokenizer.chat_template()? {
+                    Some(template) => template,
+                    None => return Ok(chatml()),
+                },
+            };
+            // (Qwen2.5's own template is ChatML: the same text and targets, without Jinja, and
+            // recorded as "chatml", as runs from before the key rendered it.)
+            if template.source() == QWEN2_5_CHAT_TEMPLATE {
+                return Ok(chatml());
+            }
+            if system_prompt == Some("") {
+                return Err(Error::InvalidInput(format!(
+                    "[data] system_prompt = \"\" (no system turn) renders in ChatML: the chat template {} decides the system turn itself; drop system_prompt, or set chat_template = \"chatml\"",
+                    template.origin().display()
+                )));
+            }
+            Ok(ChatFormat::Template { template, system: system_prompt.map(String::from) })
+        }
+        #[cfg(not(feature = "code"))]
+        match choice {
+            Some(TemplateChoice::Path(path)) => Err(Error::InvalidInput(format!(
+                "[data] chat_template = {:?}: this kiln was built without chat templates (the `code` feature); use \"chatml\"",
+                path.display().to_string()
+            ))),
+            _ => Ok(chatml()),
+        }
+    }
+
+    /// What the run's data report names: `chatml` or the template's file.
+    pub fn name(&self) -> String {
+        match self {
+            ChatFormat::ChatMl { .. } => "chatml".into(),
+            #[cfg(feature = "code")]
+            ChatFormat::Template { template, .. } => template.origin().display().to_string(),
+        }
+    }
+}
+
+/// Renders `messages` in `format`, tokenizes the text at once and marks the assistant targets
+/// by character offsets; keeps the first `max_length` tokens if given. The first `prompt_turns`
+/// messages are context only (a prompt/completion row's prompt).
+pub fn render(messages: &[Message], prompt_turns: usize, tokenizer: &Tokenizer, format: &ChatFormat, max_length: Option<usize>) -> Result<RenderedRow> {
     if !messages[prompt_turns.min(messages.len())..].iter().any(|m| m.role == "assistant") {
         return Err(Error::InvalidInput("an SFT row needs at least one assistant turn (after the prompt)".into()));
     }
-    for tag in ["<|im_start|>", "<|im_end|>"] {
-        if tokenizer.token_id(tag).is_none() {
-            return Err(Error::InvalidInput(format!(
-                "the tokenizer has no {tag} token: SFT rows are rendered in ChatML (Qwen2.5's chat template); use a tokenizer with ChatML's tokens (a Qwen2/2.5 one)"
-            )));
-        }
-    }
-    let mut text = String::new();
-    let mut spans: Vec<std::ops::Range<usize>> = Vec::new();
-    let mut final_code_end = None;
-    let system = (messages.first().map(|m| m.role.as_str()) != Some("system"))
-        .then_some(default_system)
-        .flatten()
-        .map(|content| Message { role: "system".into(), content: content.into() });
-    let context = system.iter().map(|m| (m, true)).chain(messages.iter().enumerate().map(|(i, m)| (m, i < prompt_turns)));
-    for (message, context_only) in context {
-        text.push_str("<|im_start|>");
-        text.push_str(&message.role);
-        text.push('\n');
-        let start = text.len();
-        text.push_str(&message.content);
-        text.push_str("<|im_end|>");
-        if message.role == "assistant" && !context_only {
-            spans.push(start..text.len());
-            final_code_end = message.content.rfind("```").map(|i| start + i + 3);
-        }
-        text.push('\n');
-    }
+    let (text, spans) = match format {
+        ChatFormat::ChatMl { default_system } => chatml_text(messages, prompt_turns, tokenizer, default_system.as_deref())?,
+        #[cfg(feature = "code")]
+        ChatFormat::Template { template, system } => template_text(messages, prompt_turns, template, system.as_deref())?,
+    };
+    let final_code_end = spans.last().and_then(|span| text[span.clone()].rfind("```").map(|i| span.start + i + 3));
     let (ids, offsets) = tokenizer.encode_with_offsets(&text)?;
     let targets: Vec<bool> = offsets.iter().map(|&(s, _)| spans.iter().any(|span| span.contains(&s))).collect();
     let last_target = targets.iter().rposition(|&t| t);
@@ -228,11 +323,115 @@ pub fn render(messages: &[Message], prompt_turns: usize, tokenizer: &Tokenizer, 
     Ok(row)
 }
 
+/// The text and target spans of ChatML: a turn is `<|im_start|>{role}\n{content}<|im_end|>\n`;
+/// targets are the content and `<|im_end|>` of the assistant turns after the prompt.
+fn chatml_text(messages: &[Message], prompt_turns: usize, tokenizer: &Tokenizer, default_system: Option<&str>) -> Result<(String, Vec<Range<usize>>)> {
+    if let Some(m) = messages.iter().find(|m| !["system", "user", "assistant"].contains(&m.role.as_str())) {
+        return Err(Error::InvalidInput(format!("role {:?} is not supported (system, user, assistant)", m.role)));
+    }
+    for tag in ["<|im_start|>", "<|im_end|>"] {
+        if tokenizer.token_id(tag).is_none() {
+            return Err(Error::InvalidInput(format!(
+                "the tokenizer has no {tag} token: SFT rows are rendered in ChatML (Qwen2.5's chat template); use a tokenizer with ChatML's tokens (a Qwen2/2.5 one) or name its chat template ([data] chat_template)"
+            )));
+        }
+    }
+    let mut text = String::new();
+    let mut spans = Vec::new();
+    let system = with_system(messages, prompt_turns, default_system);
+    for (i, message) in system.messages.iter().enumerate() {
+        text.push_str("<|im_start|>");
+        text.push_str(&message.role);
+        text.push('\n');
+        let start = text.len();
+        text.push_str(&message.content);
+        text.push_str("<|im_end|>");
+        if message.role == "assistant" && i >= system.prompt_turns {
+            spans.push(start..text.len());
+        }
+        text.push('\n');
+    }
+    Ok((text, spans))
+}
+
+/// The text of a chat template and its target spans. For each assistant turn after the prompt,
+/// as TRL's `apply_chat_template` splits a prompt/completion row: the conversation before it
+/// rendered with the generation prompt, and up to it without; the turn's targets start where
+/// the two first differ (their common prefix is the prompt) and end where the second ends,
+/// trailing whitespace left out. A template that renders earlier turns differently as the
+/// conversation grows, or that drops part of an assistant turn's content (DeepSeek-R1-Distill's
+/// keeps only the text after `</think>`; TRL trains on what is left), is an error naming the
+/// turn.
+#[cfg(feature = "code")]
+fn template_text(messages: &[Message], prompt_turns: usize, template: &ChatTemplate, system: Option<&str>) -> Result<(String, Vec<Range<usize>>)> {
+    let conversation = with_system(messages, prompt_turns, system);
+    let messages = &conversation.messages;
+    let text = template.render(messages, false)?;
+    let turn = |i: usize| i + 1 + conversation.given - messages.len();
+    let mut spans = Vec::new();
+    for (i, message) in messages.iter().enumerate().skip(conversation.prompt_turns) {
+        if message.role != "assistant" {
+            continue;
+        }
+        if i == 0 {
+            return Err(Error::InvalidInput(format!(
+                "the row starts with an assistant turn: the chat template {} renders a prompt before an assistant turn (a system or user turn first, or system_prompt)",
+                template.origin().display()
+            )));
+        }
+        let before = template.render(&messages[..i], false)?;
+        let prompt = template.render(&messages[..i], true)?;
+        let through = template.render(&messages[..=i], false)?;
+        let refuse = |what: &str| {
+            Error::InvalidInput(format!(
+                "the chat template {} {what} (message {} of the row, an assistant turn); kiln cannot tell what to train on: use a template that renders it as given (for DeepSeek-R1-Distill, TRL's deepseek_r1_distill_training.jinja), or chat_template = \"chatml\"",
+                template.origin().display(),
+                turn(i)
+            ))
+        };
+        if !text.starts_with(&through) || !through.starts_with(&before) {
+            return Err(refuse("renders the turns before this one differently once it follows"));
+        }
+        if !through[before.len()..].contains(message.content.trim()) {
+            return Err(refuse("drops or rewrites part of the turn's content"));
+        }
+        let start = common_prefix(&prompt, &through);
+        let end = start + through[start..].trim_end().len();
+        spans.push(start..end);
+    }
+    Ok((text, spans))
+}
+
+/// The length in bytes of the longest common prefix of `a` and `b`, at a character boundary.
+#[cfg(feature = "code")]
+fn common_prefix(a: &str, b: &str) -> usize {
+    a.char_indices().zip(b.chars()).find(|((_, x), y)| x != y).map_or(a.len().min(b.len()), |((i, _), _)| i)
+}
+
+/// A conversation with `system` inserted first when it has no system turn.
+struct WithSystem {
+    messages: Vec<Message>,
+    /// Leading context-only turns (the inserted system turn counts).
+    prompt_turns: usize,
+    /// How many messages the row itself has.
+    #[cfg_attr(not(feature = "code"), allow(dead_code))]
+    given: usize,
+}
+
+fn with_system(messages: &[Message], prompt_turns: usize, system: Option<&str>) -> WithSystem {
+    let insert = (messages.first().map(|m| m.role.as_str()) != Some("system")).then_some(system).flatten();
+    let inserted = insert.map(|content| Message { role: "system".into(), content: content.into() });
+    let count = inserted.is_some() as usize;
+    WithSystem { messages: inserted.into_iter().chain(messages.iter().cloned()).collect(), prompt_turns: prompt_turns + count, given: messages.len() }
+}
+
 /// Counts over the rendered SFT rows (spec code-sft.md §3.4: record `max_length`, how many rows
 /// exceed it and whether their final code block survives).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SftReport {
     pub rows: usize,
+    /// How the rows were rendered: `chatml`, or the chat template's file.
+    pub chat_template: String,
     /// The length rows are cut to (keeping the start), if any.
     pub max_length: Option<usize>,
     /// Rows longer than `max_length` (cut at the end, keeping the start).
@@ -253,12 +452,12 @@ pub struct SftReport {
 /// Renders every example (see [`render`]); a row that cannot be rendered is an error naming its
 /// file and line or row.
 #[cfg(feature = "tasks")]
-pub fn render_examples(examples: &[SftExample], tokenizer: &Tokenizer, system: Option<&str>, max_length: Option<usize>) -> Result<(Vec<Sample>, SftReport)> {
+pub fn render_examples(examples: &[SftExample], tokenizer: &Tokenizer, format: &ChatFormat, max_length: Option<usize>) -> Result<(Vec<Sample>, SftReport)> {
     let mut samples = Vec::with_capacity(examples.len());
-    let mut report = SftReport { max_length, ..Default::default() };
+    let mut report = SftReport { max_length, chat_template: format.name(), ..Default::default() };
     let stage = crate::progress::stage("rendering chat rows", examples.len() as u64, "rows");
     for (i, example) in examples.iter().enumerate() {
-        let rendered = render(&example.messages, example.prompt_turns, tokenizer, system, max_length).map_err(|e| example.error(e.to_string()))?;
+        let rendered = render(&example.messages, example.prompt_turns, tokenizer, format, max_length).map_err(|e| example.error(e.to_string()))?;
         let last_assistant = example.messages.iter().rev().find(|m| m.role == "assistant");
         report.rows += 1;
         report.truncated += rendered.truncated as usize;
@@ -276,14 +475,16 @@ pub fn render_examples(examples: &[SftExample], tokenizer: &Tokenizer, system: O
 /// Reads an SFT JSONL file (one [`SftRow`] per line) and renders every row; a bad line is an
 /// error naming file and line. [`super::sft_source`] reads Parquet, chosen columns and splits.
 #[cfg(feature = "tasks")]
-pub fn sft_samples(path: &Path, tokenizer: &Tokenizer, system: Option<&str>, max_length: Option<usize>) -> Result<(Vec<Sample>, SftReport)> {
+pub fn sft_samples(path: &Path, tokenizer: &Tokenizer, format: &ChatFormat, max_length: Option<usize>) -> Result<(Vec<Sample>, SftReport)> {
     let rows = read_sft_rows(&SftSource { path: path.to_path_buf(), columns: None, split: None })?;
-    render_examples(&rows.train, tokenizer, system, max_length)
+    render_examples(&rows.train, tokenizer, format, max_length)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const PLAIN: &ChatFormat = &ChatFormat::ChatMl { default_system: None };
 
     fn chatml_tokenizer() -> Tokenizer {
         let corpus = (0..200).map(|i| format!("def f{i}(x):\n    return x * {i}\nuser asks; assistant answers {i}"));
@@ -302,7 +503,7 @@ mod tests {
             Message { role: "user".into(), content: "Write f.".into() },
             Message { role: "assistant".into(), content: "```python\ndef f(x):\n    return x\n```".into() },
         ];
-        let row = render(&messages, 0, &t, Some(QWEN_DEFAULT_SYSTEM), None).unwrap();
+        let row = render(&messages, 0, &t, &ChatFormat::qwen(), None).unwrap();
         let text = t.decode(&row.sample.ids, false).unwrap();
         assert!(text.starts_with(&format!("<|im_start|>system\n{QWEN_DEFAULT_SYSTEM}<|im_end|>\n<|im_start|>user\nWrite f.<|im_end|>\n<|im_start|>assistant\n")));
         assert_eq!(target_text(&t, &row), "```python\ndef f(x):\n    return x\n```<|im_end|>");
@@ -311,7 +512,7 @@ mod tests {
 
         // Cut inside the code block: the final code and the final answer are lost.
         let cut = row.sample.ids.len() - 4;
-        let short = render(&messages, 0, &t, Some(QWEN_DEFAULT_SYSTEM), Some(cut)).unwrap();
+        let short = render(&messages, 0, &t, &ChatFormat::qwen(), Some(cut)).unwrap();
         assert_eq!(short.sample.ids.len(), cut);
         assert!(short.truncated && short.final_code_lost && short.final_answer_lost);
     }
@@ -321,10 +522,10 @@ mod tests {
         let t = chatml_tokenizer();
         let m = |role: &str, content: &str| Message { role: role.into(), content: content.into() };
         let messages = vec![m("system", "Be terse."), m("user", "a"), m("assistant", "b"), m("user", "c"), m("assistant", "d")];
-        let row = render(&messages, 0, &t, Some(QWEN_DEFAULT_SYSTEM), None).unwrap();
+        let row = render(&messages, 0, &t, &ChatFormat::qwen(), None).unwrap();
         assert!(t.decode(&row.sample.ids, false).unwrap().starts_with("<|im_start|>system\nBe terse.<|im_end|>"));
         assert_eq!(target_text(&t, &row), "b<|im_end|>d<|im_end|>");
-        assert!(render(&messages[..2], 0, &t, None, None).is_err(), "no assistant turn");
+        assert!(render(&messages[..2], 0, &t, PLAIN, None).is_err(), "no assistant turn");
     }
 
     /// TRL's completion-only loss: a prompt/completion row trains on its completion alone, even
@@ -339,7 +540,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(row.prompt_turns(), 3);
-        let rendered = render(&row.messages(), row.prompt_turns(), &t, None, None).unwrap();
+        let rendered = render(&row.messages(), row.prompt_turns(), &t, PLAIN, None).unwrap();
         assert_eq!(target_text(&t, &rendered), "d<|im_end|>");
         assert!(t.decode(&rendered.sample.ids, false).unwrap().contains("WRONG"), "the prompt's turn is context");
         let columns = SftColumns { prompt: Some("p".into()), completion: Some("c".into()), ..Default::default() };
@@ -347,10 +548,10 @@ mod tests {
         assert_eq!(columns.conversation(&fields).unwrap().1, 2);
 
         let m = |role: &str, content: &str| Message { role: role.into(), content: content.into() };
-        let err = render(&[m("user", "a"), m("tool", "5"), m("assistant", "b")], 0, &t, None, None).unwrap_err().to_string();
+        let err = render(&[m("user", "a"), m("tool", "5"), m("assistant", "b")], 0, &t, PLAIN, None).unwrap_err().to_string();
         assert!(err.contains("role \"tool\" is not supported"), "{err}");
         let plain = Tokenizer::train_byte_level_bpe((0..50).map(|i| format!("word {i}")), 300, &["<|endoftext|>"]).unwrap();
-        let err = render(&[m("user", "a"), m("assistant", "b")], 0, &plain, None, None).unwrap_err().to_string();
+        let err = render(&[m("user", "a"), m("assistant", "b")], 0, &plain, PLAIN, None).unwrap_err().to_string();
         assert!(err.contains("the tokenizer has no <|im_start|> token"), "{err}");
         let row: Map<String, Value> =
             serde_json::from_str(r#"{"messages": [{"role": "user", "content": "add"}, {"role": "assistant", "content": "", "tool_calls": [{"name": "add"}]}]}"#).unwrap();
@@ -377,18 +578,75 @@ mod tests {
         use crate::tokenizer::chat_template::ChatTemplate;
         let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/code");
         let qwen = ChatTemplate::from_model_dir(&fixtures.join("qwen2_5")).unwrap().unwrap();
+        assert_eq!(qwen.source(), QWEN2_5_CHAT_TEMPLATE, "the template ChatML stands in for is the one transformers renders in chat_template_cases");
         let columns = SftColumns { messages: Some("messages".into()), ..Default::default() };
         let rows = read_sft_rows(&SftSource { path: fixtures.join("cots_mini"), columns: Some(columns), split: None }).unwrap();
         let t = chatml_tokenizer();
         for example in &rows.train {
-            let row = render(&example.messages, example.prompt_turns, &t, Some(QWEN_DEFAULT_SYSTEM), None).unwrap();
+            let row = render(&example.messages, example.prompt_turns, &t, &ChatFormat::qwen(), None).unwrap();
             assert_eq!(t.decode(&row.sample.ids, false).unwrap(), qwen.render(&example.messages, false).unwrap());
         }
-        let (samples, report) = render_examples(&rows.train, &t, Some(QWEN_DEFAULT_SYSTEM), Some(400)).unwrap();
+        // The model's own template renders the same samples: text, ids and targets.
+        let template = ChatFormat::Template { template: qwen.clone(), system: None };
+        for example in &rows.train {
+            let chatml = render(&example.messages, example.prompt_turns, &t, &ChatFormat::qwen(), None).unwrap();
+            assert_eq!(render(&example.messages, example.prompt_turns, &t, &template, None).unwrap(), chatml);
+        }
+        let m = |role: &str, content: &str| Message { role: role.into(), content: content.into() };
+        let turns = [m("user", "a"), m("assistant", "b\n"), m("user", "c"), m("assistant", "```python\nprint(1)\n```")];
+        for (system, prompt_turns) in [(None, 0), (Some("Be terse."), 0), (Some("Be terse."), 2)] {
+            let chatml = ChatFormat::ChatMl { default_system: Some(system.unwrap_or(QWEN_DEFAULT_SYSTEM).into()) };
+            let template = ChatFormat::Template { template: qwen.clone(), system: system.map(String::from) };
+            assert_eq!(render(&turns, prompt_turns, &t, &template, Some(30)).unwrap(), render(&turns, prompt_turns, &t, &chatml, Some(30)).unwrap());
+        }
+        let (samples, report) = render_examples(&rows.train, &t, &ChatFormat::qwen(), Some(400)).unwrap();
         assert_eq!((samples.len(), report.rows, report.max_length), (5, 5, Some(400)));
         // Row 4 of the fixture stopped at the length limit: its generation has no code block.
         assert_eq!(report.no_code_block, 1);
         assert_eq!(report.truncated, 5, "every row is longer than 400 tokens");
         assert_eq!(report.final_code_lost, 4, "the four code blocks sit at the end and are cut");
+    }
+
+    /// TRL 1.16's split of prompt/completion rows (`make_sft_template_cases.py`): an assistant
+    /// turn's targets start where its prompt (rendered with the generation prompt) and the
+    /// conversation through it part, and run to the end of its text; a template that drops part
+    /// of the turn (DeepSeek-R1-Distill's, up to `</think>`, which TRL trains without) is refused.
+    #[cfg(feature = "code")]
+    #[test]
+    fn chat_templates_split_turns_as_trl_does() {
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/code");
+        let dir = tempfile::tempdir().unwrap();
+        let (mut checked, mut refused) = (0, 0);
+        for line in std::fs::read_to_string(fixtures.join("sft_template_cases.jsonl")).unwrap().lines() {
+            let case: Value = serde_json::from_str(line).unwrap();
+            let name = case["template"].as_str().unwrap();
+            let source = match name {
+                "qwen2_5" => fixtures.join("qwen2_5_chat_template.jinja"),
+                _ => fixtures.join("sft_templates").join(format!("{name}.jinja")),
+            };
+            let tokens = serde_json::json!({ "bos_token": case["bos_token"], "eos_token": case["eos_token"] });
+            std::fs::write(dir.path().join("tokenizer_config.json"), tokens.to_string()).unwrap();
+            let template = ChatTemplate::from_path(&source, dir.path()).unwrap();
+            let messages: Vec<Message> = serde_json::from_value(case["messages"].clone()).unwrap();
+            let prompt_turns = case["prompt_turns"].as_u64().unwrap() as usize;
+            let result = template_text(&messages, prompt_turns, &template, None);
+            let reasoning = messages[prompt_turns..].iter().any(|m| m.role == "assistant" && m.content.contains("</think>"));
+            if name == "deepseek_r1_distill" && reasoning {
+                let err = result.unwrap_err().to_string();
+                assert!(err.contains("drops or rewrites part of the turn's content") && err.contains("deepseek_r1_distill.jinja"), "{err}");
+                refused += 1;
+                continue;
+            }
+            let (text, spans) = result.unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(text, case["text"].as_str().unwrap(), "{name}");
+            let turns = case["turns"].as_array().unwrap();
+            assert_eq!(spans.len(), turns.len());
+            for (span, turn) in spans.iter().zip(turns) {
+                assert_eq!(span.start, turn["prompt"].as_str().unwrap().len(), "{name}: {turn}");
+                assert_eq!(&text[span.clone()], turn["completion"].as_str().unwrap().trim_end(), "{name}: {turn}");
+            }
+            checked += 1;
+        }
+        assert_eq!((checked, refused), (12, 3));
     }
 }

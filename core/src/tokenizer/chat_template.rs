@@ -10,8 +10,9 @@
 //! `messages`, `tools` (if any), `add_generation_prompt` and the special-token strings
 //! (`bos_token`, `eos_token`, `pad_token`, `unk_token`) as transformers passes them.
 //!
-//! Not supported: `strftime_now` (an error names it) and `{% generation %}` blocks (assistant
-//! masks come from [`crate::data::chat`], not from the template).
+//! `{% generation %}` blocks (TRL's `*_training.jinja` templates) render their contents, as
+//! transformers renders them; the masks they mark are not read (assistant targets come from
+//! [`crate::data::chat`]). Not supported: `strftime_now` (an error names it).
 
 use std::path::{Path, PathBuf};
 
@@ -34,7 +35,7 @@ pub struct ChatTemplate {
 impl ChatTemplate {
     /// A template from its Jinja source; `origin` names it in errors. Fails if it does not parse.
     pub fn new(source: impl Into<String>, origin: impl Into<PathBuf>) -> Result<Self> {
-        let template = Self { source: source.into(), origin: origin.into(), special_tokens: Vec::new() };
+        let template = Self { source: plain_generation_blocks(&source.into()), origin: origin.into(), special_tokens: Vec::new() };
         let env = template.environment();
         env.template_from_str(&template.source).map_err(|e| template.error(e))?;
         Ok(template)
@@ -72,23 +73,41 @@ impl ChatTemplate {
             Self::new(source, &config_path)?
         };
         if let Some(config) = &config {
-            for key in ["bos_token", "eos_token", "pad_token", "unk_token"] {
-                let token = match config.get(key) {
-                    Some(Json::String(s)) => Some(s.clone()),
-                    Some(Json::Object(o)) => o.get("content").and_then(Json::as_str).map(String::from),
-                    _ => None,
-                };
-                if let Some(token) = token {
-                    template.special_tokens.push((key, token));
-                }
-            }
+            template.special_tokens = special_tokens(config);
         }
         Ok(Some(template))
+    }
+
+    /// The template at `path`, as TRL's `chat_template_path` names one: a model directory (see
+    /// [`ChatTemplate::from_model_dir`]; one without a template is an error) or a Jinja file,
+    /// which sees the special tokens of `tokenizer_dir`'s `tokenizer_config.json`.
+    pub fn from_path(path: &Path, tokenizer_dir: &Path) -> Result<Self> {
+        if path.is_dir() {
+            return Self::from_model_dir(path)?
+                .ok_or_else(|| Error::config(path, "no chat template here (chat_template.jinja, or tokenizer_config.json's chat_template)"));
+        }
+        if !path.extension().is_some_and(|e| e == "jinja" || e == "j2") {
+            return Err(Error::config(path, "a chat template is a model directory or a .jinja file (as TRL's chat_template_path)"));
+        }
+        let source = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let mut template = Self::new(source, path)?;
+        let config_path = tokenizer_dir.join("tokenizer_config.json");
+        if config_path.is_file() {
+            let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
+            let config: Json = serde_json::from_str(&text).map_err(|e| Error::json(&config_path, None, e))?;
+            template.special_tokens = special_tokens(&config);
+        }
+        Ok(template)
     }
 
     /// The Jinja source.
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// The file the template was read from (or the name given to [`ChatTemplate::new`]).
+    pub fn origin(&self) -> &Path {
+        &self.origin
     }
 
     /// Renders `messages` (anything serializing to a list of `{role, content, …}`), ending with
@@ -136,6 +155,29 @@ impl ChatTemplate {
         }
         Error::Tokenizer { path: self.origin.clone(), message }
     }
+}
+
+/// `{% generation %}` … `{% endgeneration %}` (transformers' extension marking assistant text)
+/// as a block that renders its contents, its whitespace control (`{%-`, `-%}`) kept.
+fn plain_generation_blocks(source: &str) -> String {
+    static TAG: std::sync::LazyLock<regex::Regex> =
+        std::sync::LazyLock::new(|| regex::Regex::new(r"\{%(-?)\s*(end)?generation\s*(-?)%\}").expect("a valid regex"));
+    TAG.replace_all(source, |c: &regex::Captures| match c.get(2) {
+        Some(_) => format!("{{%{} endif {}%}}", &c[1], &c[3]),
+        None => format!("{{%{} if true {}%}}", &c[1], &c[3]),
+    })
+    .into_owned()
+}
+
+/// The special-token strings of a `tokenizer_config.json` (a string, or an added-token object's
+/// `content`) that transformers passes to templates.
+fn special_tokens(config: &Json) -> Vec<(&'static str, String)> {
+    let token = |key: &str| match config.get(key) {
+        Some(Json::String(s)) => Some(s.clone()),
+        Some(Json::Object(o)) => o.get("content").and_then(Json::as_str).map(String::from),
+        _ => None,
+    };
+    ["bos_token", "eos_token", "pad_token", "unk_token"].into_iter().filter_map(|key| Some((key, token(key)?))).collect()
 }
 
 /// transformers' `tojson`: `json.dumps(x, ensure_ascii=False, indent=indent, sort_keys=sort_keys)`.

@@ -274,6 +274,10 @@ pub fn config_changes(saved: &Value, current: &Value) -> Vec<String> {
     let (mut a, mut b) = (BTreeMap::new(), BTreeMap::new());
     flatten(String::new(), old, &mut a);
     flatten(String::new(), new, &mut b);
+    // SFT runs from before `[data] chat_template` rendered their rows in ChatML.
+    if a.get("data.kind").and_then(Value::as_str) == Some("sft") {
+        a.entry("data.chat_template".into()).or_insert_with(|| Value::from("chatml"));
+    }
     // (a policy-gradient run's config has a [rollout])
     let family = if new.get("rollout").is_some() { Family::PolicyGradient } else { Family::NextToken };
     let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
@@ -349,6 +353,16 @@ mod tests {
 mod config_change_tests {
     use super::config_changes;
     use serde_json::json;
+
+    #[test]
+    fn sft_checkpoints_from_before_the_chat_template_key_rendered_chatml() {
+        let saved = json!({"config": {"data": {"kind": "sft", "path": "rows.jsonl"}}});
+        let mut current = saved.clone();
+        current["config"]["data"]["chat_template"] = json!("chatml");
+        assert!(config_changes(&saved, &current).is_empty());
+        current["config"]["data"]["chat_template"] = json!("/m/chat_template.jinja");
+        assert_eq!(config_changes(&saved, &current), ["data.chat_template \"chatml\" → \"/m/chat_template.jinja\""]);
+    }
 
     #[test]
     fn changed_settings_are_listed_and_resumable_ones_are_not() {

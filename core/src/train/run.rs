@@ -12,14 +12,14 @@ use serde_json::{Value, json};
 use super::adamw::AdamWConfig;
 use super::config::{
     DEFAULT_CUTOFF, DataSection, Family, MAX_SEQUENCES_PER_STEP, MixtureData, ModelSection, NextTokenEval, NextTokenTrain, OutputSection, Refusal,
-    ScheduleSection, TokenCount, Typo, base_dir, read_config, refused, resolve_shared,
+    ScheduleSection, SftData, TokenCount, Typo, base_dir, read_config, refused, resolve_shared,
 };
 use super::heldout::HeldOut;
 use super::objective::NextTokenLoss;
 use super::launch::{self, Prepared};
 use super::trainer::{LoopConfig, Record, RunSummary};
 use crate::data::Sample;
-use crate::data::chat::{QWEN_DEFAULT_SYSTEM, render_examples};
+use crate::data::chat::{ChatFormat, TemplateChoice, render_examples};
 use crate::data::sft_source::{SftSource, SplitRule, read_sft_rows};
 use crate::data::corpus::pretrain_samples;
 use crate::data::packing::first_fit_decreasing;
@@ -129,6 +129,12 @@ impl RunConfig {
         if self.cutoff_len() == 0 || matches!(&self.data, DataSection::Sft(s) if s.max_length == Some(0)) {
             return Err("[data] cutoff_len and max_length must be positive".into());
         }
+        if let DataSection::Sft(SftData { chat_template: Some(TemplateChoice::Path(_)), system_prompt: Some(s), .. }) = &self.data
+            && s.is_empty()
+        {
+            let message = "[data] system_prompt = \"\" (no system turn) renders in ChatML: a chat template decides the system turn itself; drop system_prompt, or set chat_template = \"chatml\"";
+            return Err(Refusal::at("data", Some("system_prompt"), message));
+        }
         t.total_steps(|_| 0)?;
         self.output.check()?;
         self.optimizer.check().map_err(|(key, m)| Refusal::at("optimizer", Some(key), m))?;
@@ -207,7 +213,7 @@ fn prepare<'a, B: AutodiffBackend>(config: &'a RunConfig, replica: &Replica, dev
         total_steps,
         config.eval.every,
         Some(tokenizer_dir.clone()),
-        json!({ "config": config, "data": data_report, "samples": samples.len() }),
+        recorded_config(config, &data_report, samples.len()),
     )
     .map_err(Error::InvalidInput)?;
     loop_config.eval_steps = config.eval.steps.clone();
@@ -231,6 +237,17 @@ fn prepare<'a, B: AutodiffBackend>(config: &'a RunConfig, replica: &Replica, dev
         evaluate: Box::new(move |model| held_out.as_mut().map_or_else(|| Ok(Record::new()), |h| h.evaluate(model))),
         started: Box::new(move || Ok(data_summary)),
     })
+}
+
+/// What a checkpoint records of the run: its config, the data report and the sample count. An
+/// SFT config records the chat template its rows were rendered with, as resolved (the
+/// tokenizer's own by default), so that resuming under another is a changed setting.
+fn recorded_config(config: &RunConfig, data_report: &Value, samples: usize) -> Value {
+    let mut recorded = json!({ "config": config, "data": data_report, "samples": samples });
+    if let Some(template) = data_report.pointer("/sft/chat_template") {
+        recorded["config"]["data"]["chat_template"] = template.clone();
+    }
+    recorded
 }
 
 /// The sections every run builds its loop from.
@@ -357,14 +374,10 @@ fn training_samples(
             Ok((samples, Vec::new(), json!({ "mixture": report })))
         }
         DataSection::Sft(sft) => {
-            let system = match sft.system_prompt.as_deref() {
-                None => Some(QWEN_DEFAULT_SYSTEM),
-                Some("") => None,
-                Some(s) => Some(s),
-            };
+            let format = ChatFormat::resolve(sft.chat_template.as_ref(), sft.system_prompt.as_deref(), tokenizer)?;
             let split = sft.heldout.map(|heldout| SplitRule { key: sft.split_key.clone().unwrap_or_else(|| "id".into()), heldout });
             let rows = read_sft_rows(&SftSource { path: sft.path.clone(), columns: sft.columns.clone(), split })?;
-            let (samples, report) = render_examples(&rows.train, tokenizer, system, sft.max_length)?;
+            let (samples, report) = render_examples(&rows.train, tokenizer, &format, sft.max_length)?;
             if report.targets == 0 {
                 // Every loss would be 0 / 0, taken as 0: the run would train nothing and succeed.
                 return Err(Error::data(&sft.path, None, format!(
@@ -373,7 +386,7 @@ fn training_samples(
                     sft.max_length.map_or("none".into(), |m| m.to_string())
                 )));
             }
-            let (heldout, _) = render_examples(&rows.heldout, tokenizer, system, sft.max_length)?;
+            let (heldout, _) = render_examples(&rows.heldout, tokenizer, &format, sft.max_length)?;
             for (sample, row) in samples.iter().zip(&rows.train).chain(heldout.iter().zip(&rows.heldout)) {
                 fits(sample).map_err(|e| row.error(format!("the row {e}")))?;
             }
@@ -473,6 +486,36 @@ dir = "out"
         assert!(err.contains("columns named"), "{err}");
         let err = RunConfig::from_toml(&fixtures().join("run.toml"), &PARQUET_SFT.replace("heldout", "held")).unwrap_err().to_string();
         assert!(err.contains("unknown field `held`"), "{err}");
+    }
+
+    /// `[data] chat_template`: by default the tokenizer's own template (TRL renders with it),
+    /// ChatML with `"chatml"` or `system_prompt = ""` (how configs before the key rendered), a
+    /// model directory relative to the config; `""` with a named template is refused at its line.
+    #[cfg(feature = "code")]
+    #[test]
+    fn sft_rows_render_with_the_tokenizer_s_own_chat_template_unless_told_otherwise() {
+        let dir = tempfile::tempdir().unwrap();
+        let corpus = (0..100).map(|i| format!("def f{i}(x):\n    return x * {i}\nthink about the problem {i}"));
+        Tokenizer::train_byte_level_bpe(corpus, 300, &["<|endoftext|>", "<|im_start|>", "<|im_end|>"]).unwrap().save(dir.path()).unwrap();
+        std::fs::copy(fixtures().join("sft_templates/deepseek_r1_distill_training.jinja"), dir.path().join("chat_template.jinja")).unwrap();
+        let tokenizer = Tokenizer::from_file(dir.path()).unwrap();
+        let config = |extra: &str| RunConfig::from_toml(&fixtures().join("run.toml"), &PARQUET_SFT.replace("heldout = 2\n", &format!("heldout = 2\n{extra}\n")));
+        let rendered = |extra: &str| {
+            let config = config(extra).unwrap();
+            let (train, _, report) = training_samples(config.task.build().unwrap().as_ref(), &config.data, &tokenizer, 0, 4096, &|_| Ok(())).unwrap();
+            (report["sft"]["chat_template"].as_str().unwrap().to_owned(), tokenizer.decode(&train[0][0].ids, false).unwrap())
+        };
+        let (name, text) = rendered("");
+        assert!(name.ends_with("chat_template.jinja") && text.contains("<｜User｜>") && !text.contains("<|im_start|>"), "{name}: {text}");
+        for chatml in ["chat_template = \"chatml\"", "system_prompt = \"\""] {
+            let (name, text) = rendered(chatml);
+            assert!(name == "chatml" && text.starts_with("<|im_start|>"), "{chatml}: {name}");
+        }
+        // Qwen2.5's template is ChatML (the same text, without Jinja).
+        let (name, text) = rendered("chat_template = \"qwen2_5\"");
+        assert!(name == "chatml" && text.contains("You are Qwen"), "{name}");
+        let err = config("chat_template = \"qwen2_5\"\nsystem_prompt = \"\"").unwrap_err().to_string();
+        assert!(err.contains("run.toml") && err.contains("system_prompt = \"\" (no system turn) renders in ChatML"), "{err}");
     }
 
     /// A mixture that selects nothing is refused naming the key, not left to the trainer's

@@ -49,7 +49,8 @@ pub struct CodeTaskConfig {
     #[serde(default = "lcb_qwen")]
     pub template: PromptTemplate,
     /// The chat template for `lighteval` and `generic`: a model directory (its
-    /// `tokenizer_config.json` / `chat_template.jinja`). Relative to the config file.
+    /// `tokenizer_config.json` / `chat_template.jinja`) or a Jinja file. Relative to the config
+    /// file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template: Option<PathBuf>,
     /// Per-test time limit (CPU and wall) when evaluating, seconds (LiveCodeBench: 6).
@@ -134,10 +135,9 @@ impl CodeTask {
 
     /// The task of `config` running programs in `sandbox`.
     pub fn with_sandbox(config: CodeTaskConfig, sandbox: Arc<Sandbox>) -> Result<Self> {
+        // A Jinja file sees the special tokens of the directory it is in.
         let chat_template = match &config.chat_template {
-            Some(dir) => Some(ChatTemplate::from_model_dir(dir)?.ok_or_else(|| {
-                Error::data(dir, None, "no chat template here (tokenizer_config.json chat_template or chat_template.jinja)")
-            })?),
+            Some(path) => Some(ChatTemplate::from_path(path, path.parent().unwrap_or(path))?),
             None => None,
         };
         if config.template != PromptTemplate::LcbQwen && chat_template.is_none() {

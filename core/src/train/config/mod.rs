@@ -44,7 +44,7 @@ use super::precision::Precision;
 use crate::model::Dtype;
 use super::schedule::{Decay, Schedule};
 use super::trainer::SavePolicy;
-use crate::data::chat::SftColumns;
+use crate::data::chat::{SftColumns, TemplateChoice};
 use crate::error::{Error, Result};
 
 /// Which family of runs a config is read for: their defaults and old forms differ.
@@ -393,8 +393,17 @@ pub struct SftData {
     pub split_key: Option<String>,
     /// Keep the first `max_length` tokens of each row.
     pub max_length: Option<usize>,
-    /// System prompt inserted when a row has none (default: Qwen's; `""` for none).
+    /// System prompt inserted when a row has none (default: the chat template's own; in ChatML
+    /// Qwen's; `""` for none, which renders in ChatML).
     pub system_prompt: Option<String>,
+    /// The chat template rows are rendered with: a model directory or a Jinja file (TRL's
+    /// `chat_template_path`), or `"chatml"`. Default: the tokenizer's own (its directory's
+    /// `chat_template.jinja` or `tokenizer_config.json`'s), as TRL renders; ChatML when it has
+    /// none, when it is Qwen2.5's (which ChatML renders byte for byte) or with
+    /// `system_prompt = ""`. Runs before this key rendered ChatML: a checkpoint that does not
+    /// record it resumes only as ChatML (`--allow-config-change` for another template).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<TemplateChoice>,
     /// Held-out rows are cut to this many tokens for the loss; with `neat_packing`, the length
     /// of the bins rows are packed into.
     #[serde(default = "default_cutoff")]
@@ -625,7 +634,12 @@ pub(crate) fn resolve_shared(base: &Path, model: &mut ModelSection, data: &mut D
             fix(&mut m.root);
             m.preset.iter_mut().for_each(fix);
         }
-        DataSection::Sft(s) => fix(&mut s.path),
+        DataSection::Sft(s) => {
+            fix(&mut s.path);
+            if let Some(TemplateChoice::Path(p)) = &mut s.chat_template {
+                fix(p);
+            }
+        }
         DataSection::Prompts(p) => p.dir.iter_mut().chain(p.files.iter_mut()).for_each(fix),
     }
     fix(&mut output.dir);
