@@ -555,6 +555,16 @@ fn opd_distils_and_refuses_a_teacher_with_another_tokenizer() {
         let err = run(work, &text, Method::Opd, false).unwrap_err().to_string();
         assert!(err.contains(message) && err.contains(teacher), "{err}");
     }
+    // A teacher with a shorter context than the rollouts it scores (its rotary table would be
+    // read past its end).
+    let short = work.join("short");
+    tiny_model(&short, 2, Some(&paper_tokenizer()));
+    let config_path = short.join("config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["max_position_embeddings"] = 64.into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let err = run(work, &config_text(work, "short", Some((&short, false)), ""), Method::Opd, false).unwrap_err().to_string();
+    assert!(err.contains("short/config.json") && err.contains("the teacher's context (64 positions") && err.contains("up to 312"), "{err}");
     // A GRPO config is not an OPD one, and vice versa.
     let err = run(work, &config_text(work, "x", None, ""), Method::Opd, false).unwrap_err();
     assert!(err.to_string().contains("needs a [teacher]"), "{err}");
@@ -626,8 +636,18 @@ fn bad_configs_are_errors_naming_the_file() {
         (good.replace("steps = 3", "epochs = inf"), "[train] epochs must be a finite number > 0 (got inf)"),
         (good.replace("[output]", "[schedule]\nwarmup_ratio = 2.0\n\n[output]"), "[schedule] warmup_ratio must be in [0, 1] (got 2)"),
     ];
+    // OPD: a teacher coefficient that is not positive, settings the full-vocabulary loss or the
+    // teacher signal would ignore.
+    let opd = config_text(work, "out", Some((&work.join("teacher"), false)), "");
+    let full = opd.replace("full_vocab = false", "full_vocab = true");
+    let opd_cases = [
+        (opd.replace("full_vocab = false", "full_vocab = false\ncoef = 0.0"), "[teacher] coef must be a finite number > 0 (got 0)"),
+        (full.replace("full_vocab = true", "full_vocab = true\ncoef = 0.5"), "[teacher] coef does not apply with [teacher] full_vocab = true"),
+        (full.replace("[output]", "[loss]\ntis_imp_ratio_cap = 2.0\n\n[output]"), "[loss] tis_imp_ratio_cap does not apply with [teacher] full_vocab"),
+        (opd.replace("[output]", "[loss]\nreward_scaling = \"none\"\n\n[output]"), "[loss] reward_scaling scales GRPO's rewards"),
+    ];
     let path = work.join("bad.toml");
-    for (text, message) in cases {
+    for (text, message) in cases.into_iter().chain(opd_cases) {
         let err = PgConfig::from_toml(&path, &text).unwrap_err().to_string();
         assert!(err.starts_with(path.to_str().unwrap()) && err.contains(message), "{err}");
     }

@@ -349,8 +349,25 @@ impl PgConfig {
         if l.clip_ratio_c.is_nan() || l.clip_ratio_c <= 1.0 {
             return Err(Refusal::at("loss", Some("clip_ratio_c"), format!("[loss] clip_ratio_c (the dual clip) must exceed 1 (got {})", l.clip_ratio_c)));
         }
-        if let Some(coef) = self.teacher.as_ref().map(|t| t.coef).filter(|c| !c.is_finite()) {
-            return Err(Refusal::at("teacher", Some("coef"), format!("[teacher] coef must be a finite number (got {coef})")));
+        if let Some(coef) = self.teacher.as_ref().map(|t| t.coef).filter(|c| !(c.is_finite() && *c > 0.0)) {
+            // (0 trains on the reference KL alone; below 0 pushes the student away from the teacher.)
+            return Err(Refusal::at("teacher", Some("coef"), format!("[teacher] coef must be a finite number > 0 (got {coef})")));
+        }
+        if let Some(teacher) = self.teacher.as_ref().filter(|t| t.full_vocab) {
+            // The full-vocabulary loss is the KL itself: no advantage to scale, no surrogate.
+            let ignored = [
+                (teacher.coef != 1.0).then_some(("teacher", "coef")),
+                (l.policy_loss != PolicyLossMode::default()).then_some(("loss", "policy_loss")),
+                l.tis_imp_ratio_cap.is_some().then_some(("loss", "tis_imp_ratio_cap")),
+            ];
+            if let Some((section, key)) = ignored.into_iter().flatten().next() {
+                return Err(Refusal::at(section, Some(key), format!(
+                    "[{section}] {key} does not apply with [teacher] full_vocab = true (the loss is the full-vocabulary KL to the teacher; coef, the policy loss and its importance weights shape the sampled-token advantage)"
+                )));
+            }
+        }
+        if self.teacher.is_some() && l.reward_scaling != RewardScaling::Group {
+            return Err(Refusal::at("loss", Some("reward_scaling"), "[loss] reward_scaling scales GRPO's rewards: OPD's teacher signal takes none"));
         }
         #[cfg(feature = "code")]
         if let Some(crate::tasks::RewardConfig::Code { max_tests: Some(0), .. }) = self.reward {

@@ -460,9 +460,11 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
             Signal::Teacher { model: teacher, full_vocab: true, .. } => {
                 let inner = micro.layout.to_device::<B::InnerBackend>(&teacher.device());
                 let teacher_hidden = response_hidden(teacher, &inner, t);
-                let per_token = match target_reverse_kl(model, hidden, teacher, teacher_hidden.clone()) {
+                // (The whole-logits fallback reuses the student's hidden states: a second forward
+                // pass doubled its compute and activations.)
+                let per_token = match target_reverse_kl(model, hidden.clone(), teacher, teacher_hidden.clone()) {
                     Some(kl) => kl,
-                    None => reverse_kl(model.logits(response_hidden(model, batch, t)), Tensor::from_inner(teacher.logits(teacher_hidden))),
+                    None => reverse_kl(model.logits(hidden), Tensor::from_inner(teacher.logits(teacher_hidden))),
                 };
                 let kl = aggregate(per_token, &mask, s.agg, max_length);
                 weighted(&mut metrics, "teacher_kl_full", kl.clone().detach());

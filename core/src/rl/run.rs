@@ -108,6 +108,14 @@ fn prepare<'a, B: AutodiffBackend>(
         (_, Some(teacher)) => {
             check_same_tokenizer(&tokenizer_dir, &teacher.path)?;
             let model = Box::new(frozen::<B>(&teacher.path, device, frozen_dtype)?);
+            // The teacher scores whole rollouts: positions past its context have no rotary angle.
+            let longest = data.max_prompt_length.saturating_add(settings.rollout.max_response_length).min(model_config.max_position_embeddings);
+            if model.context_len() < longest {
+                return Err(Error::config(teacher.path.join("config.json"), format!(
+                    "the teacher's context ({} positions, max_position_embeddings) is shorter than the rollouts it scores (up to {longest}: max_prompt_length + max_response_length, within the student's context)",
+                    model.context_len()
+                )));
+            }
             Signal::Teacher { model, coef: teacher.coef, full_vocab: teacher.full_vocab }
         }
         (reward, None) => Signal::Rewards {
