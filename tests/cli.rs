@@ -42,6 +42,11 @@ fn generate_greedy_json_matches_transformers() {
     assert_eq!(ids, reference.expected.greedy[1]);
     assert_eq!(lines[0]["logprobs"].as_array().unwrap().len(), 32);
     assert_eq!(lines[0]["finish_reason"], "length");
+    // vLLM's `top_k = -1` (off) is taken, as 0; another negative count is one line.
+    let off = kiln(&["generate", "--model", model, "--prompt-ids", &prompt, "--temperature", "0", "--max-new-tokens", "32", "--json", "--top-k", "-1"]);
+    assert_eq!(stdout_json_lines(&off)[0]["token_ids"], lines[0]["token_ids"]);
+    let err = one_line_error(&kiln(&["generate", "--model", model, "--prompt-ids", &prompt, "--top-k", "-2"]));
+    assert!(err.contains("\"-2\" is not a count of tokens"), "{err}");
 
     // The same prompts from a JSONL file come back in file order, batched.
     let tmp = tempfile::tempdir().unwrap();

@@ -69,7 +69,9 @@ fn stop_tokens_end_the_sequence_and_leave_the_text() {
         .remove(0)
         .remove(0);
     assert_eq!(out.token_ids, free.token_ids[..=first], "the stop token is kept in the ids");
-    assert_eq!(out.text, tokenizer.decode(&free.token_ids[..first], false).unwrap(), "but not in the text");
+    // (The random model's tokens before it end inside a character here: left out, as vLLM does.)
+    let before = tokenizer.decode(&free.token_ids[..first], false).unwrap();
+    assert_eq!(out.text, before.trim_end_matches('\u{FFFD}'), "but not in the text");
     assert_eq!((out.finish_reason, out.stop_reason), (FinishReason::Stop, Some(StopReason::Token(eos))));
 }
 

@@ -70,8 +70,8 @@ struct InterplayArgs {
     temperature: f32,
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
-    /// Keep only the k most likely tokens (0 disables).
-    #[arg(long, default_value_t = 0)]
+    /// Keep only the k most likely tokens (0, or vLLM's -1, disables).
+    #[arg(long, default_value_t = 0, value_parser = super::parse_top_k, allow_negative_numbers = true)]
     top_k: usize,
     /// Keep only tokens at least this fraction as likely as the most likely one (0 disables).
     #[arg(long, default_value_t = 0.0)]

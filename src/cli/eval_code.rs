@@ -68,8 +68,8 @@ pub struct CodeEvalArgs {
     temperature: f32,
     #[arg(long, default_value_t = 0.95)]
     top_p: f32,
-    /// Keep only the k most likely tokens (0 disables).
-    #[arg(long, default_value_t = 0)]
+    /// Keep only the k most likely tokens (0, or vLLM's -1, disables).
+    #[arg(long, default_value_t = 0, value_parser = super::parse_top_k, allow_negative_numbers = true)]
     top_k: usize,
     #[arg(long, default_value_t = 2000)]
     max_new_tokens: usize,

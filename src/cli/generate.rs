@@ -44,8 +44,8 @@ pub struct GenerateArgs {
     /// Nucleus sampling mass (1 disables).
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
-    /// Keep only the k most likely tokens (0 disables).
-    #[arg(long, default_value_t = 0)]
+    /// Keep only the k most likely tokens (0, or vLLM's -1, disables).
+    #[arg(long, default_value_t = 0, value_parser = super::parse_top_k, allow_negative_numbers = true)]
     top_k: usize,
     /// Keep only tokens at least this fraction as likely as the most likely one (0 disables).
     #[arg(long, default_value_t = 0.0)]
@@ -64,7 +64,8 @@ pub struct GenerateArgs {
     /// Do not stop at the model's EOS tokens.
     #[arg(long)]
     ignore_eos: bool,
-    /// Drop special tokens from the returned text.
+    /// Drop special tokens from the returned text (vLLM's default; kiln keeps them unless
+    /// this is given).
     #[arg(long)]
     skip_special_tokens: bool,
     /// Sequences decoded together.

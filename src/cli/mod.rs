@@ -157,3 +157,11 @@ fn on_cpu_pool<R: Send>(devices: &[kiln::backends::DeviceSpec], job: impl FnOnce
 fn parse_backend(text: &str) -> Result<kiln::backends::DeviceSpec> {
     Ok(text.parse()?)
 }
+
+/// `--top-k`: a count, 0 or vLLM's -1 for off.
+pub(crate) fn parse_top_k(text: &str) -> std::result::Result<usize, String> {
+    match text.trim() {
+        "-1" => Ok(0),
+        t => t.parse().map_err(|_| format!("{text:?} is not a count of tokens (0 or -1: off)")),
+    }
+}

@@ -52,8 +52,18 @@ impl StopCriteria {
         if let (Some(tokenizer), false) = (tokenizer, self.strings.is_empty()) {
             // Every token decodes to at least one byte, so a stop string of n bytes that ends in
             // the newest token lies within its last n tokens (+1 for a split UTF-8 character).
-            let window = self.strings.iter().map(String::len).max().unwrap_or(0) + 1;
-            let tail = tokenizer.decode(&generated[generated.len().saturating_sub(window)..], skip_special)?;
+            // Skipped special tokens decode to nothing: then the window grows until its text
+            // holds n bytes besides a split character's replacement (or reaches the start).
+            let longest = self.strings.iter().map(String::len).max().unwrap_or(0);
+            let mut window = longest + 1;
+            let tail = loop {
+                let start = generated.len().saturating_sub(window);
+                let tail = tokenizer.decode(&generated[start..], skip_special)?;
+                if !skip_special || start == 0 || tail.len() >= longest + 3 {
+                    break tail;
+                }
+                window *= 2;
+            };
             if let Some(s) = self.strings.iter().find(|s| tail.contains(s.as_str())) {
                 return Ok(Some(StopReason::String(s.clone())));
             }
@@ -61,8 +71,8 @@ impl StopCriteria {
         Ok(None)
     }
 
-    /// The text returned for `generated`: without a final stop token's text and cut before the
-    /// first occurrence of a matched stop string.
+    /// The text returned for `generated`: without a final stop token's text, cut before the
+    /// first occurrence of a matched stop string, and without a trailing incomplete character.
     pub fn final_text(
         &self,
         generated: &[u32],
@@ -80,6 +90,9 @@ impl StopCriteria {
         {
             text.truncate(at);
         }
+        // A character whose bytes the last tokens did not complete decodes to U+FFFD: left out,
+        // as vLLM's incremental detokenizer holds back text ending in one and never emits it.
+        text.truncate(text.trim_end_matches('\u{FFFD}').len());
         Ok(text)
     }
 }
@@ -97,4 +110,42 @@ pub fn model_eos_ids(
     ids.sort_unstable();
     ids.dedup();
     Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokenizer() -> Tokenizer {
+        let corpus = (0..50).map(|i| format!("line {i}\nword {i}"));
+        Tokenizer::train_byte_level_bpe(corpus, 300, &["<|endoftext|>", "<s1>", "<s2>"]).unwrap()
+    }
+
+    /// Skipped special tokens inside a stop string: the window of the last tokens held only one
+    /// "\n" of "\n" <s1> <s2> "\n", and generation went on (vLLM's detokenizer stops).
+    #[test]
+    fn stop_strings_are_found_across_skipped_special_tokens() {
+        let t = tokenizer();
+        let (nl, s1, s2) = (t.encode("\n").unwrap(), t.token_id("<s1>").unwrap(), t.token_id("<s2>").unwrap());
+        assert_eq!(nl.len(), 1);
+        let generated = [t.encode("word").unwrap(), nl.clone(), vec![s1, s2], nl].concat();
+        let stop = StopCriteria { token_ids: vec![], strings: vec!["\n\n".into()] };
+        assert_eq!(stop.check(&generated, Some(&t), true).unwrap(), Some(StopReason::String("\n\n".into())));
+        assert_eq!(stop.check(&generated, Some(&t), false).unwrap(), None, "kept, the special tokens separate the newlines");
+        assert_eq!(stop.final_text(&generated, Some(&StopReason::String("\n\n".into())), &t, true).unwrap(), "word");
+    }
+
+    /// A length-capped sample that ends inside a character: its replacement is left out.
+    #[test]
+    fn a_final_incomplete_character_is_left_out() {
+        let t = tokenizer();
+        let euro = t.encode("€").unwrap();
+        assert_eq!(euro.len(), 3, "three byte tokens");
+        let generated = [t.encode("word").unwrap(), euro[..2].to_vec()].concat();
+        let stop = StopCriteria::default();
+        assert!(t.decode(&generated, false).unwrap().ends_with('\u{FFFD}'));
+        assert_eq!(stop.final_text(&generated, None, &t, false).unwrap(), "word");
+        let whole = [t.encode("word").unwrap(), euro].concat();
+        assert_eq!(stop.final_text(&whole, None, &t, false).unwrap(), "word€");
+    }
 }
