@@ -116,4 +116,24 @@ mod tests {
         let ours: Vec<String> = log.lock().unwrap().iter().filter(|l| l.starts_with("test-")).cloned().collect();
         assert_eq!(ours, ["test-validation start 2 completions", "test-validation at 1", "test-validation finish"]);
     }
+
+    /// `kiln init` of a large model drew its weights for minutes without a word.
+    #[test]
+    fn initialising_a_model_reports_its_parameters() {
+        let config: crate::model::Qwen2Config = serde_json::from_str(
+            r#"{"vocab_size": 13, "hidden_size": 8, "intermediate_size": 12, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 16, "tie_word_embeddings": false}"#,
+        )
+        .unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        set_reporter(Some(Arc::new(Log(log.clone(), String::new()))));
+        let tmp = tempfile::tempdir().unwrap();
+        crate::model::hf::save_random(&config, 1, tmp.path().join("m"), crate::model::Dtype::F32, None).unwrap();
+        set_reporter(None);
+        let total = config.num_parameters();
+        let log = log.lock().unwrap();
+        assert!(log.contains(&format!("initialising weights start {total} parameters")), "{log:?}");
+        assert!(log.contains(&format!("initialising weights at {total}")), "{log:?}");
+        assert!(log.contains(&"writing model.safetensors finish".to_string()), "{log:?}");
+    }
 }

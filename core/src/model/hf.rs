@@ -361,13 +361,21 @@ pub fn save_random(config: &Qwen2Config, seed: u64, dir: impl AsRef<Path>, dtype
     let specs = expected_tensors(config);
     super::weights::fits_in_memory(config, &specs, dtype)?;
     let mut source = RandomInit::new(config.initializer_range, seed);
+    // (Drawing a 1.5B model's weights takes a while: shown with an ETA.)
+    let total: u64 = specs.iter().map(|s| s.shape.iter().product::<usize>() as u64).sum();
+    let stage = crate::progress::stage("initialising weights", total, "parameters");
+    let mut drawn = 0;
     let tensors = specs
         .into_iter()
         .map(|spec| {
             let data = source.tensor(&spec)?.convert_dtype(dtype.burn());
+            drawn += spec.shape.iter().product::<usize>() as u64;
+            stage.set_position(drawn);
             Ok((spec.name, spec.shape, data))
         })
         .collect::<Result<Vec<_>>>()?;
+    drop(stage);
+    let _writing = crate::progress::stage("writing model.safetensors", 1, "files");
     write_atomically(dir.as_ref(), |tmp| write_directory(config, tensors, tmp, dtype, companions))
 }
 
