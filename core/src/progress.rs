@@ -86,6 +86,9 @@ mod tests {
     /// Records `<stage> <event>`; other tests' stages may land here too (the reporter is global).
     struct Log(Arc<Mutex<Vec<String>>>, String);
 
+    /// Held by the tests that install a reporter, so that one does not replace another's.
+    static INSTALLING: Mutex<()> = Mutex::new(());
+
     impl Reporter for Log {
         fn start(&self, what: &str, total: u64, unit: &str) -> Box<dyn StageSink> {
             self.0.lock().unwrap().push(format!("{what} start {total} {unit}"));
@@ -104,6 +107,7 @@ mod tests {
 
     #[test]
     fn stages_reach_the_reporter_unless_silenced() {
+        let _installing = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
         let log = Arc::new(Mutex::new(Vec::new()));
         set_reporter(Some(Arc::new(Log(log.clone(), String::new()))));
         {
@@ -125,6 +129,7 @@ mod tests {
                 "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 16, "tie_word_embeddings": false}"#,
         )
         .unwrap();
+        let _installing = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
         let log = Arc::new(Mutex::new(Vec::new()));
         set_reporter(Some(Arc::new(Log(log.clone(), String::new()))));
         let tmp = tempfile::tempdir().unwrap();

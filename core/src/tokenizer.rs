@@ -94,6 +94,11 @@ impl Tokenizer {
         Ok(())
     }
 
+    /// Whether `decode(…, skip_special_tokens = true)` leaves `id` out (a special added token).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.inner.id_to_token(id).is_some_and(|token| self.inner.get_added_vocabulary().is_special_token(&token))
+    }
+
     /// Token ids of `text`, without adding any special token.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         // tokenizers' `encode_fast`: the ids of its `encode`, without tracking offsets.

@@ -51,19 +51,15 @@ impl StopCriteria {
         }
         if let (Some(tokenizer), false) = (tokenizer, self.strings.is_empty()) {
             // Every token decodes to at least one byte, so a stop string of n bytes that ends in
-            // the newest token lies within its last n tokens (+1 for a split UTF-8 character).
-            // Skipped special tokens decode to nothing: then the window grows until its text
-            // holds n bytes besides a split character's replacement (or reaches the start).
-            let longest = self.strings.iter().map(String::len).max().unwrap_or(0);
-            let mut window = longest + 1;
-            let tail = loop {
-                let start = generated.len().saturating_sub(window);
-                let tail = tokenizer.decode(&generated[start..], skip_special)?;
-                if !skip_special || start == 0 || tail.len() >= longest + 3 {
-                    break tail;
-                }
-                window *= 2;
-            };
+            // the newest token lies within its last n tokens (+1 for a split UTF-8 character),
+            // not counting the skipped special tokens, which decode to nothing.
+            let wanted = self.strings.iter().map(String::len).max().unwrap_or(0) + 1;
+            let (mut start, mut counted) = (generated.len(), 0);
+            while start > 0 && counted < wanted {
+                start -= 1;
+                counted += !(skip_special && tokenizer.is_special(generated[start])) as usize;
+            }
+            let tail = tokenizer.decode(&generated[start..], skip_special)?;
             if let Some(s) = self.strings.iter().find(|s| tail.contains(s.as_str())) {
                 return Ok(Some(StopReason::String(s.clone())));
             }
@@ -85,14 +81,17 @@ impl StopCriteria {
             _ => generated,
         };
         let mut text = tokenizer.decode(ids, skip_special)?;
-        if let Some(StopReason::String(s)) = reason
-            && let Some(at) = text.find(s.as_str())
-        {
-            text.truncate(at);
+        match reason {
+            Some(StopReason::String(s)) => {
+                if let Some(at) = text.find(s.as_str()) {
+                    text.truncate(at);
+                }
+            }
+            // A character whose bytes the last tokens did not complete decodes to U+FFFD: left
+            // out, as vLLM's incremental detokenizer holds back text ending in one and never
+            // emits it. (Before a stop string vLLM has emitted it with the stop string's text.)
+            _ => text.truncate(text.trim_end_matches('\u{FFFD}').len()),
         }
-        // A character whose bytes the last tokens did not complete decodes to U+FFFD: left out,
-        // as vLLM's incremental detokenizer holds back text ending in one and never emits it.
-        text.truncate(text.trim_end_matches('\u{FFFD}').len());
         Ok(text)
     }
 }
@@ -133,6 +132,17 @@ mod tests {
         assert_eq!(stop.check(&generated, Some(&t), true).unwrap(), Some(StopReason::String("\n\n".into())));
         assert_eq!(stop.check(&generated, Some(&t), false).unwrap(), None, "kept, the special tokens separate the newlines");
         assert_eq!(stop.final_text(&generated, Some(&StopReason::String("\n\n".into())), &t, true).unwrap(), "word");
+        // The newest token longer than the stop string, and a split character before it: the
+        // window counts tokens left in the text, not bytes.
+        let word = t.encode("word").unwrap();
+        assert_eq!(word.len(), 1);
+        let longer = [t.encode("line\n").unwrap(), vec![s1, s2], t.encode("\n").unwrap(), word].concat();
+        let stop_w = StopCriteria { token_ids: vec![], strings: vec!["\n\nw".into()] };
+        assert_eq!(stop_w.check(&longer, Some(&t), true).unwrap(), Some(StopReason::String("\n\nw".into())), "{longer:?}");
+        let euro = t.encode("€").unwrap();
+        let split = [euro.clone(), vec![s1, s2], t.encode("b").unwrap()].concat();
+        let stop_euro = StopCriteria { token_ids: vec![], strings: vec!["€b".into()] };
+        assert_eq!(stop_euro.check(&split, Some(&t), true).unwrap(), Some(StopReason::String("€b".into())));
     }
 
     /// A length-capped sample that ends inside a character: its replacement is left out.
@@ -145,7 +155,11 @@ mod tests {
         let stop = StopCriteria::default();
         assert!(t.decode(&generated, false).unwrap().ends_with('\u{FFFD}'));
         assert_eq!(stop.final_text(&generated, None, &t, false).unwrap(), "word");
-        let whole = [t.encode("word").unwrap(), euro].concat();
+        let whole = [t.encode("word").unwrap(), euro.clone()].concat();
         assert_eq!(stop.final_text(&whole, None, &t, false).unwrap(), "word€");
+        // Before a stop string vLLM has emitted the replacement with the stop string's text.
+        let before_stop = [t.encode("word").unwrap(), euro[..2].to_vec(), t.encode("\n\n").unwrap()].concat();
+        let text = stop.final_text(&before_stop, Some(&StopReason::String("\n\n".into())), &t, false).unwrap();
+        assert!(text.starts_with("word") && text.ends_with('\u{FFFD}'), "{text:?}");
     }
 }

@@ -110,17 +110,21 @@ fn sync_tree(dir: &Path) -> Result<()> {
     sync_dir(dir)
 }
 
+/// An error unless `dir` is absent or empty: what [`write_dir_atomically`] refuses, for work
+/// that should not start when its output cannot be written.
+pub fn refuse_non_empty_dir(dir: &Path) -> Result<()> {
+    if dir.exists() && std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?.next().is_some() {
+        return Err(Error::InvalidInput(format!("{} already exists and is not empty; not overwriting it", dir.display())));
+    }
+    Ok(())
+}
+
 /// Runs `write` on a fresh temporary sibling of `dir` (`.<name>.partial-<pid>`), flushes what it
 /// wrote to disk, renames it to `dir` and flushes the parent. `dir` must not exist or be an empty
 /// directory; on any error the temporary directory is removed and `dir` is untouched. A process
 /// killed midway leaves only the temporary directory, which [`sweep_partials`] removes.
 pub fn write_dir_atomically(dir: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    if dir.exists() {
-        let empty = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?.next().is_none();
-        if !empty {
-            return Err(Error::InvalidInput(format!("{} already exists and is not empty; not overwriting it", dir.display())));
-        }
-    }
+    refuse_non_empty_dir(dir)?;
     let parent = parent_of(dir);
     std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());

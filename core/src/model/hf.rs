@@ -360,8 +360,10 @@ pub fn save_random(config: &Qwen2Config, seed: u64, dir: impl AsRef<Path>, dtype
     config.validate().map_err(|m| Error::InvalidInput(format!("invalid config: {m}")))?;
     let specs = expected_tensors(config);
     super::weights::fits_in_memory(config, &specs, dtype)?;
+    // (Drawing a 1.5B model's weights takes a while, shown with an ETA: not for a directory it
+    // could not then be written to.)
+    crate::io::refuse_non_empty_dir(dir.as_ref())?;
     let mut source = RandomInit::new(config.initializer_range, seed);
-    // (Drawing a 1.5B model's weights takes a while: shown with an ETA.)
     let total: u64 = specs.iter().map(|s| s.shape.iter().product::<usize>() as u64).sum();
     let stage = crate::progress::stage("initialising weights", total, "parameters");
     let mut drawn = 0;

@@ -107,15 +107,17 @@ fn prepare<'a, B: AutodiffBackend>(
     let signal = match (&config.reward, &config.teacher) {
         (_, Some(teacher)) => {
             check_same_tokenizer(&tokenizer_dir, &teacher.path)?;
-            let model = Box::new(frozen::<B>(&teacher.path, device, frozen_dtype)?);
             // The teacher scores whole rollouts: positions past its context have no rotary angle.
+            // (Read from its config.json before its weights are loaded.)
+            let teacher_config = teacher.path.join("config.json");
+            let context = Qwen2Config::from_file(&teacher_config)?.max_position_embeddings;
             let longest = data.max_prompt_length.saturating_add(settings.rollout.max_response_length).min(model_config.max_position_embeddings);
-            if model.context_len() < longest {
-                return Err(Error::config(teacher.path.join("config.json"), format!(
-                    "the teacher's context ({} positions, max_position_embeddings) is shorter than the rollouts it scores (up to {longest}: max_prompt_length + max_response_length, within the student's context)",
-                    model.context_len()
+            if context < longest {
+                return Err(Error::config(teacher_config, format!(
+                    "the teacher's context ({context} positions, max_position_embeddings) is shorter than the rollouts it scores (up to {longest}: max_prompt_length + max_response_length, within the student's context)"
                 )));
             }
+            let model = Box::new(frozen::<B>(&teacher.path, device, frozen_dtype)?);
             Signal::Teacher { model, coef: teacher.coef, full_vocab: teacher.full_vocab }
         }
         (reward, None) => Signal::Rewards {
