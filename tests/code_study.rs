@@ -100,6 +100,18 @@ fn compare_gives_the_numpy_interval_and_per_question_differences() {
     let bad = kiln(&["eval", "code", "compare", s(&broken), s(&b)]);
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success() && stderr.lines().count() == 1 && stderr.contains("broken_code_summary.json") && stderr.contains("per_problem[1]"), "{stderr}");
+    let mut summary = json_file(&study("base_code_summary.json"));
+    summary["per_problem"][1]["question_id"] = summary["per_problem"][0]["question_id"].clone();
+    std::fs::write(&broken, summary.to_string()).unwrap();
+    let bad = kiln(&["eval", "code", "compare", s(&broken), s(&b)]);
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && stderr.contains("per_problem[1]: question \"q00\" appears twice"), "{stderr}");
+    // A sample index past any run's (an overflow, or a vector grown to it) with --samples.
+    let huge = tmp.path().join("huge_code_generations.jsonl");
+    std::fs::write(&huge, "{\"question_id\": \"q00\", \"index\": 18446744073709551615, \"verdict\": \"accepted\"}\n").unwrap();
+    let bad = kiln(&["eval", "code", "compare", s(&huge), s(&huge), "--samples"]);
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && stderr.lines().count() == 1 && stderr.contains("huge_code_generations.jsonl line 1") && stderr.contains("is not below 1000000"), "{stderr}");
 }
 
 #[test]

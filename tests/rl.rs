@@ -644,6 +644,7 @@ fn bad_configs_are_errors_naming_the_file() {
         (opd.replace("full_vocab = false", "full_vocab = false\ncoef = 0.0"), "[teacher] coef must be a finite number > 0 (got 0)"),
         (full.replace("full_vocab = true", "full_vocab = true\ncoef = 0.5"), "[teacher] coef does not apply with [teacher] full_vocab = true"),
         (full.replace("[output]", "[loss]\ntis_imp_ratio_cap = 2.0\n\n[output]"), "[loss] tis_imp_ratio_cap does not apply with [teacher] full_vocab"),
+        (full.replace("[output]", "[loss]\npolicy_loss = \"gspo\"\n\n[output]"), "[loss] policy_loss does not apply with [teacher] full_vocab"),
         (opd.replace("[output]", "[loss]\nreward_scaling = \"none\"\n\n[output]"), "[loss] reward_scaling scales GRPO's rewards"),
     ];
     let path = work.join("bad.toml");

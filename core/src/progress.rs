@@ -134,10 +134,14 @@ mod tests {
         set_reporter(Some(Arc::new(Log(log.clone(), String::new()))));
         let tmp = tempfile::tempdir().unwrap();
         crate::model::hf::save_random(&config, 1, tmp.path().join("m"), crate::model::Dtype::F32, None).unwrap();
+        // A directory it could not write to is refused before any weight is drawn.
+        let err = crate::model::hf::save_random(&config, 1, tmp.path().join("m"), crate::model::Dtype::F32, None).unwrap_err().to_string();
         set_reporter(None);
+        assert!(err.contains("already exists and is not empty"), "{err}");
         let total = config.num_parameters();
         let log = log.lock().unwrap();
-        assert!(log.contains(&format!("initialising weights start {total} parameters")), "{log:?}");
+        let starts = log.iter().filter(|l| **l == format!("initialising weights start {total} parameters")).count();
+        assert_eq!(starts, 1, "{log:?}");
         assert!(log.contains(&format!("initialising weights at {total}")), "{log:?}");
         assert!(log.contains(&"writing model.safetensors finish".to_string()), "{log:?}");
     }

@@ -648,5 +648,18 @@ mod tests {
             checked += 1;
         }
         assert_eq!((checked, refused), (12, 3));
+
+        // A template that renders earlier turns otherwise once more follow, a row that starts
+        // with an assistant turn, and a template file that is not Jinja: refused.
+        let m = |role: &str, content: &str| Message { role: role.into(), content: content.into() };
+        let last_only = ChatTemplate::new("{% for m in messages %}{% if loop.last %}{{ m.content }}{% else %}.{% endif %}{% endfor %}", "last.jinja").unwrap();
+        let err = template_text(&[m("user", "a"), m("assistant", "b"), m("user", "c"), m("assistant", "d")], 0, &last_only, None).unwrap_err().to_string();
+        assert!(err.contains("renders the turns before this one differently") && err.contains("message 2 of the row"), "{err}");
+        let plain = ChatTemplate::new("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}", "plain.jinja").unwrap();
+        let err = template_text(&[m("assistant", "b")], 0, &plain, None).unwrap_err().to_string();
+        assert!(err.contains("the row starts with an assistant turn"), "{err}");
+        assert!(template_text(&[m("assistant", "b")], 0, &plain, Some("sys")).is_ok(), "a system prompt comes first");
+        let err = ChatTemplate::from_path(&fixtures.join("qwen2_5/tokenizer_config.json"), dir.path()).unwrap_err().to_string();
+        assert!(err.contains("a model directory or a .jinja file"), "{err}");
     }
 }
