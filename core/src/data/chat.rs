@@ -35,6 +35,9 @@ pub const QWEN_DEFAULT_SYSTEM: &str = "You are Qwen, created by Alibaba Cloud. Y
 /// rendered by [`ChatFormat::ChatMl`].
 pub const QWEN2_5_CHAT_TEMPLATE: &str = include_str!("qwen2_5_chat_template.jinja");
 
+/// Why `system_prompt = ""` goes with ChatML only (the config check and [`ChatFormat::resolve`]).
+pub const NO_SYSTEM_TURN_IS_CHATML: &str = "[data] system_prompt = \"\" (no system turn) renders in ChatML: a chat template decides the system turn itself; drop system_prompt, or set chat_template = \"chatml\"";
+
 /// One chat turn.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
@@ -269,10 +272,7 @@ impl ChatFormat {
                 return Ok(chatml());
             }
             if system_prompt == Some("") {
-                return Err(Error::InvalidInput(format!(
-                    "[data] system_prompt = \"\" (no system turn) renders in ChatML: the chat template {} decides the system turn itself; drop system_prompt, or set chat_template = \"chatml\"",
-                    template.origin().display()
-                )));
+                return Err(Error::InvalidInput(format!("{} ({})", NO_SYSTEM_TURN_IS_CHATML, template.origin().display())));
             }
             Ok(ChatFormat::Template { template, system: system_prompt.map(String::from) })
         }

@@ -47,12 +47,7 @@ impl ChatTemplate {
     /// special tokens named in `tokenizer_config.json` are passed to the template.
     pub fn from_model_dir(dir: &Path) -> Result<Option<Self>> {
         let config_path = dir.join("tokenizer_config.json");
-        let config: Option<Json> = if config_path.is_file() {
-            let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
-            Some(serde_json::from_str(&text).map_err(|e| Error::json(&config_path, None, e))?)
-        } else {
-            None
-        };
+        let config = read_tokenizer_config(dir)?;
         let jinja_path = dir.join("chat_template.jinja");
         let mut template = if jinja_path.is_file() {
             let source = std::fs::read_to_string(&jinja_path).map_err(|e| Error::io(&jinja_path, e))?;
@@ -91,10 +86,7 @@ impl ChatTemplate {
         }
         let source = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let mut template = Self::new(source, path)?;
-        let config_path = tokenizer_dir.join("tokenizer_config.json");
-        if config_path.is_file() {
-            let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
-            let config: Json = serde_json::from_str(&text).map_err(|e| Error::json(&config_path, None, e))?;
+        if let Some(config) = read_tokenizer_config(tokenizer_dir)? {
             template.special_tokens = special_tokens(&config);
         }
         Ok(template)
@@ -167,6 +159,16 @@ fn plain_generation_blocks(source: &str) -> String {
         None => format!("{{%{} if true {}%}}", &c[1], &c[3]),
     })
     .into_owned()
+}
+
+/// `dir`'s `tokenizer_config.json`, if it has one.
+fn read_tokenizer_config(dir: &Path) -> Result<Option<Json>> {
+    let path = dir.join("tokenizer_config.json");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    Ok(Some(serde_json::from_str(&text).map_err(|e| Error::json(&path, None, e))?))
 }
 
 /// The special-token strings of a `tokenizer_config.json` (a string, or an added-token object's

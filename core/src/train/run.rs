@@ -19,7 +19,7 @@ use super::objective::NextTokenLoss;
 use super::launch::{self, Prepared};
 use super::trainer::{LoopConfig, Record, RunSummary};
 use crate::data::Sample;
-use crate::data::chat::{ChatFormat, TemplateChoice, render_examples};
+use crate::data::chat::{ChatFormat, NO_SYSTEM_TURN_IS_CHATML, TemplateChoice, render_examples};
 use crate::data::sft_source::{SftSource, SplitRule, read_sft_rows};
 use crate::data::corpus::pretrain_samples;
 use crate::data::packing::first_fit_decreasing;
@@ -132,8 +132,7 @@ impl RunConfig {
         if let DataSection::Sft(SftData { chat_template: Some(TemplateChoice::Path(_)), system_prompt: Some(s), .. }) = &self.data
             && s.is_empty()
         {
-            let message = "[data] system_prompt = \"\" (no system turn) renders in ChatML: a chat template decides the system turn itself; drop system_prompt, or set chat_template = \"chatml\"";
-            return Err(Refusal::at("data", Some("system_prompt"), message));
+            return Err(Refusal::at("data", Some("system_prompt"), NO_SYSTEM_TURN_IS_CHATML));
         }
         t.total_steps(|_| 0)?;
         self.output.check()?;
