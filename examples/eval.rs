@@ -73,7 +73,7 @@ fn miniature(work: &std::path::Path) -> Result<(PathBuf, PathBuf)> {
     }
     let data = work.join("data");
     if !data.join("test").is_dir() {
-        write_split(&data, Split::Test, &[2, 3, 5, 8, 11, 14], 3, 0, || {})?;
+        write_split(&data, Split::Test, &[2, 3, 5, 8, 11, 14], 3, 0, false, || {})?;
     }
     Ok((release, data.join("test")))
 }

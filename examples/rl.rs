@@ -60,7 +60,7 @@ fn main() -> Result<()> {
             continue;
         }
         if !data.join(split.name()).is_dir() {
-            let report = write_split(&data, split, ops, per_op, 1, || {})?;
+            let report = write_split(&data, split, ops, per_op, 1, false, || {})?;
             eprintln!("      {}: {} rows", split.name(), report.rows);
         }
     }

@@ -146,6 +146,41 @@ fn init_then_generate_text_with_stop_string() {
     assert_eq!(std::fs::read(copy.join("tokenizer.json")).unwrap(), std::fs::read(model.join("tokenizer.json")).unwrap());
 }
 
+/// Text given to `kiln logprobs --text` and `kiln generate --prompt` gets the special tokens the
+/// tokenizer adds to a text (transformers' `tokenizer(text)`, vLLM's `LLM.generate(text)`): a BOS
+/// for a DeepSeek-R1-Distill-style tokenizer (`make_bos_tokenizer.py`'s cases); none with
+/// `--add-special-tokens false`.
+#[test]
+fn text_inputs_get_the_tokenizer_s_special_tokens_as_in_transformers() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The tiny model with room for the tokenizer's BOS and EOS (2,201 and 2,202).
+    let config = write_tiny_config(tmp.path());
+    let text = std::fs::read_to_string(&config).unwrap().replace("\"vocab_size\": 2200", "\"vocab_size\": 2240");
+    std::fs::write(&config, text).unwrap();
+    let model = tmp.path().join("model");
+    let tokenizer = fixture("bos_tokenizer");
+    let out = kiln(&["init", "--config", config.to_str().unwrap(), "--out", model.to_str().unwrap(), "--seed", "3", "--tokenizer-from", tokenizer.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let cases: Value = serde_json::from_str(&std::fs::read_to_string(tokenizer.join("cases.json")).unwrap()).unwrap();
+    let case = &cases["cases"][0];
+    let (text, with, without) = (case["text"].as_str().unwrap(), &case["with_special_tokens"], &case["without_special_tokens"]);
+    assert_eq!(with[0], cases["bos_token_id"]);
+    let m = model.to_str().unwrap();
+    for (flag, expected) in [(None, with), (Some("true"), with), (Some("false"), without)] {
+        let extra: Vec<&str> = flag.into_iter().flat_map(|f| ["--add-special-tokens", f]).collect();
+        let args: Vec<&str> = ["logprobs", "--model", m, "--text", text, "--json"].into_iter().chain(extra.iter().copied()).collect();
+        let line = &stdout_json_lines(&kiln(&args))[0];
+        assert_eq!(&line["ids"], expected, "logprobs {flag:?}");
+        let args: Vec<&str> = ["generate", "--model", m, "--prompt", text, "--max-new-tokens", "1", "--temperature", "0", "--json", "--prompt-logprobs"]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect();
+        let sample = &stdout_json_lines(&kiln(&args))[0];
+        assert_eq!(sample["prompt_logprobs"].as_array().unwrap().len(), expected.as_array().unwrap().len(), "generate {flag:?}: {sample}");
+    }
+}
+
 #[test]
 fn bad_input_is_one_clear_line() {
     let reference = Reference::load("tied_gqa2");

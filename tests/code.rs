@@ -606,6 +606,35 @@ fn kiln_sft_trains_on_parquet_rows_and_scores_the_held_out_ones() {
     let eval_losses: Vec<f64> = metrics.iter().filter_map(|m| m["eval_loss"].as_f64()).collect();
     assert!(eval_losses.len() >= 2 && eval_losses.iter().all(|l| l.is_finite() && *l > 1.0), "{metrics:?}");
     assert!(metrics.iter().any(|m| m["targets"].as_u64().unwrap_or(0) > 50), "assistant turns are targets: {metrics:?}");
+    assert!(!tmp.path().join("run/checkpoint-1/chat_template.jinja").exists(), "the tokenizer's own rendering: nothing changed");
+
+    // A base model (EOS <|endoftext|>) trained on an instruct model's template (`chat_template`
+    // naming its directory, TRL's chat_template_path): the checkpoint carries the template and
+    // the EOS its turns end with, as TRL's clone_chat_template saves them.
+    let model = tmp.path().join("model");
+    let tokenizer = Tokenizer::from_file(&model).unwrap();
+    let (endoftext, im_end) = (tokenizer.token_id("<|endoftext|>").unwrap(), tokenizer.token_id("<|im_end|>").unwrap());
+    std::fs::write(model.join("special_tokens_map.json"), r#"{"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}"#).unwrap();
+    let model_config = model.join("config.json");
+    let mut base: Value = serde_json::from_str(&std::fs::read_to_string(&model_config).unwrap()).unwrap();
+    base["eos_token_id"] = json!(endoftext);
+    std::fs::write(&model_config, base.to_string()).unwrap();
+    let instruct = tmp.path().join("instruct");
+    std::fs::create_dir_all(&instruct).unwrap();
+    std::fs::copy(fixture("code/qwen2_5/tokenizer_config.json"), instruct.join("tokenizer_config.json")).unwrap();
+    let text = std::fs::read_to_string(&config).unwrap().replace("max_length = 512", "max_length = 512\nchat_template = \"instruct\"").replace("dir = \"run\"", "dir = \"run2\"");
+    std::fs::write(&config, text).unwrap();
+    let run = kiln(&["sft", "--config", s(&config)]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let checkpoint = tmp.path().join("run2/checkpoint-1");
+    let instruct_config: Value = serde_json::from_str(&std::fs::read_to_string(instruct.join("tokenizer_config.json")).unwrap()).unwrap();
+    assert_eq!(std::fs::read_to_string(checkpoint.join("chat_template.jinja")).unwrap(), instruct_config["chat_template"].as_str().unwrap());
+    let saved = Tokenizer::from_file(&checkpoint).unwrap();
+    assert_eq!((saved.eos_token(), saved.eos_id()), (Some("<|im_end|>"), Some(im_end)));
+    let saved_config = Qwen2Config::from_file(checkpoint.join("config.json")).unwrap();
+    assert_eq!(saved_config.eos_token_ids(), vec![im_end]);
+    // The run's own model directory is left as it was.
+    assert_eq!(Qwen2Config::from_file(&model_config).unwrap().eos_token_ids(), vec![endoftext]);
 }
 
 /// `kiln rl` with code rewards on a tiny random model: one step, graded in the sandbox with the

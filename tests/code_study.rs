@@ -147,6 +147,16 @@ fn decontaminate_reports_the_known_overlaps() {
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success() && stderr.lines().count() == 1 && stderr.contains("would replace the input"), "{stderr}");
     assert_eq!(std::fs::read(&problems_copy).unwrap(), std::fs::read(&problems).unwrap());
+
+    // An existing report is kept unless --overwrite.
+    std::fs::write(&out, "earlier report\n").unwrap();
+    let again = kiln(&["data", "decontaminate", "--rows", s(&rows), "--problems", s(&problems), "--out", s(&out)]);
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(!again.status.success() && stderr.lines().count() == 1 && stderr.contains("pass --overwrite"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "earlier report\n");
+    let again = kiln(&["data", "decontaminate", "--rows", s(&rows), "--id-column", "id", "--problems", s(&problems), "--out", s(&out), "--overwrite"]);
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    assert_eq!(json_file(&out)["contaminated_rows"], expected["contaminated_rows"]);
 }
 
 /// A tiny random model with a byte-level BPE tokenizer, saved at `path`.

@@ -81,7 +81,7 @@ const THRESHOLD: Option<i64> = Some(2);
 
 /// A test split with `per_op` rows for each of `ops`, in `<root>/test`.
 fn test_split(root: &Path, ops: &[u32], per_op: usize) -> PathBuf {
-    write_split(root, Split::Test, ops, per_op, 11, || {}).unwrap();
+    write_split(root, Split::Test, ops, per_op, 11, false, || {}).unwrap();
     root.join("test")
 }
 
@@ -460,4 +460,17 @@ fn the_cli_evaluates_a_release_resumes_after_a_kill_and_plots() {
     for file in ["pretrain_checkpoint-1_per_op_accuracy.svg", "id_pass_at_k.svg", "ood_pass_at_k.svg", "per_op_accuracy.svg"] {
         assert!(plots.join(file).is_file(), "{file}");
     }
+
+    // A model named after a compared subset would write its chart over the comparison chart.
+    let named_id = tmp.path().join("named_id");
+    std::fs::create_dir_all(&named_id).unwrap();
+    for (from, to) in [("rl_op11_14_step20", "id"), ("pretrain_checkpoint-1", "pretrain_checkpoint-1")] {
+        std::fs::copy(evals.join(format!("{from}_metrics.json")), named_id.join(format!("{to}_metrics.json"))).unwrap();
+    }
+    let id_plots = tmp.path().join("id_plots");
+    let out = kiln(&["plot", "eval", "--metrics", s(&named_id), "--out", s(&id_plots)]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.lines().count() == 1, "{stderr}");
+    assert!(stderr.contains("id_metrics.json") && stderr.contains("ID comparison chart"), "{stderr}");
+    assert!(!id_plots.exists());
 }

@@ -33,7 +33,7 @@ fn random_model(dir: &Path, seed: u64) {
 /// Ops 2 (ID) and 3 (OOD), 3 prompts each: with one prompt per shard, 3 shards per part, an
 /// odd number for two replicas.
 fn setup(root: &Path) -> (Vec<ModelEntry>, PathBuf) {
-    write_split(root, Split::Test, &[2, 3], 3, 11, || {}).unwrap();
+    write_split(root, Split::Test, &[2, 3], 3, 11, false, || {}).unwrap();
     let models = ["a", "b"]
         .iter()
         .enumerate()

@@ -65,6 +65,17 @@ fn eval_answers_reproduces_answer_metrics() {
     let out = tempfile::tempdir().unwrap();
     ok(&["eval", "answers", "--generations", s(&fixture("scoring/generations.jsonl")), "--out", s(out.path()), "--checkpoint", "checkpoint-golden"]);
     assert_eq!(read(&out.path().join("checkpoint-golden_metrics.json")), read(&fixture("scoring/answer_metrics.json")));
+    // The metrics file is also what `kiln eval interplay` writes (and skips a model for): kept
+    // unless --overwrite.
+    let path = out.path().join("checkpoint-golden_metrics.json");
+    std::fs::write(&path, "{}\n").unwrap();
+    let generations = fixture("scoring/generations.jsonl");
+    let args = ["eval", "answers", "--generations", s(&generations), "--out", s(out.path()), "--checkpoint", "checkpoint-golden"];
+    let err = failure(&args);
+    assert!(err.contains("checkpoint-golden_metrics.json exists; pass --overwrite") && err.lines().count() == 1, "{err}");
+    assert_eq!(read(&path), "{}\n");
+    ok(&[&args[..], &["--overwrite"]].concat());
+    assert_eq!(read(&path), read(&fixture("scoring/answer_metrics.json")));
 }
 
 #[test]
@@ -72,6 +83,12 @@ fn eval_gold_reproduces_gold_graphs() {
     let out = tempfile::tempdir().unwrap();
     ok(&["eval", "gold", "--rows", s(&fixture("rows")), "--out", s(out.path())]);
     assert_eq!(files_in(out.path()), files_in(&fixture("gold")));
+    // Existing gold files are kept unless --overwrite; the rows' own directory is refused.
+    let err = failure(&["eval", "gold", "--rows", s(&fixture("rows")), "--out", s(out.path())]);
+    assert!(err.contains("_graphs.jsonl exists; pass --overwrite") && err.lines().count() == 1, "{err}");
+    ok(&["eval", "gold", "--rows", s(&fixture("rows")), "--out", s(out.path()), "--overwrite"]);
+    let err = failure(&["eval", "gold", "--rows", s(&fixture("rows")), "--out", s(&fixture("rows"))]);
+    assert!(err.contains("is the rows directory"), "{err}");
     for name in files_in(out.path()) {
         let (ours, theirs) = (read(&out.path().join(&name)), read(&fixture("gold").join(&name)));
         for (a, b) in ours.lines().zip(theirs.lines()) {
@@ -104,6 +121,14 @@ fn data_interplay_is_deterministic_and_splits_are_disjoint() {
     }
     ok(&["data", "interplay", "--ops", "9", "--per-op", "12", "--seed", "3", "--out", s(&out)]);
     assert_eq!(read(&out.join("test/op9-12.jsonl")), first, "same seed, same bytes");
+    // Another seed into the same split is refused, the files kept, unless --overwrite.
+    let err = failure(&["data", "interplay", "--ops", "2,9", "--per-op", "12", "--seed", "4", "--out", s(&out)]);
+    assert!(err.contains("op2-12.jsonl already exists with other rows (2 of the split's 2 files differ") && err.contains("--overwrite"), "{err}");
+    assert_eq!(read(&out.join("test/op9-12.jsonl")), first);
+    ok(&["data", "interplay", "--ops", "9", "--per-op", "12", "--seed", "4", "--out", s(&out), "--overwrite"]);
+    assert_ne!(read(&out.join("test/op9-12.jsonl")), first);
+    ok(&["data", "interplay", "--ops", "9", "--per-op", "12", "--seed", "3", "--out", s(&out), "--overwrite"]);
+    assert_eq!(read(&out.join("test/op9-12.jsonl")), first);
 
     ok(&["data", "interplay", "--ops", "2", "--per-op", "40", "--seed", "3", "--out", s(&out), "--split", "heldout"]);
     let test_prompts: std::collections::HashSet<String> = read(&out.join("test/op2-12.jsonl"))

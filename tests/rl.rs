@@ -451,6 +451,15 @@ fn grpo_end_to_end_writes_release_checkpoints_and_resumes_bit_identically() {
     assert!(first.stopped_early && first.steps == 1);
     let err = run(work, &config_text(work, "interrupted", None, ""), Method::Grpo, false).unwrap_err();
     assert!(err.to_string().contains("already holds checkpoints"), "{err}");
+    // (refused before the replicas read the data and load the models: a fresh run's rows that
+    // do not parse are not reached)
+    let bad_rows = work.join("bad_rows.jsonl");
+    std::fs::write(&bad_rows, "not json\n").unwrap();
+    let op2 = format!("{:?}", fixture("interplay/rows").join("op2.jsonl"));
+    let text = config_text(work, "interrupted", None, "").replace(&op2, &format!("{bad_rows:?}"));
+    assert!(text.contains("bad_rows.jsonl"));
+    let err = run(work, &text, Method::Grpo, false).unwrap_err();
+    assert!(err.to_string().contains("already holds checkpoints"), "{err}");
     run(work, &config_text(work, "interrupted", None, ""), Method::Grpo, true).unwrap();
     let resumed = read_metrics(&work.join("interrupted/op2_3_metrics.jsonl")).unwrap();
     assert_eq!(deterministic(records), deterministic(resumed), "metrics of the resumed run");
@@ -565,6 +574,12 @@ fn opd_distils_and_refuses_a_teacher_with_another_tokenizer() {
     std::fs::write(&config_path, config.to_string()).unwrap();
     let err = run(work, &config_text(work, "short", Some((&short, false)), ""), Method::Opd, false).unwrap_err().to_string();
     assert!(err.contains("short/config.json") && err.contains("the teacher's context (64 positions") && err.contains("up to 312"), "{err}");
+    // A teacher with fewer vocabulary rows than the student (the student may sample an id past them).
+    config["max_position_embeddings"] = 512.into();
+    config["vocab_size"] = (config["vocab_size"].as_u64().unwrap() - 1).into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let err = run(work, &config_text(work, "short", Some((&short, false)), ""), Method::Opd, false).unwrap_err().to_string();
+    assert!(err.contains("short/config.json") && err.contains("the teacher's vocab_size") && err.contains("smaller than the student's"), "{err}");
     // A GRPO config is not an OPD one, and vice versa.
     let err = run(work, &config_text(work, "x", None, ""), Method::Opd, false).unwrap_err();
     assert!(err.to_string().contains("needs a [teacher]"), "{err}");
@@ -821,8 +836,12 @@ fn opd_on_two_replicas_matches_one_device() {
     let overlapped = read_metrics(&work.join("nodes/op2_3_metrics.jsonl")).unwrap()[1]["grad_values_overlapped"].as_f64().unwrap();
     assert!(overlapped > 0.0, "no gradient was averaged during the backward pass");
 
-    // 4 prompts per step do not split over 3 replicas.
+    // 4 prompts per step do not split over 3 replicas (a fresh directory: "two" holds checkpoints,
+    // refused first).
     let three = vec![burn::tensor::Device::<B>::default(); 3];
+    let three_path = work.join("three.toml");
+    std::fs::write(&three_path, text("three")).unwrap();
+    let config = PgConfig::from_toml(&three_path, &text("three")).unwrap();
     let err = kiln::rl::run::run_replicated::<B>(&config, Method::Opd, &three, None, false, |_| {}, |_| {}).unwrap_err();
     assert!(err.to_string().contains("must be multiples of the 3 replicas"), "{err}");
 }

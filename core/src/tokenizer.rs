@@ -1,8 +1,10 @@
 //! `tokenizer.json` through the `tokenizers` crate (no network features), plus the special
 //! tokens named in `tokenizer_config.json` / `special_tokens_map.json`.
 //!
-//! Encoding never adds special tokens: the paper's format and ChatML both spell them out in
-//! the text, exactly as the reference encodes with `add_special_tokens=False`.
+//! Encoding adds no special tokens: the paper's format and chat templates spell them out in the
+//! text, exactly as the references encode with `add_special_tokens=False`. Raw text given to
+//! `kiln generate` and `kiln logprobs` gets the tokenizer's own ones, as vLLM's and
+//! transformers' defaults do ([`Tokenizer::encode_adding_special_tokens`]).
 //!
 //! [`chat_template`] renders the model's Hugging Face chat template.
 
@@ -106,6 +108,16 @@ impl Tokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// Token ids of `text` with the special tokens the tokenizer adds to a text of its own (its
+    /// `tokenizer.json` post-processor): transformers' `tokenizer(text)` and vLLM's
+    /// `LLM.generate(text)`. A BOS for DeepSeek-R1-Distill's tokenizer; nothing for Qwen2's and
+    /// Qwen2.5's, which add none. (Text a chat template rendered already holds its special
+    /// tokens: [`Tokenizer::encode`].)
+    pub fn encode_adding_special_tokens(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self.inner.encode_fast(text, true).map_err(|e| self.error(e))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
     /// Token ids of `text` with each token's byte span in `text` (no special tokens added).
     pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
         let encoding = self.inner.encode(text, false).map_err(|e| self.error(e))?;
@@ -177,6 +189,11 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// The end-of-sequence token named by the tokenizer configs.
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
     /// The end-of-sequence token id named by the tokenizer configs.
     pub fn eos_id(&self) -> Option<u32> {
         self.eos_token.as_deref().and_then(|t| self.token_id(t))
@@ -225,6 +242,24 @@ mod tests {
         assert_eq!(t.encode("so x = 12 + 345.").unwrap(), vec![92, 88, 323, 344, 501, 267, 1155, 23]);
         assert_eq!((t.eos_id(), t.pad_id()), (Some(3), Some(1)));
         assert_eq!(t.token_id("<solution>"), Some(6));
+    }
+
+    /// transformers' `tokenizer(text)` and `tokenizer(text, add_special_tokens=False)` with a
+    /// tokenizer that adds a BOS (DeepSeek-R1-Distill's post-processor; `make_bos_tokenizer.py`),
+    /// and the paper's, which adds nothing.
+    #[test]
+    fn special_tokens_are_added_as_transformers_adds_them() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/bos_tokenizer");
+        let t = Tokenizer::from_file(dir).unwrap();
+        let cases: Value = serde_json::from_str(&std::fs::read_to_string(format!("{dir}/cases.json")).unwrap()).unwrap();
+        let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|i| i.as_u64().unwrap() as u32).collect() };
+        for case in cases["cases"].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            assert_eq!(t.encode_adding_special_tokens(text).unwrap(), ids(&case["with_special_tokens"]), "{text:?}");
+            assert_eq!(t.encode(text).unwrap(), ids(&case["without_special_tokens"]), "{text:?}");
+        }
+        assert_eq!(cases["cases"].as_array().unwrap().len(), 4);
+        assert_eq!(paper().encode_adding_special_tokens("so x = 12 + 345.").unwrap(), paper().encode("so x = 12 + 345.").unwrap());
     }
 
     #[test]

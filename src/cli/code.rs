@@ -157,9 +157,7 @@ struct SummaryLine<'a> {
 }
 
 fn grade(args: GradeArgs) -> Result<()> {
-    if args.out.exists() && !args.overwrite {
-        bail!("{} exists; pass --overwrite to replace it", args.out.display());
-    }
+    super::refuse_existing(&args.out, args.overwrite)?;
     super::refuse_input_as_out(&args.out, &[&args.problems, &args.completions])?;
     let problems: Vec<CodeProblem> = read_code_problems(&args.problems)?.into_iter().map(|(p, _)| p).collect();
     let position: HashMap<&str, usize> = problems.iter().enumerate().map(|(i, p)| (p.id.as_str(), i)).collect();

@@ -62,9 +62,7 @@ pub fn run(command: CodeEvalCommand) -> Result<()> {
     }
     if let Some(out) = &args.out {
         super::refuse_input_as_out(out, &[&args.a, &args.b])?;
-        if out.exists() && !args.overwrite {
-            bail!("{} exists; pass --overwrite to replace it, or another --out", out.display());
-        }
+        super::refuse_existing(out, args.overwrite)?;
     }
     let (a_name, b_name) = (args.a.display().to_string(), args.b.display().to_string());
     let bootstrap = Bootstrap { resamples: args.resamples, seed: args.seed, level: args.level };

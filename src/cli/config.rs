@@ -166,7 +166,7 @@ fn upgrade(file: &Path, in_place: bool, out: Option<&Path>, kind: Option<RunKind
                 bail!("{}: {} exists; move it away first (an upgrade in place keeps the original there)", file.display(), backup.display());
             }
             std::fs::copy(file, &backup).with_context(|| format!("{}", backup.display()))?;
-            std::fs::write(file, &upgraded.text).with_context(|| format!("{}", file.display()))?;
+            kiln::io::write_atomic(file, &upgraded.text)?;
             eprintln!("{}: upgraded (kiln {}); the original is {}", file.display(), upgraded.kind.name(), backup.display());
         }
         (false, Some(out)) => {
@@ -176,7 +176,7 @@ fn upgrade(file: &Path, in_place: bool, out: Option<&Path>, kind: Option<RunKind
             if dir(out).is_some_and(|d| Some(d) != dir(file)) {
                 eprintln!("note: {}: relative paths are written as in {} (relative to its directory)", out.display(), file.display());
             }
-            std::fs::write(out, &upgraded.text).with_context(|| format!("{}", out.display()))?;
+            kiln::io::write_atomic(out, &upgraded.text)?;
             eprintln!("{}: written (kiln {})", out.display(), upgraded.kind.name());
         }
         (false, None) => print!("{}", upgraded.text),

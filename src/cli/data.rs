@@ -45,6 +45,10 @@ struct InterplayArgs {
     /// test, val, heldout or train.
     #[arg(long, default_value = "test", value_parser = parse_split)]
     split: Split,
+    /// Replace split files already there with other rows (without it they are an error, and
+    /// identical ones are left as they are).
+    #[arg(long)]
+    overwrite: bool,
 }
 
 /// The ops of `--ops`, in the order given.
@@ -108,6 +112,7 @@ fn interplay(args: InterplayArgs) -> Result<()> {
         &args.ops.0,
         args.per_op,
         args.seed,
+        args.overwrite,
         || bar.inc(1),
     )?;
     bar.finish_and_clear();

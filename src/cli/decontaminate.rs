@@ -33,6 +33,9 @@ pub struct DecontaminateArgs {
     /// Write the full report (every overlapping row, its problems and shared n-gram counts) here.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Replace an existing --out file.
+    #[arg(long)]
+    overwrite: bool,
 }
 
 pub fn run(args: DecontaminateArgs) -> Result<()> {
@@ -41,6 +44,7 @@ pub fn run(args: DecontaminateArgs) -> Result<()> {
     }
     if let Some(out) = &args.out {
         super::refuse_input_as_out(out, &[&args.rows, &args.problems])?;
+        super::refuse_existing(out, args.overwrite)?;
     }
     let release = args.release.as_deref().map(Release::parse).transpose()?;
     let problems = load_problems(&args.problems, &Selection { release, window: DateWindow::default() })?;

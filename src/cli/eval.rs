@@ -15,7 +15,7 @@ use kiln::model::Dtype;
 use kiln::tasks::interplay::answer_metrics::{answer_metrics, read_samples};
 use kiln::tasks::interplay::eval::EvalData;
 use kiln::io::write_atomic;
-use kiln::tasks::interplay::gold::build_gold_dir;
+use kiln::tasks::interplay::gold::{GOLD_SUFFIX, build_gold_dir, jsonl_files};
 use kiln::tasks::interplay::graph_passk::{DEFAULT_PASS_AT, aggregate};
 use kiln::io::pyjson::Style;
 use kiln::tasks::interplay::scoring::{ScoreOptions, score};
@@ -165,6 +165,10 @@ struct AnswersArgs {
     /// Ops up to this are in-distribution, the rest out-of-distribution.
     #[arg(long, default_value_t = 10)]
     id_op_threshold: i64,
+    /// Replace an existing `<checkpoint>_metrics.json` (`kiln eval interplay` writes the same
+    /// file, and skips the models that have one).
+    #[arg(long)]
+    overwrite: bool,
 }
 
 #[derive(Debug, Args)]
@@ -172,9 +176,12 @@ struct GoldArgs {
     /// Directory of task-row JSONL files.
     #[arg(long)]
     rows: PathBuf,
-    /// Output directory for `<stem>_graphs.jsonl`.
+    /// Output directory for `<stem>_graphs.jsonl` (not the rows' own directory).
     #[arg(long)]
     out: PathBuf,
+    /// Replace existing `<stem>_graphs.jsonl` files.
+    #[arg(long)]
+    overwrite: bool,
 }
 
 pub fn run(args: EvalArgs) -> Result<()> {
@@ -343,6 +350,9 @@ fn checkpoint_name(path: &Path) -> String {
 }
 
 fn answers(args: AnswersArgs) -> Result<()> {
+    let checkpoint = args.checkpoint.clone().unwrap_or_else(|| checkpoint_name(&args.generations));
+    let path = args.out.join(format!("{checkpoint}_metrics.json"));
+    super::refuse_existing(&path, args.overwrite)?;
     let samples = read_samples(&args.generations)?;
     let sample_k = args.sample_k.unwrap_or_else(|| {
         let mut per_prompt: HashMap<(String, i64), u64> = HashMap::new();
@@ -351,11 +361,7 @@ fn answers(args: AnswersArgs) -> Result<()> {
         }
         per_prompt.values().copied().max().unwrap_or(1)
     });
-    let checkpoint = args
-        .checkpoint
-        .unwrap_or_else(|| checkpoint_name(&args.generations));
     let metrics = answer_metrics(&checkpoint, &samples, args.id_op_threshold, sample_k);
-    let path = args.out.join(format!("{checkpoint}_metrics.json"));
     write_atomic(&path, &metrics.dumps(Style::INDENT2_UTF8))?;
     eprintln!(
         "wrote {} ({} samples, k up to {sample_k})",
@@ -366,6 +372,16 @@ fn answers(args: AnswersArgs) -> Result<()> {
 }
 
 fn gold(args: GoldArgs) -> Result<()> {
+    // Gold files among the rows would be read as rows (`kiln eval interplay --data`).
+    if let (Ok(rows), Ok(out)) = (args.rows.canonicalize(), args.out.canonicalize())
+        && rows == out
+    {
+        bail!("--out {} is the rows directory: write the gold graphs elsewhere", args.out.display());
+    }
+    for rows in jsonl_files(&args.rows)? {
+        let stem = rows.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        super::refuse_existing(&args.out.join(format!("{stem}{GOLD_SUFFIX}")), args.overwrite)?;
+    }
     for path in build_gold_dir(&args.rows, &args.out)? {
         eprintln!("wrote {}", path.display());
     }

@@ -177,8 +177,15 @@ pub fn run(mut args: CodeEvalArgs) -> Result<()> {
     let sandbox = args.sandbox.sandbox()?;
     let bar = progress::counter(problems.len().saturating_mul(args.n) as u64, "samples");
     let grading_bar = bar.clone();
+    // The sampling rates and ETA stay on the bar while a shard is graded.
+    let rates = Arc::new(std::sync::Mutex::new(String::new()));
+    let grading_rates = rates.clone();
     let evaluation = CodeEvaluation::new(problems, prompts, sandbox, limits, args.sandbox.extraction, DEFAULT_KS.to_vec(), settings_record)?
-        .with_progress(move |done, of| grading_bar.set_message(format!("grading {done}/{of}")));
+        .with_progress(move |done, of| {
+            let rates = grading_rates.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let sep = if rates.is_empty() { "" } else { "; " };
+            grading_bar.set_message(format!("{rates}{sep}grading {done}/{of}"));
+        });
     let settings = EvalSettings {
         samples: args.n,
         sampler: Sampler { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, min_p: 0.0 },
@@ -209,7 +216,7 @@ pub fn run(mut args: CodeEvalArgs) -> Result<()> {
     );
     let devices = args.dist.devices(Some(args.backend), None)?;
     let nodes = args.dist.nodes()?;
-    kiln::backends::run_replicas(&devices, CodeEvalJob { models, evaluation: Arc::new(evaluation), out, settings, bar, nodes })?
+    kiln::backends::run_replicas(&devices, CodeEvalJob { models, evaluation: Arc::new(evaluation), out, settings, bar, rates, nodes })?
 }
 
 struct CodeEvalJob {
@@ -218,6 +225,8 @@ struct CodeEvalJob {
     out: PathBuf,
     settings: EvalSettings,
     bar: progress::Bar,
+    /// The bar's last sampling message (rates, ETA), which grading messages keep.
+    rates: Arc<std::sync::Mutex<String>>,
     nodes: Option<NodeSpec>,
 }
 
@@ -233,6 +242,7 @@ impl ReplicaJob for CodeEvalJob {
             EvalEvent::Model { name, .. } => {
                 // One bar per model: it starts over.
                 (resumed, started) = (0, std::time::Instant::now());
+                self.rates.lock().unwrap_or_else(|e| e.into_inner()).clear();
                 bar.set_position(0);
                 bar.suspend(|| eprintln!("{name}"));
             }
@@ -249,7 +259,9 @@ impl ReplicaJob for CodeEvalJob {
                 let seconds = started.elapsed().as_secs_f64().max(1e-9);
                 let rate = new_samples as f64 / seconds;
                 let eta = if rate > 0.0 { format!(", ETA {:.0} s", (total - done) as f64 / rate) } else { String::new() };
-                bar.set_message(format!("{rate:.2} samples/s, {:.0} tokens/s{eta}", new_tokens as f64 / seconds));
+                let message = format!("{rate:.2} samples/s, {:.0} tokens/s{eta}", new_tokens as f64 / seconds);
+                *self.rates.lock().unwrap_or_else(|e| e.into_inner()) = message.clone();
+                bar.set_message(message);
             }
             EvalEvent::Stage { name, stage } => bar.suspend(|| eprintln!("  {name}: {stage}")),
             EvalEvent::Finished { name, .. } => {

@@ -29,6 +29,11 @@ pub struct GenerateArgs {
     /// JSONL file, one `{"prompt": text}` or `{"prompt_ids": [ids]}` per line.
     #[arg(long, group = "input")]
     prompts: Option<PathBuf>,
+    /// Text prompts get the special tokens the tokenizer adds to a text (vLLM's and
+    /// transformers' default: a BOS for DeepSeek-R1-Distill's tokenizer, nothing for
+    /// Qwen2.5's); `false` for text a chat template rendered already.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    add_special_tokens: bool,
     /// Device: cpu, wgpu[:N], cuda[:N].
     #[arg(long, default_value = "cpu", value_parser = super::parse_backend)]
     backend: DeviceSpec,
@@ -161,7 +166,13 @@ impl Job for GenerateJob {
         let prompt_ids: Vec<Vec<u32>> = prompts
             .into_iter()
             .map(|p| match p {
-                Prompt::Text(text) => tokenizer.as_ref().expect("checked above").encode(&text),
+                Prompt::Text(text) => {
+                    let tokenizer = tokenizer.as_ref().expect("checked above");
+                    match args.add_special_tokens {
+                        true => tokenizer.encode_adding_special_tokens(&text),
+                        false => tokenizer.encode(&text),
+                    }
+                }
                 Prompt::Ids(ids) => Ok(ids),
             })
             .collect::<Result<_, _>>()?;
@@ -239,13 +250,17 @@ impl Job for GenerateJob {
 fn prompts_logprobs<B: Backend>(model: &kiln::model::Qwen2<B>, prompts: &[Vec<u32>], rows: usize, max_tokens: usize) -> Result<Vec<Vec<Option<f32>>>> {
     let mut all = Vec::with_capacity(prompts.len());
     let mut rest = prompts;
+    let bar = progress::with_eta(prompts.len() as u64, "prompts");
+    bar.set_message("--prompt-logprobs".to_owned());
     while !rest.is_empty() {
         let take = kiln::generate::prefill_group(rest.iter().map(Vec::len), max_tokens).min(rows.max(1));
         let (group, after) = rest.split_at(take);
         rest = after;
         let positions = ((64usize << 20) / (4 * group.len() * model.config().vocab_size.max(1))).clamp(1, 512);
         all.extend(sequence_logprobs(model, group, positions).context("--prompt-logprobs")?);
+        bar.set_position(all.len() as u64);
     }
+    bar.finish_and_clear();
     Ok(all)
 }
 

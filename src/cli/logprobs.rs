@@ -16,9 +16,14 @@ pub struct LogprobsArgs {
     /// Hugging Face model directory.
     #[arg(long)]
     model: PathBuf,
-    /// The sequence as text (encoded without special tokens added).
+    /// The sequence as text.
     #[arg(long, group = "input")]
     text: Option<String>,
+    /// --text gets the special tokens the tokenizer adds to a text (transformers'
+    /// `tokenizer(text)`: a BOS for DeepSeek-R1-Distill's tokenizer, nothing for Qwen2.5's);
+    /// `false` for text a chat template rendered already.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    add_special_tokens: bool,
     /// The sequence as token ids, e.g. 4,283,230.
     #[arg(long, group = "input")]
     ids: Option<String>,
@@ -46,7 +51,14 @@ impl Job for LogprobsJob {
     fn run<B: Backend>(self, device: B::Device) -> Result<()> {
         let args = self.0;
         let (ids, input) = match (&args.text, &args.ids) {
-            (Some(text), None) => (Tokenizer::from_file(&args.model)?.encode(text)?, "--text"),
+            (Some(text), None) => {
+                let tokenizer = Tokenizer::from_file(&args.model)?;
+                let ids = match args.add_special_tokens {
+                    true => tokenizer.encode_adding_special_tokens(text)?,
+                    false => tokenizer.encode(text)?,
+                };
+                (ids, "--text")
+            }
             (None, Some(ids)) => (super::parse_ids(ids)?, "--ids"),
             _ => bail!("give one of --text or --ids"),
         };

@@ -104,6 +104,14 @@ impl Cli {
     }
 }
 
+/// Refuses an existing output file unless `--overwrite` was passed.
+pub(crate) fn refuse_existing(out: &std::path::Path, overwrite: bool) -> Result<()> {
+    if out.exists() && !overwrite {
+        anyhow::bail!("{} exists; pass --overwrite to replace it, or another --out", out.display());
+    }
+    Ok(())
+}
+
 /// Refuses an `--out` that is one of the command's `inputs` (or a file inside an input
 /// directory): the report would replace what the command reads.
 #[cfg(feature = "code")]

@@ -96,8 +96,22 @@ fn pass_chart(title: &str, series: &[Series], path: &Path) -> Result<()> {
     Ok(line_chart(&chart, path)?)
 }
 
+/// The subsets compared across models, each in `<block>_pass_at_k.svg`, and their labels.
+const COMPARISON_BLOCKS: [(&str, &str); 2] = [("id", "ID"), ("ood", "OOD")];
+
 fn eval(args: EvalPlotArgs) -> Result<()> {
     let models = load_models(&args.metrics)?;
+    // Two or more models also get one chart per compared subset: a model named after the subset
+    // would write its own chart to the same file.
+    if models.len() > 1
+        && let Some((model, (_, label))) = models.iter().find_map(|m| Some((m, COMPARISON_BLOCKS.iter().find(|(block, _)| *block == m.name)?)))
+    {
+        bail!(
+            "{}: a model named `{name}` would write {name}_pass_at_k.svg over the {label} comparison chart of the same name; rename its files ({name}_metrics.json, {name}/)",
+            args.metrics.join(format!("{}_metrics.json", model.name)).display(),
+            name = model.name,
+        );
+    }
     let out = args.out.unwrap_or_else(|| args.metrics.clone());
     let mut written = Vec::new();
     for model in &models {
@@ -137,7 +151,7 @@ fn eval(args: EvalPlotArgs) -> Result<()> {
         written.push(path);
     }
     if models.len() > 1 {
-        for (block, label) in [("id", "ID"), ("ood", "OOD")] {
+        for (block, label) in COMPARISON_BLOCKS {
             let series: Vec<Series> = models
                 .iter()
                 .map(|m| Series { label: m.name.clone(), points: pass_points(&m.metrics[block]["pass_at_k"]) })

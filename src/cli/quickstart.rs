@@ -89,7 +89,7 @@ impl TrainJob for QuickstartJob {
         for (split, per_op) in [(Split::Train, 2000), (Split::Val, 40), (Split::Test, 30)] {
             if !data.join(split.name()).is_dir() {
                 let bar = progress::with_eta((3 * per_op) as u64, "rows");
-                let report = write_split(&data, split, &[2, 3, 4], per_op, 1, || bar.inc(1))?;
+                let report = write_split(&data, split, &[2, 3, 4], per_op, 1, false, || bar.inc(1))?;
                 bar.finish_and_clear();
                 eprintln!("      {}: {} rows", split.name(), report.rows);
             }

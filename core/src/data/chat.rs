@@ -23,6 +23,8 @@ use super::sample::Sample;
 #[cfg(feature = "tasks")]
 use super::sft_source::{SftExample, SftSource, read_sft_rows};
 use crate::error::{Error, Result};
+#[cfg(feature = "tasks")]
+use crate::model::hf::CompanionEdits;
 use crate::tokenizer::Tokenizer;
 #[cfg(feature = "code")]
 use crate::tokenizer::chat_template::ChatTemplate;
@@ -139,7 +141,9 @@ impl SftColumns {
     }
 
     /// The conversation of one row, and how many of its leading turns are the prompt (context
-    /// only; see [`SftRow::prompt_turns`]).
+    /// only; see [`SftRow::prompt_turns`]). A string prompt or completion is one user or
+    /// assistant turn (TRL trains on string columns as plain text; kiln always renders a
+    /// conversation).
     pub fn conversation(&self, row: &Map<String, Value>) -> std::result::Result<(Vec<Message>, usize), String> {
         let column = |name: &str| match row.get(name) {
             None => Err(format!("no column {name:?}")),
@@ -284,6 +288,42 @@ impl ChatFormat {
             ))),
             _ => Ok(chatml()),
         }
+    }
+
+    /// What an SFT run's checkpoints change in the tokenizer files they copy, as TRL saves a
+    /// run with `chat_template_path`: a template named by `[data] chat_template` is written
+    /// into them (`"chatml"`: Qwen2.5's template, when rows get its default system prompt, the
+    /// same text; with another system prompt nothing), and a model directory's EOS token, where
+    /// it differs from the tokenizer's, becomes theirs (TRL's `clone_chat_template`: a base
+    /// model trained on an instruct template's turns then stops where they end). An EOS the
+    /// tokenizer lacks is an error (TRL adds it and resizes the embeddings; kiln does not).
+    #[cfg(feature = "tasks")]
+    #[cfg_attr(not(feature = "code"), allow(unused_variables))]
+    pub fn checkpoint_edits(choice: Option<&TemplateChoice>, system_prompt: Option<&str>, tokenizer: &Tokenizer) -> Result<CompanionEdits> {
+        let mut edits = CompanionEdits::default();
+        match choice {
+            None => {}
+            Some(TemplateChoice::ChatMl) if system_prompt.is_none() => edits.chat_template = Some(QWEN2_5_CHAT_TEMPLATE.to_owned()),
+            Some(TemplateChoice::ChatMl) => {}
+            #[cfg(not(feature = "code"))]
+            Some(TemplateChoice::Path(_)) => {}
+            #[cfg(feature = "code")]
+            Some(TemplateChoice::Path(path)) => {
+                let tokenizer_dir = tokenizer.path().parent().unwrap_or(Path::new("."));
+                let template = ChatTemplate::from_path(path, tokenizer_dir)?;
+                edits.chat_template = Some(template.source().to_owned());
+                if let Some(eos) = template.special_token("eos_token").filter(|eos| path.is_dir() && Some(*eos) != tokenizer.eos_token()) {
+                    let id = tokenizer.token_id(eos).ok_or_else(|| {
+                        Error::config(path.join("tokenizer_config.json"), format!(
+                            "eos_token {eos:?} (the template's, which a run trained on it ends turns with) is not in the tokenizer of {}; kiln does not add tokens (TRL's clone_chat_template resizes the embeddings)",
+                            tokenizer.path().display()
+                        ))
+                    })?;
+                    edits.eos = Some((eos.to_owned(), id));
+                }
+            }
+        }
+        Ok(edits)
     }
 
     /// What the run's data report names: `chatml` or the template's file.
@@ -661,5 +701,56 @@ mod tests {
         assert!(template_text(&[m("assistant", "b")], 0, &plain, Some("sys")).is_ok(), "a system prompt comes first");
         let err = ChatTemplate::from_path(&fixtures.join("qwen2_5/tokenizer_config.json"), dir.path()).unwrap_err().to_string();
         assert!(err.contains("a model directory or a .jinja file"), "{err}");
+    }
+
+    /// What an SFT run changes in its checkpoints' tokenizer files: nothing with the tokenizer's
+    /// own template; the named template; a model directory's EOS where it differs (TRL's
+    /// clone_chat_template), refused when the tokenizer lacks it; and the edits applied.
+    #[test]
+    fn checkpoints_carry_the_named_template_and_its_model_s_eos() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/code");
+        let dir = tempfile::tempdir().unwrap();
+        let tokenizer_dir = dir.path().join("base");
+        std::fs::create_dir_all(&tokenizer_dir).unwrap();
+        chatml_tokenizer().with_special_tokens("<|endoftext|>", "<|endoftext|>").unwrap().save(&tokenizer_dir).unwrap();
+        let tokenizer = Tokenizer::from_file(&tokenizer_dir).unwrap();
+        let instruct = fixtures.join("qwen2_5");
+        let qwen_template = ChatTemplate::from_model_dir(&instruct).unwrap().unwrap().source().to_owned();
+        let edits = |choice: Option<TemplateChoice>, system: Option<&str>| ChatFormat::checkpoint_edits(choice.as_ref(), system, &tokenizer);
+
+        assert!(edits(None, None).unwrap().is_empty());
+        let chatml = edits(Some(TemplateChoice::ChatMl), None).unwrap();
+        assert_eq!((chatml.chat_template.as_deref(), chatml.eos), (Some(QWEN2_5_CHAT_TEMPLATE), None));
+        assert!(edits(Some(TemplateChoice::ChatMl), Some("Be brief.")).unwrap().is_empty(), "ChatML with another system prompt is not Qwen2.5's template");
+        let jinja = fixtures.join("sft_templates/deepseek_r1_distill_training.jinja");
+        let file = edits(Some(TemplateChoice::Path(jinja.clone())), None).unwrap();
+        assert_eq!((file.chat_template, file.eos), (Some(std::fs::read_to_string(&jinja).unwrap()), None), "a file: the template as written, no EOS");
+        let cloned = edits(Some(TemplateChoice::Path(instruct.clone())), None).unwrap();
+        assert_eq!(cloned.chat_template.as_deref(), Some(qwen_template.as_str()));
+        assert_eq!(cloned.eos, Some(("<|im_end|>".to_owned(), tokenizer.token_id("<|im_end|>").unwrap())));
+
+        // Applied to a saved directory: the template file, the EOS everywhere it is named.
+        let saved = dir.path().join("saved");
+        std::fs::create_dir_all(&saved).unwrap();
+        for name in ["tokenizer.json", "special_tokens_map.json"] {
+            std::fs::copy(tokenizer_dir.join(name), saved.join(name)).unwrap();
+        }
+        std::fs::write(saved.join("tokenizer_config.json"), r#"{"chat_template": "old", "eos_token": {"content": "<|endoftext|>", "special": true}}"#).unwrap();
+        std::fs::write(saved.join("config.json"), r#"{"vocab_size": 400, "eos_token_id": 0}"#).unwrap();
+        cloned.apply(&saved).unwrap();
+        assert_eq!(ChatTemplate::from_model_dir(&saved).unwrap().unwrap().source(), qwen_template);
+        let config: Value = serde_json::from_str(&std::fs::read_to_string(saved.join("tokenizer_config.json")).unwrap()).unwrap();
+        assert_eq!(config, serde_json::json!({"eos_token": {"content": "<|im_end|>", "special": true}}));
+        assert_eq!(Tokenizer::from_file(&saved).unwrap().eos_token(), Some("<|im_end|>"));
+        let model: Value = serde_json::from_str(&std::fs::read_to_string(saved.join("config.json")).unwrap()).unwrap();
+        assert_eq!(model, serde_json::json!({"vocab_size": 400, "eos_token_id": tokenizer.token_id("<|im_end|>").unwrap()}));
+        assert!(!saved.join("generation_config.json").exists(), "only files the model has are changed");
+
+        // An EOS the tokenizer lacks (TRL would add it and resize the embeddings).
+        let foreign = dir.path().join("foreign");
+        std::fs::create_dir_all(&foreign).unwrap();
+        std::fs::write(foreign.join("tokenizer_config.json"), r#"{"chat_template": "{{ messages[0].content }}", "eos_token": "<|eot_id|>"}"#).unwrap();
+        let err = edits(Some(TemplateChoice::Path(foreign)), None).unwrap_err().to_string();
+        assert!(err.contains("foreign/tokenizer_config.json") && err.contains("\"<|eot_id|>\"") && err.contains("not in the tokenizer"), "{err}");
     }
 }

@@ -53,6 +53,19 @@ impl AtomicFile {
         self.write_str("\n")
     }
 
+    /// Whether a file already at the final name holds other bytes than those written so far
+    /// (false when there is none).
+    pub fn replaces_other_contents(&mut self) -> Result<bool> {
+        let writer = self.writer.as_mut().expect("writer present until commit");
+        writer.flush().map_err(|e| Error::io(&self.tmp, e))?;
+        if !self.path.exists() {
+            return Ok(false);
+        }
+        let old = std::fs::read(&self.path).map_err(|e| Error::io(&self.path, e))?;
+        let new = std::fs::read(&self.tmp).map_err(|e| Error::io(&self.tmp, e))?;
+        Ok(old != new)
+    }
+
     /// Flushes and moves the file to its final name.
     pub fn commit(mut self) -> Result<()> {
         let writer = self.writer.take().expect("writer present until commit");

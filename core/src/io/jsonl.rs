@@ -22,6 +22,27 @@ pub struct Record {
 /// Streams the objects of a JSONL file. Blank lines are skipped (as the reference's `load_jsonl`
 /// does); a line that is not a JSON object is an error naming the file and line.
 pub fn jsonl_records(path: &Path) -> Result<impl Iterator<Item = Result<Record>> + use<>> {
+    records(path, |_| {})
+}
+
+/// [`jsonl_records`] reported as a progress stage named `what`, over the file's megabytes (for
+/// files of millions of samples: scoring, metrics).
+pub fn jsonl_records_reported(path: &Path, what: &str) -> Result<impl Iterator<Item = Result<Record>> + use<>> {
+    const MB: u64 = 1 << 20;
+    let size = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
+    let stage = crate::progress::stage(what, size.div_ceil(MB), "MB");
+    let (mut read, mut shown) = (0u64, 0u64);
+    records(path, move |bytes| {
+        read += bytes as u64 + 1;
+        if read / MB != shown {
+            shown = read / MB;
+            stage.set_position(shown);
+        }
+    })
+}
+
+/// The records of `path`; `on_line` is given each line's length in bytes as it is read.
+fn records<F: FnMut(usize)>(path: &Path, mut on_line: F) -> Result<impl Iterator<Item = Result<Record>> + use<F>> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let path = path.to_path_buf();
     Ok(BufReader::new(file)
@@ -33,6 +54,7 @@ pub fn jsonl_records(path: &Path) -> Result<impl Iterator<Item = Result<Record>>
                 Ok(text) => text,
                 Err(e) => return Some(Err(Error::data(&path, Some(line_no), e.to_string()))),
             };
+            on_line(text.len());
             if text.trim().is_empty() {
                 return None;
             }

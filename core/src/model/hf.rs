@@ -39,6 +39,66 @@ pub const COMPANION_FILES: &[&str] = &[
     "chat_template.jinja",
 ];
 
+/// Changes a run makes to the companion files it saves with a model: the chat template it
+/// trained with and the EOS token that template ends turns with, as TRL's SFT saves them
+/// (`chat_template_path`; `clone_chat_template` also takes the template's model's EOS).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CompanionEdits {
+    /// Written as `chat_template.jinja` (and dropped from `tokenizer_config.json`, so that the
+    /// file is the one template).
+    pub chat_template: Option<String>,
+    /// The EOS token and its id: `tokenizer_config.json`'s and `special_tokens_map.json`'s
+    /// `eos_token`, `config.json`'s and `generation_config.json`'s `eos_token_id`.
+    pub eos: Option<(String, u32)>,
+}
+
+impl CompanionEdits {
+    /// Whether there is nothing to change.
+    pub fn is_empty(&self) -> bool {
+        self.chat_template.is_none() && self.eos.is_none()
+    }
+
+    /// Applies the edits to the model directory `dir` (its files written already).
+    pub fn apply(&self, dir: &Path) -> Result<()> {
+        use crate::io::pyjson::{Json, Style, parse};
+        type Fields = Vec<(String, Json)>;
+        let edit = |name: &str, change: &dyn Fn(&mut Fields)| -> Result<()> {
+            let path = dir.join(name);
+            if !path.is_file() {
+                return Ok(());
+            }
+            let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+            let Json::Object(mut pairs) = parse(&text).map_err(|e| Error::data(&path, None, e))? else {
+                return Err(Error::data(&path, None, "expected a JSON object"));
+            };
+            change(&mut pairs);
+            std::fs::write(&path, Json::Object(pairs).dumps(Style::INDENT2_UTF8) + "\n").map_err(|e| Error::io(&path, e))
+        };
+        let set = |pairs: &mut Fields, key: &str, value: Json| match pairs.iter_mut().find(|(k, _)| k == key) {
+            Some((_, old)) => *old = value,
+            None => pairs.push((key.to_owned(), value)),
+        };
+        if let Some(template) = &self.chat_template {
+            let path = dir.join("chat_template.jinja");
+            std::fs::write(&path, template).map_err(|e| Error::io(&path, e))?;
+            edit("tokenizer_config.json", &|pairs| pairs.retain(|(k, _)| k != "chat_template"))?;
+        }
+        if let Some((token, id)) = &self.eos {
+            // A token written as an added-token object keeps its form, with the new content.
+            let token_edit = |pairs: &mut Fields| match pairs.iter_mut().find(|(k, _)| k == "eos_token") {
+                Some((_, Json::Object(fields))) => set(fields, "content", Json::Str(token.clone())),
+                _ => set(pairs, "eos_token", Json::Str(token.clone())),
+            };
+            edit("tokenizer_config.json", &token_edit)?;
+            edit("special_tokens_map.json", &token_edit)?;
+            for name in ["config.json", "generation_config.json"] {
+                edit(name, &|pairs| set(pairs, "eos_token_id", Json::Int(i64::from(*id))))?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Floating-point format of saved tensors (the model's [`Dtype`]; the old name is kept).
 pub type SaveDtype = Dtype;
 

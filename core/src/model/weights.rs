@@ -43,6 +43,13 @@ pub struct TensorSpec {
     pub role: TensorRole,
 }
 
+impl TensorSpec {
+    /// The number of values (saturating).
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().fold(1u64, |n, &d| n.saturating_mul(d as u64))
+    }
+}
+
 /// One decoder layer's tensors: the name after `model.layers.{l}.`, the shape, the role.
 fn layer_tensors(config: &Qwen2Config) -> [(&'static str, Vec<usize>, TensorRole); 12] {
     let (h, i) = (config.hidden_size, config.intermediate_size);
@@ -178,13 +185,19 @@ struct Store<'s> {
     next: RefCell<usize>,
     waiting: RefCell<HashMap<usize, TensorData>>,
     taken: RefCell<Vec<bool>>,
+    /// Parameters read so far, reported (a 1.5B checkpoint takes seconds to load, more from a
+    /// network disk).
+    read: std::cell::Cell<u64>,
+    stage: crate::progress::Stage,
 }
 
 impl<'s> Store<'s> {
     fn new(specs: Vec<TensorSpec>, source: &'s mut dyn WeightSource, dtype: Option<DType>) -> Self {
         let index = specs.iter().enumerate().map(|(i, s)| (s.name.clone(), i)).collect();
         let taken = RefCell::new(vec![false; specs.len()]);
-        Self { specs, dtype, index, source: RefCell::new(source), next: RefCell::new(0), waiting: RefCell::default(), taken }
+        let total = specs.iter().fold(0u64, |n, s| n.saturating_add(s.numel()));
+        let stage = crate::progress::stage("model weights", total, "parameters");
+        Self { specs, dtype, index, source: RefCell::new(source), next: RefCell::new(0), waiting: RefCell::default(), taken, read: Default::default(), stage }
     }
 
     fn take(&self, name: &str) -> Result<TensorData> {
@@ -196,6 +209,8 @@ impl<'s> Store<'s> {
         while *next <= i {
             let data = self.source.borrow_mut().tensor(&self.specs[*next])?;
             self.waiting.borrow_mut().insert(*next, data);
+            self.read.set(self.read.get() + self.specs[*next].numel());
+            self.stage.set_position(self.read.get());
             *next += 1;
         }
         Ok(self.waiting.borrow_mut().remove(&i).expect("read above"))

@@ -106,7 +106,7 @@ fn data(plan: &Plan, on_event: &mut impl FnMut(Event)) -> Result<()> {
         on_event(Event::Split { command: &command, skipped: present });
         if !present {
             let (mut done, total) = (0, ops.len() * spec.per_op);
-            write_split(&data, split, &ops, spec.per_op, plan.seed, || {
+            write_split(&data, split, &ops, spec.per_op, plan.seed, false, || {
                 done += 1;
                 if done % 100 == 0 || done == total {
                     on_event(Event::SplitProgress { done, total });

@@ -61,7 +61,7 @@ pub fn run_replicated<B: AutodiffBackend>(
     on_record: impl FnMut(&Record),
 ) -> Result<RunSummary> {
     let family = format!("{method:?}");
-    launch::replicated::<B, _, _>(&family, config, devices, nodes, resume, on_data, on_record, |config, replica, device| {
+    launch::replicated::<B, _, _>(&family, config, &config.output, devices, nodes, resume, on_data, on_record, |config, replica, device| {
         prepare::<B>(config, method, replica, device)
     })
 }
@@ -110,7 +110,16 @@ fn prepare<'a, B: AutodiffBackend>(
             // The teacher scores whole rollouts: positions past its context have no rotary angle.
             // (Read from its config.json before its weights are loaded.)
             let teacher_config = teacher.path.join("config.json");
-            let context = Qwen2Config::from_file(&teacher_config)?.max_position_embeddings;
+            let teacher_model = Qwen2Config::from_file(&teacher_config)?;
+            // The student samples from all its vocab_size logits (padding rows included, as vLLM
+            // does); the teacher embeds and scores those ids.
+            if teacher_model.vocab_size < model_config.vocab_size {
+                return Err(Error::config(teacher_config, format!(
+                    "the teacher's vocab_size ({}) is smaller than the student's ({}): the student can sample ids the teacher has no embedding for",
+                    teacher_model.vocab_size, model_config.vocab_size
+                )));
+            }
+            let context = teacher_model.max_position_embeddings;
             let longest = data.max_prompt_length.saturating_add(settings.rollout.max_response_length).min(model_config.max_position_embeddings);
             if context < longest {
                 return Err(Error::config(teacher_config, format!(

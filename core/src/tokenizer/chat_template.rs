@@ -15,6 +15,7 @@
 //! [`crate::data::chat`]). Not supported: `strftime_now` (an error names it).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use minijinja::value::{Kwargs, Serde, Value, ValueKind};
 use minijinja::{Environment, ErrorKind};
@@ -24,21 +25,27 @@ use serde_json::Value as Json;
 use crate::error::{Error, Result};
 use crate::io::pyjson::float_repr;
 
-/// A model's chat template and the special tokens it may refer to.
+/// The name of the one template in a [`ChatTemplate`]'s environment.
+const NAME: &str = "chat_template";
+
+/// A model's chat template, parsed once, and the special tokens it may refer to.
 #[derive(Debug, Clone)]
 pub struct ChatTemplate {
     source: String,
     origin: PathBuf,
     special_tokens: Vec<(&'static str, String)>,
+    /// The environment holding the compiled template (shared by clones).
+    env: Arc<Environment<'static>>,
 }
 
 impl ChatTemplate {
     /// A template from its Jinja source; `origin` names it in errors. Fails if it does not parse.
     pub fn new(source: impl Into<String>, origin: impl Into<PathBuf>) -> Result<Self> {
-        let template = Self { source: plain_generation_blocks(&source.into()), origin: origin.into(), special_tokens: Vec::new() };
-        let env = template.environment();
-        env.template_from_str(&template.source).map_err(|e| template.error(e))?;
-        Ok(template)
+        let source = source.into();
+        let origin = origin.into();
+        let mut env = environment();
+        env.add_template_owned(NAME, plain_generation_blocks(&source)).map_err(|e| template_error(&origin, e))?;
+        Ok(Self { source, origin, special_tokens: Vec::new(), env: Arc::new(env) })
     }
 
     /// The template of a model directory, as transformers finds it: `chat_template.jinja` if
@@ -92,9 +99,15 @@ impl ChatTemplate {
         Ok(template)
     }
 
-    /// The Jinja source.
+    /// The Jinja source, as given.
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// The string of a special token the template sees (`bos_token`, `eos_token`, `pad_token`,
+    /// `unk_token`), as its `tokenizer_config.json` names it.
+    pub fn special_token(&self, key: &str) -> Option<&str> {
+        self.special_tokens.iter().find(|(k, _)| *k == key).map(|(_, t)| t.as_str())
     }
 
     /// The file the template was read from (or the name given to [`ChatTemplate::new`]).
@@ -110,8 +123,7 @@ impl ChatTemplate {
 
     /// [`render`](Self::render) with tool schemas (`tools=` of `apply_chat_template`).
     pub fn render_with_tools<M: Serialize>(&self, messages: &[M], tools: Option<&Json>, add_generation_prompt: bool) -> Result<String> {
-        let env = self.environment();
-        let template = env.template_from_str(&self.source).map_err(|e| self.error(e))?;
+        let template = self.env.get_template(NAME).map_err(|e| self.error(e))?;
         let mut context = std::collections::BTreeMap::new();
         context.insert("messages", Value::from(Serde(messages)));
         context.insert("add_generation_prompt", Value::from(add_generation_prompt));
@@ -124,29 +136,35 @@ impl ChatTemplate {
         template.render(Value::from(context)).map_err(|e| self.error(e))
     }
 
-    fn environment(&self) -> Environment<'static> {
-        let mut env = Environment::new();
-        let mut syntax = minijinja::syntax::SyntaxConfig::builder();
-        syntax.trim_blocks(true).lstrip_blocks(true);
-        env.set_syntax(syntax.build().expect("default delimiters"));
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_filter("tojson", tojson);
-        env.add_function("raise_exception", |message: String| -> std::result::Result<Value, minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
-        });
-        env.add_function("strftime_now", |_format: String| -> std::result::Result<Value, minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, "strftime_now is not supported by kiln's chat templates"))
-        });
-        env
-    }
-
     fn error(&self, e: minijinja::Error) -> Error {
-        let mut message = format!("chat template: {e}");
-        if let Some(line) = e.line() {
-            message.push_str(&format!(" (template line {line})"));
-        }
-        Error::Tokenizer { path: self.origin.clone(), message }
+        template_error(&self.origin, e)
     }
+}
+
+/// An environment set up as transformers' sandboxed Jinja environment (see the module docs).
+fn environment() -> Environment<'static> {
+    let mut env = Environment::new();
+    let mut syntax = minijinja::syntax::SyntaxConfig::builder();
+    syntax.trim_blocks(true).lstrip_blocks(true);
+    env.set_syntax(syntax.build().expect("default delimiters"));
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_filter("tojson", tojson);
+    env.add_function("raise_exception", |message: String| -> std::result::Result<Value, minijinja::Error> {
+        Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+    });
+    env.add_function("strftime_now", |_format: String| -> std::result::Result<Value, minijinja::Error> {
+        Err(minijinja::Error::new(ErrorKind::InvalidOperation, "strftime_now is not supported by kiln's chat templates"))
+    });
+    env
+}
+
+/// A template's parse or render error, naming the file it came from.
+fn template_error(origin: &Path, e: minijinja::Error) -> Error {
+    let mut message = format!("chat template: {e}");
+    if let Some(line) = e.line() {
+        message.push_str(&format!(" (template line {line})"));
+    }
+    Error::Tokenizer { path: origin.to_path_buf(), message }
 }
 
 /// `{% generation %}` … `{% endgeneration %}` (transformers' extension marking assistant text)
@@ -288,7 +306,7 @@ mod tests {
     #[test]
     fn tojson_writes_python_json_dumps() {
         let t = ChatTemplate::new("{{ x | tojson }}|{{ x | tojson(indent=2) }}", "t").unwrap();
-        let env = t.environment();
+        let env = environment();
         let x = serde_json::json!({"a": [1, 2.5, 1e-05, true, null], "b": "ü\"\n", "c": {}});
         let out = env.render_str(t.source(), minijinja::context! { x => Value::from(Serde(&x)) }).unwrap();
         // json.dumps(x, ensure_ascii=False) and json.dumps(x, ensure_ascii=False, indent=2)

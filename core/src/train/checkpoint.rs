@@ -64,19 +64,26 @@ pub fn metrics_name(run: Option<&str>) -> String {
     }
 }
 
-/// Writes a checkpoint of `model` and `optimizer` at `path` (atomically; `path` must not exist).
+/// Writes a checkpoint of `model` and `optimizer` at `path` (atomically; `path` must not exist),
+/// with the `companions` directory's tokenizer files, changed by `edits`.
 pub fn save<B: Backend, OB: Backend>(
     path: &Path,
     model: &Qwen2<B>,
     optimizer: &AdamW<OB>,
     state: &TrainerState,
     companions: Option<&Path>,
+    edits: &hf::CompanionEdits,
 ) -> Result<()> {
     // Weights computed after a device failure are not written.
     kiln_backends::device::check::<B>(&model.device())?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    // (a 1.5B model's weights and AdamW moments are ~18 GB: seconds to minutes)
+    let stage = crate::progress::stage(&format!("saving {name}: weights, optimizer state"), 2, "files");
     hf::write_atomically(path, |tmp| {
         // In the weights' own dtype (f32 masters, or bf16-pure's bf16): exact either way.
         hf::write_model_files(model, tmp, model.dtype(), companions)?;
+        edits.apply(tmp)?;
+        stage.set_position(1);
         let mut moments: Vec<(&String, &Moments<OB>)> = optimizer.moments.iter().collect();
         moments.sort_by_key(|(name, _)| name.as_str());
         let tensors = moments.into_iter().flat_map(|(name, m)| {

@@ -9,7 +9,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::objective::Objective;
-use super::trainer::{LoopConfig, Record, RunSummary, Start, train_replica};
+use super::config::OutputSection;
+use super::trainer::{LoopConfig, Record, RunSummary, Start, refuse_fresh_over_checkpoints, train_replica};
 use crate::dist::{self, NodeSpec, Replica};
 use crate::error::{Error, Result};
 use crate::model::Qwen2;
@@ -38,6 +39,7 @@ pub type Evaluate<'a, B> = Box<dyn FnMut(&Qwen2<<B as AutodiffBackend>::InnerBac
 pub fn replicated<B, O, C>(
     family: &str,
     config: &C,
+    output: &OutputSection,
     devices: &[B::Device],
     nodes: Option<&NodeSpec>,
     resume: bool,
@@ -50,6 +52,12 @@ where
     O: Objective<B>,
     C: Serialize + Sync,
 {
+    // A fresh run into a directory that holds checkpoints is refused before the replicas prepare
+    // (tokenizing data, loading the reference and teacher can take minutes); `Start::new` checks
+    // again once it holds the directory's lock.
+    if !resume && nodes.is_none_or(|n| n.node_rank == 0) {
+        refuse_fresh_over_checkpoints(&output.dir, output.save_policy().run_name.as_deref())?;
+    }
     let text = serde_json::to_string(config).map_err(|e| Error::InvalidInput(e.to_string()))?;
     let fingerprint = dist::fingerprint(&[family, &text, &devices.len().to_string(), &resume.to_string()]);
     let mut on_data = Some(on_data);

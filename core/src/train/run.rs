@@ -181,7 +181,7 @@ pub fn run_replicated<B: AutodiffBackend>(
     on_data: impl FnOnce(&Value),
     on_record: impl FnMut(&Record),
 ) -> Result<RunSummary> {
-    launch::replicated::<B, _, _>("next-token", config, devices, nodes, resume, on_data, on_record, prepare::<B>)
+    launch::replicated::<B, _, _>("next-token", config, &config.output, devices, nodes, resume, on_data, on_record, prepare::<B>)
 }
 
 /// One replica of a pre-training or SFT run: its data, objective and held-out evaluation.
@@ -215,6 +215,9 @@ fn prepare<'a, B: AutodiffBackend>(config: &'a RunConfig, replica: &Replica, dev
         recorded_config(config, &data_report, samples.len()),
     )
     .map_err(Error::InvalidInput)?;
+    if let DataSection::Sft(sft) = &config.data {
+        loop_config.companion_edits = ChatFormat::checkpoint_edits(sft.chat_template.as_ref(), sft.system_prompt.as_deref(), &tokenizer)?;
+    }
     loop_config.eval_steps = config.eval.steps.clone();
     loop_config.precision = t.precision;
     loop_config.shard_optimizer = t.shard_optimizer;
@@ -278,6 +281,7 @@ pub fn loop_config(
         eval_steps: Vec::new(),
         time_budget: output.time_budget()?,
         companions,
+        companion_edits: Default::default(),
         run_config,
         allow_config_change: output.allow_config_change,
         precision: Default::default(),

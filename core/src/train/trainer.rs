@@ -91,6 +91,8 @@ pub struct LoopConfig {
     pub time_budget: Option<Duration>,
     /// Tokenizer files copied into every checkpoint.
     pub companions: Option<PathBuf>,
+    /// Changes to those files: the chat template an SFT run trained with, and its EOS.
+    pub companion_edits: crate::model::hf::CompanionEdits,
     /// The run's configuration, recorded in every checkpoint.
     pub run_config: Value,
     /// Whether `--resume` may continue under settings that differ from the checkpoint's run
@@ -130,6 +132,7 @@ impl LoopConfig {
             eval_steps: Vec::new(),
             time_budget: None,
             companions: None,
+            companion_edits: Default::default(),
             run_config: Value::Null,
             allow_config_change: false,
             precision: Precision::default(),
@@ -216,11 +219,7 @@ impl<B: AutodiffBackend> Start<B> {
                 // None loads: the newest one's error.
                 Err(broken.swap_remove(0).1)
             }
-            Some((_, path)) => Err(Error::InvalidInput(format!(
-                "{} already holds checkpoints (latest {}); pass --resume to continue it or choose another output directory",
-                config.out_dir.display(),
-                path.display()
-            ))),
+            Some(_) => Err(fresh_over_checkpoints(&config.out_dir, &checkpoints)),
             None => {
                 if resume {
                     // (HF's Trainer refuses here; kiln's release reruns every stage with --resume.)
@@ -238,6 +237,26 @@ impl<B: AutodiffBackend> Start<B> {
         let precision = config.precision;
         precision.check::<B>(device)?;
         Ok(Self { model: precision.prepare(fresh()?), optimizer: AdamW::new(config.optimizer), step: 0, loss_scale: precision.loss_scale() })
+    }
+}
+
+/// The refusal of a fresh run (no `--resume`) into `out_dir`, which holds `checkpoints` (newest
+/// first, as [`checkpoint::all_named`] lists them).
+fn fresh_over_checkpoints(out_dir: &Path, checkpoints: &[(u64, PathBuf)]) -> Error {
+    Error::InvalidInput(format!(
+        "{} already holds checkpoints (latest {}); pass --resume to continue it or choose another output directory",
+        out_dir.display(),
+        checkpoints.first().map(|c| c.1.display().to_string()).unwrap_or_default()
+    ))
+}
+
+/// Refuses a fresh run (no `--resume`) into `out_dir` when it holds checkpoints of run
+/// `run_name`, as [`Start::new`] does; for a check before the run's data and models load.
+pub fn refuse_fresh_over_checkpoints(out_dir: &Path, run_name: Option<&str>) -> Result<()> {
+    let checkpoints = checkpoint::all_named(out_dir, run_name)?;
+    match checkpoints.is_empty() {
+        true => Ok(()),
+        false => Err(fresh_over_checkpoints(out_dir, &checkpoints)),
     }
 }
 
@@ -527,7 +546,7 @@ where
                 log.sync()?;
             }
             let path = config.out_dir.join(checkpoint::checkpoint_name(config.save.run_name.as_deref(), step));
-            checkpoint::save(&path, &model, &optimizer, &state, config.companions.as_deref())?;
+            checkpoint::save(&path, &model, &optimizer, &state, config.companions.as_deref(), &config.companion_edits)?;
             summary.checkpoints.push(path);
         }
         if saving {

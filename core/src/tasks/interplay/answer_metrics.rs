@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use crate::metrics::exact::int_ratio_to_f64;
-use crate::io::jsonl_records;
+use crate::io::jsonl_records_reported;
 use crate::io::python::py_str;
 use crate::metrics::passk::pass_series;
 use crate::io::pyjson::Json;
@@ -42,7 +42,8 @@ pub struct Sample {
 /// naming file and line.
 pub fn read_samples(path: &Path) -> Result<Vec<Sample>> {
     let mut samples = Vec::new();
-    for record in jsonl_records(path)? {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    for record in jsonl_records_reported(path, &format!("reading {name}"))? {
         let record = record?;
         samples.push(Sample {
             op: record

@@ -249,13 +249,16 @@ pub struct SplitReport {
 /// Generates `per_op` rows for every op of `ops` and writes the split under `dir`. The files
 /// appear only once every op is done. Ops are generated side by side on the machine's cores
 /// (each op has its own random streams, so its file is the same however many run at once);
-/// `on_row` is called on this thread after each row.
+/// `on_row` is called on this thread after each row. A file already there with other rows (from
+/// another seed, or another split's rows taken since) is an error and nothing is written, unless
+/// `replace`.
 pub fn write_split(
     dir: &Path,
     split: Split,
     ops: &[u32],
     per_op: usize,
     seed: u64,
+    replace: bool,
     mut on_row: impl FnMut(),
 ) -> Result<SplitReport> {
     let taken = Seen::load(dir, split)?;
@@ -295,12 +298,26 @@ pub fn write_split(
         rows: 0,
         attempts: 0,
     };
+    let mut differing = Vec::new();
     for (i, file) in written {
-        let (file, attempts) = file?;
+        let (mut file, attempts) = file?;
+        let path = split.path(dir, ops[i], per_op);
+        if !replace && file.replaces_other_contents()? {
+            differing.push(path.clone());
+        }
         pending.push(file);
-        report.files.push(split.path(dir, ops[i], per_op));
+        report.files.push(path);
         report.rows += per_op;
         report.attempts += attempts;
+    }
+    if let Some(first) = differing.first() {
+        return Err(Error::InvalidInput(format!(
+            "{} already exists with other rows ({} of the split's {} files differ: another seed, or other splits' rows since); \
+             not replacing a split that results may have been computed on: `kiln data interplay --overwrite` replaces it; or write to another directory",
+            first.display(),
+            differing.len(),
+            pending.len()
+        )));
     }
     for file in pending {
         file.commit()?;
@@ -342,14 +359,14 @@ mod tests {
     #[test]
     fn splits_are_deterministic_and_disjoint() {
         let dir = tempfile::tempdir().unwrap();
-        let test = write_split(dir.path(), Split::Test, &[2, 3], 6, 5, || {}).unwrap();
+        let test = write_split(dir.path(), Split::Test, &[2, 3], 6, 5, false, || {}).unwrap();
         assert_eq!(test.rows, 12);
         let first = std::fs::read_to_string(&test.files[0]).unwrap();
-        let again = write_split(dir.path(), Split::Test, &[2, 3], 6, 5, || {}).unwrap();
+        let again = write_split(dir.path(), Split::Test, &[2, 3], 6, 5, false, || {}).unwrap();
         assert_eq!(std::fs::read_to_string(&again.files[0]).unwrap(), first);
 
         // Same seed for another split: different streams, and nothing of `test` repeats.
-        let val = write_split(dir.path(), Split::Val, &[2], 30, 5, || {}).unwrap();
+        let val = write_split(dir.path(), Split::Val, &[2], 30, 5, false, || {}).unwrap();
         let seen = Seen::load(dir.path(), Split::Val).unwrap();
         assert_eq!(seen.len(), 12);
         for record in jsonl_records(&val.files[0]).unwrap() {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::io::python::{py_int, py_path, py_str};
-use crate::io::{AtomicFile, jsonl_records};
+use crate::io::{AtomicFile, jsonl_records_reported};
 use super::gold::{GoldIndex, passthrough};
 use super::graph::parse;
 use crate::io::pyjson::{Json, Style};
@@ -82,7 +82,8 @@ pub fn score_file(
     let mut blocks: HashMap<String, Block> = HashMap::new();
     let mut used = HashSet::new();
 
-    for record in jsonl_records(generations)? {
+    let name = generations.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    for record in jsonl_records_reported(generations, &format!("scoring {name}"))? {
         let record = record?;
         let fields = &record.fields;
         report.counters.add("total", 1);
