@@ -437,6 +437,13 @@ fn trl_sft_config_with_packing_is_imported() {
     let Effective::NextToken(named) = &with_template.config else { panic!() };
     let DataSection::Sft(named) = &named.data else { panic!() };
     assert_eq!(named.chat_template, Some(TemplateChoice::Path("templates/r1.jinja".into())));
+    assert_eq!(data.eos_token, None);
+    // eos_token: the EOS the checkpoints are saved with (it was ignored as irrelevant).
+    let with_eos = [overrides[0].clone(), overrides[1].clone(), "eos_token=<|im_end|>".into()];
+    let with_eos = config_import::trl::import(&path, &text, &with_eos, None).unwrap();
+    let Effective::NextToken(with_eos) = &with_eos.config else { panic!() };
+    let DataSection::Sft(with_eos) = &with_eos.data else { panic!() };
+    assert_eq!(with_eos.eos_token.as_deref(), Some("<|im_end|>"));
 
     // Written and read back through `kiln config show`: the same run.
     let tmp = tempfile::tempdir().unwrap();

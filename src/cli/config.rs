@@ -166,7 +166,9 @@ fn upgrade(file: &Path, in_place: bool, out: Option<&Path>, kind: Option<RunKind
                 bail!("{}: {} exists; move it away first (an upgrade in place keeps the original there)", file.display(), backup.display());
             }
             std::fs::copy(file, &backup).with_context(|| format!("{}", backup.display()))?;
-            kiln::io::write_atomic(file, &upgraded.text)?;
+            // (through a link: the file it names is upgraded, the link kept)
+            let target = std::fs::canonicalize(file).with_context(|| format!("{}", file.display()))?;
+            kiln::io::write_atomic(&target, &upgraded.text)?;
             eprintln!("{}: upgraded (kiln {}); the original is {}", file.display(), upgraded.kind.name(), backup.display());
         }
         (false, Some(out)) => {

@@ -50,6 +50,7 @@ pub const MAPPING: &[(&str, &str)] = &[
     ("packing (packing_strategy bfd)", "[data] neat_packing, cutoff_len = max_length; [train] padding_free"),
     ("padding_free (sft)", "[train] padding_free"),
     ("chat_template_path (sft)", "[data] chat_template"),
+    ("eos_token (sft)", "[data] eos_token"),
 ];
 
 /// TRL 1.16.0's defaults (`GRPOConfig`, `SFTConfig`, transformers' `TrainingArguments`) of the
@@ -105,7 +106,7 @@ pub const TRL_DEFAULTS: &[(&str, &str)] = &[
 /// GRPO keys: a file with any of them is a GRPOConfig (`loss_type` is in both).
 const GRPO_KEYS: &[&str] = &["num_generations", "beta", "epsilon", "epsilon_high", "max_completion_length", "scale_rewards", "temperature", "importance_sampling_level", "num_iterations", "generation_batch_size", "steps_per_generation", "delta"];
 /// SFT keys.
-const SFT_KEYS: &[&str] = &["max_length", "packing", "completion_only_loss", "assistant_only_loss", "dataset_text_field", "packing_strategy", "padding_free", "chat_template_path"];
+const SFT_KEYS: &[&str] = &["max_length", "packing", "completion_only_loss", "assistant_only_loss", "dataset_text_field", "packing_strategy", "padding_free", "chat_template_path", "eos_token"];
 
 /// Keys whose values change the training and that kiln runs only at these values.
 const REFUSED: &Refusals = &[
@@ -136,7 +137,7 @@ const IRRELEVANT: &[&str] = &[
     "dataset_num_proc", "num_generations_eval", "router_aux_loss_coef", "use_bias_correction_kl", "max_tool_calling_iterations",
     "use_transformers_continuous_batching", "transformers_continuous_batching_config", "use_transformers_paged", "eval_strategy",
     "eval_steps", "dataset_config", "dataset_train_split", "dataset_test_split", "dataset_text_field", "eval_packing",
-    "dataset_kwargs", "eos_token", "pad_token", "activation_offloading", "torch_dtype",
+    "dataset_kwargs", "pad_token", "activation_offloading", "torch_dtype",
     "dtype", "attn_implementation", "use_peft", "vllm_mode", "vllm_model_impl", "vllm_enable_sleep_mode", "vllm_server_base_url",
     "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_group_port", "vllm_gpu_memory_utilization",
     "vllm_max_model_length", "vllm_tensor_parallel_size", "vllm_structured_outputs_regex", "sapo_temperature_neg",
@@ -315,6 +316,11 @@ pub fn import(path: &Path, text: &str, overrides: &[String], kind: Option<RunKin
         // (TRL renders with the tokenizer's own template unless this names another; so does kiln.)
         if let Some(template) = c.text("chat_template_path") {
             c.carry("chat_template_path", "data.chat_template", template);
+        }
+        // (the EOS the model is saved with; rows are always rendered as conversations, so it
+        // is not appended to text as TRL appends it to non-conversational rows)
+        if let Some(eos) = c.text("eos_token") {
+            c.carry("eos_token", "data.eos_token", eos);
         }
         // SFTConfig's loss_type (TRL_DEFAULTS holds GRPOConfig's): nll, or chunked_nll, the same
         // loss computed in chunks, as kiln's is.

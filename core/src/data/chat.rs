@@ -290,37 +290,54 @@ impl ChatFormat {
         }
     }
 
-    /// What an SFT run's checkpoints change in the tokenizer files they copy, as TRL saves a
-    /// run with `chat_template_path`: a template named by `[data] chat_template` is written
-    /// into them (`"chatml"`: Qwen2.5's template, when rows get its default system prompt, the
-    /// same text; with another system prompt nothing), and a model directory's EOS token, where
-    /// it differs from the tokenizer's, becomes theirs (TRL's `clone_chat_template`: a base
-    /// model trained on an instruct template's turns then stops where they end). An EOS the
-    /// tokenizer lacks is an error (TRL adds it and resizes the embeddings; kiln does not).
+    /// What an SFT run rendering its rows in this format changes in the tokenizer files its
+    /// checkpoints copy, as TRL saves a run: the template the rows were rendered with, where it
+    /// is not the tokenizer's own (`chat_template.jinja`; ChatML's is Qwen2.5's template; a
+    /// `system_prompt` is not part of it, as TRL has none: pass it as a system message); with
+    /// `[data] chat_template` naming a model directory whose EOS differs from the tokenizer's,
+    /// that EOS (TRL's `clone_chat_template`: a base model trained on an instruct template's
+    /// turns then stops where they end); else `eos_token` (`[data] eos_token`, TRL's SFTConfig
+    /// `eos_token`), keeping the generation config's other EOS ids after it, as TRL does. An
+    /// EOS the tokenizer lacks is an error (TRL adds a template's and resizes the embeddings;
+    /// kiln does not).
     #[cfg(feature = "tasks")]
     #[cfg_attr(not(feature = "code"), allow(unused_variables))]
-    pub fn checkpoint_edits(choice: Option<&TemplateChoice>, system_prompt: Option<&str>, tokenizer: &Tokenizer) -> Result<CompanionEdits> {
+    pub fn checkpoint_edits(&self, choice: Option<&TemplateChoice>, eos_token: Option<&str>, tokenizer: &Tokenizer) -> Result<CompanionEdits> {
         let mut edits = CompanionEdits::default();
-        match choice {
-            None => {}
-            Some(TemplateChoice::ChatMl) if system_prompt.is_none() => edits.chat_template = Some(QWEN2_5_CHAT_TEMPLATE.to_owned()),
-            Some(TemplateChoice::ChatMl) => {}
-            #[cfg(not(feature = "code"))]
-            Some(TemplateChoice::Path(_)) => {}
+        if let Some(eos) = eos_token {
+            let id = tokenizer.token_id(eos).ok_or_else(|| {
+                Error::InvalidInput(format!("[data] eos_token {eos:?} is not in the tokenizer of {} (as TRL refuses it)", tokenizer.path().display()))
+            })?;
+            if Some(eos) != tokenizer.eos_token() {
+                (edits.eos, edits.keep_generation_eos) = (Some((eos.to_owned(), id)), true);
+            }
+        }
+        let trained = match self {
+            ChatFormat::ChatMl { .. } => QWEN2_5_CHAT_TEMPLATE,
             #[cfg(feature = "code")]
-            Some(TemplateChoice::Path(path)) => {
-                let tokenizer_dir = tokenizer.path().parent().unwrap_or(Path::new("."));
-                let template = ChatTemplate::from_path(path, tokenizer_dir)?;
-                edits.chat_template = Some(template.source().to_owned());
-                if let Some(eos) = template.special_token("eos_token").filter(|eos| path.is_dir() && Some(*eos) != tokenizer.eos_token()) {
-                    let id = tokenizer.token_id(eos).ok_or_else(|| {
-                        Error::config(path.join("tokenizer_config.json"), format!(
-                            "eos_token {eos:?} (the template's, which a run trained on it ends turns with) is not in the tokenizer of {}; kiln does not add tokens (TRL's clone_chat_template resizes the embeddings)",
-                            tokenizer.path().display()
-                        ))
-                    })?;
-                    edits.eos = Some((eos.to_owned(), id));
-                }
+            ChatFormat::Template { template, .. } => template.source(),
+        };
+        #[cfg(feature = "code")]
+        let own = tokenizer.chat_template()?.map(|t| t.source().to_owned());
+        #[cfg(not(feature = "code"))]
+        let own = choice.is_none().then(|| trained.to_owned());
+        if own.as_deref() != Some(trained) {
+            edits.chat_template = Some(trained.to_owned());
+        }
+        #[cfg(feature = "code")]
+        if let Some(TemplateChoice::Path(dir)) = choice
+            && dir.is_dir()
+        {
+            let tokenizer_dir = tokenizer.path().parent().unwrap_or(Path::new("."));
+            let template = ChatTemplate::from_path(dir, tokenizer_dir)?;
+            if let Some(eos) = template.special_token("eos_token").filter(|eos| Some(*eos) != tokenizer.eos_token()) {
+                let id = tokenizer.token_id(eos).ok_or_else(|| {
+                    Error::config(dir.join("tokenizer_config.json"), format!(
+                        "eos_token {eos:?} (the template's, which a run trained on it ends turns with) is not in the tokenizer of {}; kiln does not add tokens (TRL's clone_chat_template resizes the embeddings)",
+                        tokenizer.path().display()
+                    ))
+                })?;
+                (edits.eos, edits.keep_generation_eos) = (Some((eos.to_owned(), id)), false);
             }
         }
         Ok(edits)
@@ -703,48 +720,90 @@ mod tests {
         assert!(err.contains("a model directory or a .jinja file"), "{err}");
     }
 
-    /// What an SFT run changes in its checkpoints' tokenizer files: nothing with the tokenizer's
-    /// own template; the named template; a model directory's EOS where it differs (TRL's
-    /// clone_chat_template), refused when the tokenizer lacks it; and the edits applied.
+    /// What an SFT run changes in its checkpoints' tokenizer files: the template its rows were
+    /// rendered with where it is not the tokenizer's own; a model directory's EOS where it
+    /// differs (TRL's clone_chat_template), refused when the tokenizer lacks it; `[data]
+    /// eos_token`; and the edits applied.
     #[test]
-    fn checkpoints_carry_the_named_template_and_its_model_s_eos() {
+    fn checkpoints_carry_the_template_they_trained_with_and_its_eos() {
         let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/code");
         let dir = tempfile::tempdir().unwrap();
-        let tokenizer_dir = dir.path().join("base");
-        std::fs::create_dir_all(&tokenizer_dir).unwrap();
-        chatml_tokenizer().with_special_tokens("<|endoftext|>", "<|endoftext|>").unwrap().save(&tokenizer_dir).unwrap();
-        let tokenizer = Tokenizer::from_file(&tokenizer_dir).unwrap();
+        let base = dir.path().join("base");
+        std::fs::create_dir_all(&base).unwrap();
+        chatml_tokenizer().with_special_tokens("<|endoftext|>", "<|endoftext|>").unwrap().save(&base).unwrap();
+        // The same tokenizer with a template of its own (R1-Distill's training variant).
+        let r1 = dir.path().join("r1");
+        std::fs::create_dir_all(&r1).unwrap();
+        let r1_source = std::fs::read_to_string(fixtures.join("sft_templates/deepseek_r1_distill_training.jinja")).unwrap();
+        for name in ["tokenizer.json", "special_tokens_map.json"] {
+            std::fs::copy(base.join(name), r1.join(name)).unwrap();
+        }
+        std::fs::write(r1.join("chat_template.jinja"), &r1_source).unwrap();
+        let (tokenizer, r1_tokenizer) = (Tokenizer::from_file(&base).unwrap(), Tokenizer::from_file(&r1).unwrap());
+        let im_end = tokenizer.token_id("<|im_end|>").unwrap();
         let instruct = fixtures.join("qwen2_5");
-        let qwen_template = ChatTemplate::from_model_dir(&instruct).unwrap().unwrap().source().to_owned();
-        let edits = |choice: Option<TemplateChoice>, system: Option<&str>| ChatFormat::checkpoint_edits(choice.as_ref(), system, &tokenizer);
+        let edits_for = |tokenizer: &Tokenizer, choice: Option<TemplateChoice>, system: Option<&str>, eos: Option<&str>| {
+            ChatFormat::resolve(choice.as_ref(), system, tokenizer)?.checkpoint_edits(choice.as_ref(), eos, tokenizer)
+        };
+        let edits = |choice: Option<TemplateChoice>, system: Option<&str>| edits_for(&tokenizer, choice, system, None);
 
-        assert!(edits(None, None).unwrap().is_empty());
-        let chatml = edits(Some(TemplateChoice::ChatMl), None).unwrap();
-        assert_eq!((chatml.chat_template.as_deref(), chatml.eos), (Some(QWEN2_5_CHAT_TEMPLATE), None));
-        assert!(edits(Some(TemplateChoice::ChatMl), Some("Be brief.")).unwrap().is_empty(), "ChatML with another system prompt is not Qwen2.5's template");
+        // A tokenizer without a template trains in ChatML: Qwen2.5's template is saved, whatever
+        // the system prompt (not part of a template).
+        for (choice, system) in [(None, None), (Some(TemplateChoice::ChatMl), None), (Some(TemplateChoice::ChatMl), Some("Be brief.")), (Some(TemplateChoice::Path(instruct.clone())), Some(""))] {
+            let e = edits(choice.clone(), system).unwrap();
+            assert_eq!(e.chat_template.as_deref(), Some(QWEN2_5_CHAT_TEMPLATE), "{choice:?} {system:?}");
+        }
+        // The tokenizer's own template: nothing to save; another: saved as written, no EOS from a file.
+        assert!(edits_for(&r1_tokenizer, None, None, None).unwrap().is_empty());
+        assert_eq!(edits_for(&r1_tokenizer, Some(TemplateChoice::ChatMl), None, None).unwrap().chat_template.as_deref(), Some(QWEN2_5_CHAT_TEMPLATE));
         let jinja = fixtures.join("sft_templates/deepseek_r1_distill_training.jinja");
         let file = edits(Some(TemplateChoice::Path(jinja.clone())), None).unwrap();
-        assert_eq!((file.chat_template, file.eos), (Some(std::fs::read_to_string(&jinja).unwrap()), None), "a file: the template as written, no EOS");
+        assert_eq!((file.chat_template, file.eos), (Some(r1_source.clone()), None), "a file: the template as written, no EOS");
+        // A model directory: its template and its EOS (clone_chat_template).
         let cloned = edits(Some(TemplateChoice::Path(instruct.clone())), None).unwrap();
-        assert_eq!(cloned.chat_template.as_deref(), Some(qwen_template.as_str()));
-        assert_eq!(cloned.eos, Some(("<|im_end|>".to_owned(), tokenizer.token_id("<|im_end|>").unwrap())));
+        assert_eq!(cloned.chat_template.as_deref(), Some(QWEN2_5_CHAT_TEMPLATE));
+        assert_eq!((cloned.eos.clone(), cloned.keep_generation_eos), (Some(("<|im_end|>".to_owned(), im_end)), false));
 
-        // Applied to a saved directory: the template file, the EOS everywhere it is named.
+        // Applied to a saved directory: the template file, the EOS everywhere it is named, other
+        // fields kept (an integer past 2^64, as transformers writes model_max_length, included).
         let saved = dir.path().join("saved");
         std::fs::create_dir_all(&saved).unwrap();
         for name in ["tokenizer.json", "special_tokens_map.json"] {
-            std::fs::copy(tokenizer_dir.join(name), saved.join(name)).unwrap();
+            std::fs::copy(base.join(name), saved.join(name)).unwrap();
         }
-        std::fs::write(saved.join("tokenizer_config.json"), r#"{"chat_template": "old", "eos_token": {"content": "<|endoftext|>", "special": true}}"#).unwrap();
+        std::fs::write(
+            saved.join("tokenizer_config.json"),
+            r#"{"chat_template": "old", "eos_token": {"content": "<|endoftext|>", "special": true}, "model_max_length": 1000000000000000019884624838656}"#,
+        )
+        .unwrap();
         std::fs::write(saved.join("config.json"), r#"{"vocab_size": 400, "eos_token_id": 0}"#).unwrap();
+        cloned.check(&saved).unwrap();
         cloned.apply(&saved).unwrap();
-        assert_eq!(ChatTemplate::from_model_dir(&saved).unwrap().unwrap().source(), qwen_template);
+        assert_eq!(ChatTemplate::from_model_dir(&saved).unwrap().unwrap().source(), QWEN2_5_CHAT_TEMPLATE);
         let config: Value = serde_json::from_str(&std::fs::read_to_string(saved.join("tokenizer_config.json")).unwrap()).unwrap();
-        assert_eq!(config, serde_json::json!({"eos_token": {"content": "<|im_end|>", "special": true}}));
+        assert_eq!(config["eos_token"], serde_json::json!({"content": "<|im_end|>", "special": true}));
+        assert!(config.get("chat_template").is_none() && config["model_max_length"].as_f64() == Some(1e30), "{config}");
         assert_eq!(Tokenizer::from_file(&saved).unwrap().eos_token(), Some("<|im_end|>"));
         let model: Value = serde_json::from_str(&std::fs::read_to_string(saved.join("config.json")).unwrap()).unwrap();
-        assert_eq!(model, serde_json::json!({"vocab_size": 400, "eos_token_id": tokenizer.token_id("<|im_end|>").unwrap()}));
+        assert_eq!(model, serde_json::json!({"vocab_size": 400, "eos_token_id": im_end}));
         assert!(!saved.join("generation_config.json").exists(), "only files the model has are changed");
+
+        // `[data] eos_token` (TRL's eos_token): the generation config's other EOS ids kept after
+        // it; the template's model directory wins over it, as clone_chat_template runs after.
+        let eos_only = edits_for(&tokenizer, None, None, Some("<|im_end|>")).unwrap();
+        assert_eq!((eos_only.eos.clone(), eos_only.keep_generation_eos), (Some(("<|im_end|>".to_owned(), im_end)), true));
+        assert!(edits_for(&tokenizer, None, None, Some("<|endoftext|>")).unwrap().eos.is_none(), "the tokenizer's own EOS");
+        let both = edits_for(&tokenizer, Some(TemplateChoice::Path(instruct.clone())), None, Some("<|im_start|>")).unwrap();
+        assert_eq!((both.eos, both.keep_generation_eos), (Some(("<|im_end|>".to_owned(), im_end)), false));
+        let err = edits_for(&tokenizer, None, None, Some("<|nope|>")).unwrap_err().to_string();
+        assert!(err.contains("[data] eos_token \"<|nope|>\" is not in the tokenizer"), "{err}");
+        std::fs::write(saved.join("generation_config.json"), r#"{"eos_token_id": 0, "do_sample": true}"#).unwrap();
+        eos_only.apply(&saved).unwrap();
+        let generation: Value = serde_json::from_str(&std::fs::read_to_string(saved.join("generation_config.json")).unwrap()).unwrap();
+        assert_eq!(generation, serde_json::json!({"eos_token_id": [im_end, 0], "do_sample": true}));
+        cloned.apply(&saved).unwrap();
+        let generation: Value = serde_json::from_str(&std::fs::read_to_string(saved.join("generation_config.json")).unwrap()).unwrap();
+        assert_eq!(generation["eos_token_id"], serde_json::json!(im_end), "clone_chat_template sets the one id");
 
         // An EOS the tokenizer lacks (TRL would add it and resize the embeddings).
         let foreign = dir.path().join("foreign");
@@ -752,5 +811,8 @@ mod tests {
         std::fs::write(foreign.join("tokenizer_config.json"), r#"{"chat_template": "{{ messages[0].content }}", "eos_token": "<|eot_id|>"}"#).unwrap();
         let err = edits(Some(TemplateChoice::Path(foreign)), None).unwrap_err().to_string();
         assert!(err.contains("foreign/tokenizer_config.json") && err.contains("\"<|eot_id|>\"") && err.contains("not in the tokenizer"), "{err}");
+        // A file the edits cannot read is found by the check, before a run trains.
+        std::fs::write(saved.join("special_tokens_map.json"), "{not json").unwrap();
+        assert!(cloned.check(&saved).unwrap_err().to_string().contains("special_tokens_map.json"));
     }
 }

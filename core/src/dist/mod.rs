@@ -594,7 +594,8 @@ pub fn launch<D: Sync, T: Send>(
             .map(|local| {
                 let (replica, device, other, failed) = (replica(local), &devices[local], &other, &failed);
                 s.spawn(move || {
-                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| other(replica, device)))
+                    // (The first replica reports the stages all of them go through.)
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| crate::progress::silenced(|| other(replica, device))))
                         .unwrap_or_else(|payload| Err(replica_panic(local, payload)));
                     if let Err(e) = &result {
                         failed(local, e);

@@ -50,52 +50,87 @@ pub struct CompanionEdits {
     /// The EOS token and its id: `tokenizer_config.json`'s and `special_tokens_map.json`'s
     /// `eos_token`, `config.json`'s and `generation_config.json`'s `eos_token_id`.
     pub eos: Option<(String, u32)>,
+    /// Keep `generation_config.json`'s other EOS ids after the new one (TRL's `eos_token`;
+    /// `clone_chat_template` replaces them).
+    pub keep_generation_eos: bool,
 }
 
 impl CompanionEdits {
+    /// The files the edits change (besides writing `chat_template.jinja`).
+    const EDITED: [&'static str; 4] = ["tokenizer_config.json", "special_tokens_map.json", "config.json", "generation_config.json"];
+
     /// Whether there is nothing to change.
     pub fn is_empty(&self) -> bool {
         self.chat_template.is_none() && self.eos.is_none()
     }
 
-    /// Applies the edits to the model directory `dir` (its files written already).
+    /// Applies the edits to the model directory `dir` (its files written already). The JSON
+    /// files are rewritten with sorted keys, as transformers writes them.
     pub fn apply(&self, dir: &Path) -> Result<()> {
-        use crate::io::pyjson::{Json, Style, parse};
-        type Fields = Vec<(String, Json)>;
-        let edit = |name: &str, change: &dyn Fn(&mut Fields)| -> Result<()> {
-            let path = dir.join(name);
-            if !path.is_file() {
-                return Ok(());
-            }
-            let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-            let Json::Object(mut pairs) = parse(&text).map_err(|e| Error::data(&path, None, e))? else {
-                return Err(Error::data(&path, None, "expected a JSON object"));
-            };
-            change(&mut pairs);
-            std::fs::write(&path, Json::Object(pairs).dumps(Style::INDENT2_UTF8) + "\n").map_err(|e| Error::io(&path, e))
-        };
-        let set = |pairs: &mut Fields, key: &str, value: Json| match pairs.iter_mut().find(|(k, _)| k == key) {
-            Some((_, old)) => *old = value,
-            None => pairs.push((key.to_owned(), value)),
-        };
         if let Some(template) = &self.chat_template {
             let path = dir.join("chat_template.jinja");
             std::fs::write(&path, template).map_err(|e| Error::io(&path, e))?;
-            edit("tokenizer_config.json", &|pairs| pairs.retain(|(k, _)| k != "chat_template"))?;
         }
-        if let Some((token, id)) = &self.eos {
-            // A token written as an added-token object keeps its form, with the new content.
-            let token_edit = |pairs: &mut Fields| match pairs.iter_mut().find(|(k, _)| k == "eos_token") {
-                Some((_, Json::Object(fields))) => set(fields, "content", Json::Str(token.clone())),
-                _ => set(pairs, "eos_token", Json::Str(token.clone())),
-            };
-            edit("tokenizer_config.json", &token_edit)?;
-            edit("special_tokens_map.json", &token_edit)?;
-            for name in ["config.json", "generation_config.json"] {
-                edit(name, &|pairs| set(pairs, "eos_token_id", Json::Int(i64::from(*id))))?;
+        for name in Self::EDITED {
+            let path = dir.join(name);
+            if let Some(text) = self.edited(&path)? {
+                std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
             }
         }
         Ok(())
+    }
+
+    /// Checks that the edits apply to the files of `dir` (a run's tokenizer directory, before
+    /// it trains: not at its first checkpoint).
+    pub fn check(&self, dir: &Path) -> Result<()> {
+        Self::EDITED.iter().try_for_each(|name| self.edited(&dir.join(name)).map(drop))
+    }
+
+    /// The new text of the JSON file at `path`, if it exists and the edits change it.
+    fn edited(&self, path: &Path) -> Result<Option<String>> {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let changes = match name {
+            "tokenizer_config.json" => self.chat_template.is_some() || self.eos.is_some(),
+            _ => self.eos.is_some(),
+        };
+        if !changes || !path.is_file() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let mut json: Value = serde_json::from_str(&text).map_err(|e| Error::json(path, None, e))?;
+        let fields = json.as_object_mut().ok_or_else(|| Error::data(path, None, "expected a JSON object"))?;
+        if name == "tokenizer_config.json" && self.chat_template.is_some() {
+            fields.remove("chat_template");
+        }
+        if let Some((token, id)) = &self.eos {
+            match name {
+                // A token written as an added-token object keeps its form, with the new content.
+                "tokenizer_config.json" | "special_tokens_map.json" => match fields.get_mut("eos_token") {
+                    Some(Value::Object(token_fields)) => {
+                        token_fields.insert("content".into(), token.clone().into());
+                    }
+                    _ => {
+                        fields.insert("eos_token".into(), token.clone().into());
+                    }
+                },
+                "config.json" => {
+                    fields.insert("eos_token_id".into(), (*id).into());
+                }
+                _ => {
+                    let mut ids: Vec<Value> = match fields.get("eos_token_id") {
+                        Some(Value::Array(ids)) if self.keep_generation_eos => ids.clone(),
+                        Some(old @ Value::Number(_)) if self.keep_generation_eos => vec![old.clone()],
+                        _ => Vec::new(),
+                    };
+                    let id = Value::from(*id);
+                    if !ids.contains(&id) {
+                        ids.insert(0, id.clone());
+                    }
+                    fields.insert("eos_token_id".into(), if ids.len() == 1 { id } else { Value::Array(ids) });
+                }
+            }
+        }
+        Ok(Some(serde_json::to_string_pretty(&json).map_err(|e| Error::json(path, None, e))? + "\n"))
     }
 }
 

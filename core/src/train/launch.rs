@@ -54,8 +54,9 @@ where
 {
     // A fresh run into a directory that holds checkpoints is refused before the replicas prepare
     // (tokenizing data, loading the reference and teacher can take minutes); `Start::new` checks
-    // again once it holds the directory's lock.
-    if !resume && nodes.is_none_or(|n| n.node_rank == 0) {
+    // again once it holds the directory's lock. (Across nodes, node 0 refuses there, after the
+    // rendezvous, so that the other nodes hear why.)
+    if !resume && nodes.is_none() {
         refuse_fresh_over_checkpoints(&output.dir, output.save_policy().run_name.as_deref())?;
     }
     let text = serde_json::to_string(config).map_err(|e| Error::InvalidInput(e.to_string()))?;

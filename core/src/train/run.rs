@@ -216,7 +216,11 @@ fn prepare<'a, B: AutodiffBackend>(config: &'a RunConfig, replica: &Replica, dev
     )
     .map_err(Error::InvalidInput)?;
     if let DataSection::Sft(sft) = &config.data {
-        loop_config.companion_edits = ChatFormat::checkpoint_edits(sft.chat_template.as_ref(), sft.system_prompt.as_deref(), &tokenizer)?;
+        let format = ChatFormat::resolve(sft.chat_template.as_ref(), sft.system_prompt.as_deref(), &tokenizer)?;
+        let edits = format.checkpoint_edits(sft.chat_template.as_ref(), sft.eos_token.as_deref(), &tokenizer)?;
+        // (a file the edits cannot parse is found now, not at the first checkpoint)
+        edits.check(&tokenizer_dir)?;
+        loop_config.companion_edits = edits;
     }
     loop_config.eval_steps = config.eval.steps.clone();
     loop_config.precision = t.precision;

@@ -313,7 +313,7 @@ pub fn write_split(
     if let Some(first) = differing.first() {
         return Err(Error::InvalidInput(format!(
             "{} already exists with other rows ({} of the split's {} files differ: another seed, or other splits' rows since); \
-             not replacing a split that results may have been computed on: `kiln data interplay --overwrite` replaces it; or write to another directory",
+             not replacing a split that results may have been computed on: move the files away, or `kiln data interplay --overwrite` replaces them",
             first.display(),
             differing.len(),
             pending.len()

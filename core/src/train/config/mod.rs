@@ -404,6 +404,13 @@ pub struct SftData {
     /// record it resumes only as ChatML (`--allow-config-change` for another template).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template: Option<TemplateChoice>,
+    /// The EOS token the checkpoints are saved with (TRL's SFTConfig `eos_token`, for a base
+    /// model trained on turns that end with another token): `eos_token` of their tokenizer
+    /// configs, `eos_token_id` of `config.json`, first of `generation_config.json`'s. It must be
+    /// in the tokenizer. A model directory named by `chat_template` sets its own EOS instead, as
+    /// TRL's `clone_chat_template` does after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eos_token: Option<String>,
     /// Held-out rows are cut to this many tokens for the loss; with `neat_packing`, the length
     /// of the bins rows are packed into.
     #[serde(default = "default_cutoff")]

@@ -129,9 +129,9 @@ fn the_example_templates_read_as_before() {
     let l = next_token_loop(&sft, 60);
     assert_eq!(l.schedule, Schedule { warmup_steps: 3, total_steps: 60, decay: Decay::CosineWithMinLr { min_lr_rate: 0.1 } });
     assert_eq!(l.optimizer, adamw(3e-3, 0.0));
-    let DataSection::Sft(SftData { path, max_length, system_prompt, cutoff_len, columns, heldout, split_key, neat_packing, chat_template }) = &sft.data else { panic!("{:?}", sft.data) };
+    let DataSection::Sft(SftData { path, max_length, system_prompt, cutoff_len, columns, heldout, split_key, neat_packing, chat_template, eos_token }) = &sft.data else { panic!("{:?}", sft.data) };
     assert_eq!((path.as_path(), *max_length, system_prompt, *cutoff_len), (Path::new("/work/sft.jsonl"), Some(192), &None, 2048));
-    assert_eq!((columns, heldout, split_key, *neat_packing, chat_template), (&None, &None, &None, false, &None));
+    assert_eq!((columns, heldout, split_key, *neat_packing, chat_template, eos_token), (&None, &None, &None, false, &None, &None));
     assert_eq!(sft.model.from.as_deref(), Some(Path::new("/work/init/model")));
 
     // examples/rl.rs and examples/opd.rs: GRPO and OPD with verl's defaults for the rest.
