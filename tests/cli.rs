@@ -179,6 +179,12 @@ fn text_inputs_get_the_tokenizer_s_special_tokens_as_in_transformers() {
         let sample = &stdout_json_lines(&kiln(&args))[0];
         assert_eq!(sample["prompt_logprobs"].as_array().unwrap().len(), expected.as_array().unwrap().len(), "generate {flag:?}: {sample}");
     }
+    // `{"prompt": text}` lines of --prompts too.
+    let prompts = tmp.path().join("prompts.jsonl");
+    std::fs::write(&prompts, serde_json::json!({ "prompt": text }).to_string() + "\n").unwrap();
+    let args = ["generate", "--model", m, "--prompts", prompts.to_str().unwrap(), "--max-new-tokens", "1", "--temperature", "0", "--json", "--prompt-logprobs"];
+    let sample = &stdout_json_lines(&kiln(&args))[0];
+    assert_eq!(sample["prompt_logprobs"].as_array().unwrap().len(), with.as_array().unwrap().len(), "{sample}");
 }
 
 #[test]

@@ -606,6 +606,11 @@ fn kiln_sft_trains_on_parquet_rows_and_scores_the_held_out_ones() {
     let eval_losses: Vec<f64> = metrics.iter().filter_map(|m| m["eval_loss"].as_f64()).collect();
     assert!(eval_losses.len() >= 2 && eval_losses.iter().all(|l| l.is_finite() && *l > 1.0), "{metrics:?}");
     assert!(metrics.iter().any(|m| m["targets"].as_u64().unwrap_or(0) > 50), "assistant turns are targets: {metrics:?}");
+    // Again without --resume: refused before the rows are read and rendered again.
+    let again = kiln(&["sft", "--config", s(&config)]);
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(!again.status.success() && stderr.contains("already holds checkpoints") && !stderr.contains("rows rendered by"), "{stderr}");
+
     // The tokenizer has no template: the rows trained in ChatML, and the checkpoint carries
     // Qwen2.5's template (ChatML's) for chat clients.
     let qwen: Value = serde_json::from_str(&std::fs::read_to_string(fixture("code/qwen2_5/tokenizer_config.json")).unwrap()).unwrap();

@@ -776,6 +776,16 @@ fn upgrade_through_the_binary_never_overwrites_without_in_place() {
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("rl.toml.bak exists"));
     assert_eq!(std::fs::read_to_string(&file).unwrap(), LEGACY_RL);
     assert!(!kiln(&["config", "upgrade", f, "--in-place", "--out", new.to_str().unwrap()]).status.success(), "--in-place and --out conflict");
+    // Through a symbolic link: the file it names is upgraded, the link kept.
+    let real = tmp.path().join("real.toml");
+    std::fs::write(&real, LEGACY_RL).unwrap();
+    let link = tmp.path().join("link.toml");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let out = kiln(&["config", "upgrade", link.to_str().unwrap(), "--in-place"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(link.symlink_metadata().unwrap().file_type().is_symlink(), "the link is kept");
+    assert_eq!(std::fs::read_to_string(&real).unwrap(), stdout.replacen("# rl.toml,", "# link.toml,", 1), "(its header names the file given)");
+    assert_eq!(std::fs::read_to_string(tmp.path().join("link.toml.bak")).unwrap(), LEGACY_RL);
 }
 
 #[test]

@@ -111,6 +111,7 @@ fn data_interplay_is_deterministic_and_splits_are_disjoint() {
     ok(&["data", "interplay", "--ops", "2-4,9", "--per-op", "12", "--seed", "3", "--out", s(&out)]);
     assert_eq!(files_in(&out.join("test")), vec!["op2-12.jsonl", "op3-12.jsonl", "op4-12.jsonl", "op9-12.jsonl"]);
     let first = read(&out.join("test/op9-12.jsonl"));
+    let op2 = read(&out.join("test/op2-12.jsonl"));
     assert_eq!(first.lines().count(), 12);
     for line in first.lines() {
         let row: serde_json::Value = serde_json::from_str(line).unwrap();
@@ -124,7 +125,9 @@ fn data_interplay_is_deterministic_and_splits_are_disjoint() {
     // Another seed into the same split is refused, the files kept, unless --overwrite.
     let err = failure(&["data", "interplay", "--ops", "2,9", "--per-op", "12", "--seed", "4", "--out", s(&out)]);
     assert!(err.contains("op2-12.jsonl already exists with other rows (2 of the split's 2 files differ") && err.contains("--overwrite"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
     assert_eq!(read(&out.join("test/op9-12.jsonl")), first);
+    assert_eq!(read(&out.join("test/op2-12.jsonl")), op2, "nothing of the split is written");
     ok(&["data", "interplay", "--ops", "9", "--per-op", "12", "--seed", "4", "--out", s(&out), "--overwrite"]);
     assert_ne!(read(&out.join("test/op9-12.jsonl")), first);
     ok(&["data", "interplay", "--ops", "9", "--per-op", "12", "--seed", "3", "--out", s(&out), "--overwrite"]);
