@@ -48,6 +48,12 @@ pub fn stage(what: &str, total: u64, unit: &str) -> Stage {
     Stage(reporter.map(|r| r.start(what, total, unit)))
 }
 
+/// A [`stage`] named `verb` and the name of the file at `path` (`scoring generations.jsonl`).
+pub fn file_stage(verb: &str, path: &std::path::Path, total: u64, unit: &str) -> Stage {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    stage(&format!("{verb} {name}"), total, unit)
+}
+
 /// Runs `f` with the stages it starts on this thread unreported (the replicas other than the
 /// first, which do the same work).
 pub fn silenced<R>(f: impl FnOnce() -> R) -> R {

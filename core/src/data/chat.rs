@@ -14,7 +14,7 @@
 
 use std::ops::Range;
 #[cfg(feature = "tasks")]
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -251,6 +251,23 @@ impl ChatFormat {
     #[cfg(feature = "tasks")]
     #[cfg_attr(not(feature = "code"), allow(unused_variables))]
     pub fn resolve(choice: Option<&TemplateChoice>, system_prompt: Option<&str>, tokenizer: &Tokenizer) -> Result<Self> {
+        Self::resolve_reading(choice, system_prompt, tokenizer).map(|(format, _)| format)
+    }
+
+    /// An SFT run's format ([`ChatFormat::resolve`]) and the edits its checkpoints make
+    /// ([`ChatFormat::checkpoint_edits`]), the template read once.
+    #[cfg(feature = "tasks")]
+    pub fn for_sft(choice: Option<&TemplateChoice>, system_prompt: Option<&str>, eos_token: Option<&str>, tokenizer: &Tokenizer) -> Result<(Self, CompanionEdits)> {
+        let (format, dir_eos) = Self::resolve_reading(choice, system_prompt, tokenizer)?;
+        let edits = format.checkpoint_edits(choice, dir_eos.as_deref(), eos_token, tokenizer)?;
+        Ok((format, edits))
+    }
+
+    /// [`ChatFormat::resolve`], and the EOS of the model directory `choice` names (its
+    /// `tokenizer_config.json`'s), read with its template.
+    #[cfg(feature = "tasks")]
+    #[cfg_attr(not(feature = "code"), allow(unused_variables))]
+    fn resolve_reading(choice: Option<&TemplateChoice>, system_prompt: Option<&str>, tokenizer: &Tokenizer) -> Result<(Self, Option<String>)> {
         let chatml = || match system_prompt {
             None => Self::qwen(),
             Some("") => ChatFormat::ChatMl { default_system: None },
@@ -258,27 +275,30 @@ impl ChatFormat {
         };
         #[cfg(feature = "code")]
         {
-            let template = match choice {
-                Some(TemplateChoice::ChatMl) => return Ok(chatml()),
+            let (template, dir_eos) = match choice {
+                Some(TemplateChoice::ChatMl) => return Ok((chatml(), None)),
                 Some(TemplateChoice::Path(path)) => {
                     let tokenizer_dir = tokenizer.path().parent().unwrap_or(Path::new("."));
-                    ChatTemplate::from_path(path, tokenizer_dir)?
+                    let template = ChatTemplate::from_path(path, tokenizer_dir)?;
+                    // (a Jinja file sees the training tokenizer's special tokens: no EOS of its own)
+                    let eos = path.is_dir().then(|| template.special_token("eos_token").map(String::from)).flatten();
+                    (template, eos)
                 }
-                None if system_prompt == Some("") => return Ok(chatml()),
+                None if system_prompt == Some("") => return Ok((chatml(), None)),
                 None => match tokenizer.chat_template()? {
-                    Some(template) => template,
-                    None => return Ok(chatml()),
+                    Some(template) => (template, None),
+                    None => return Ok((chatml(), None)),
                 },
             };
             // (Qwen2.5's own template is ChatML: the same text and targets, without Jinja, and
             // recorded as "chatml", as runs from before the key rendered it.)
             if template.source() == QWEN2_5_CHAT_TEMPLATE {
-                return Ok(chatml());
+                return Ok((chatml(), dir_eos));
             }
             if system_prompt == Some("") {
                 return Err(Error::InvalidInput(format!("{} ({})", NO_SYSTEM_TURN_IS_CHATML, template.origin().display())));
             }
-            Ok(ChatFormat::Template { template, system: system_prompt.map(String::from) })
+            Ok((ChatFormat::Template { template, system: system_prompt.map(String::from) }, dir_eos))
         }
         #[cfg(not(feature = "code"))]
         match choice {
@@ -286,7 +306,7 @@ impl ChatFormat {
                 "[data] chat_template = {:?}: this kiln was built without chat templates (the `code` feature); use \"chatml\"",
                 path.display().to_string()
             ))),
-            _ => Ok(chatml()),
+            _ => Ok((chatml(), None)),
         }
     }
 
@@ -294,24 +314,15 @@ impl ChatFormat {
     /// checkpoints copy, as TRL saves a run: the template the rows were rendered with, where it
     /// is not the tokenizer's own (`chat_template.jinja`; ChatML's is Qwen2.5's template; a
     /// `system_prompt` is not part of it, as TRL has none: pass it as a system message); with
-    /// `[data] chat_template` naming a model directory whose EOS differs from the tokenizer's,
-    /// that EOS (TRL's `clone_chat_template`: a base model trained on an instruct template's
-    /// turns then stops where they end); else `eos_token` (`[data] eos_token`, TRL's SFTConfig
-    /// `eos_token`), keeping the generation config's other EOS ids after it, as TRL does. An
-    /// EOS the tokenizer lacks is an error (TRL adds a template's and resizes the embeddings;
-    /// kiln does not).
+    /// `[data] chat_template` naming a model directory whose EOS (`dir_eos`) differs from the
+    /// tokenizer's, that EOS (TRL's `clone_chat_template`: a base model trained on an instruct
+    /// template's turns then stops where they end); else `eos_token` (`[data] eos_token`, TRL's
+    /// SFTConfig `eos_token`), keeping the generation config's other EOS ids after it, as TRL
+    /// does. An EOS the tokenizer lacks is an error (TRL adds a template's and resizes the
+    /// embeddings; kiln does not).
     #[cfg(feature = "tasks")]
-    #[cfg_attr(not(feature = "code"), allow(unused_variables))]
-    pub fn checkpoint_edits(&self, choice: Option<&TemplateChoice>, eos_token: Option<&str>, tokenizer: &Tokenizer) -> Result<CompanionEdits> {
+    fn checkpoint_edits(&self, choice: Option<&TemplateChoice>, dir_eos: Option<&str>, eos_token: Option<&str>, tokenizer: &Tokenizer) -> Result<CompanionEdits> {
         let mut edits = CompanionEdits::default();
-        if let Some(eos) = eos_token {
-            let id = tokenizer.token_id(eos).ok_or_else(|| {
-                Error::InvalidInput(format!("[data] eos_token {eos:?} is not in the tokenizer of {} (as TRL refuses it)", tokenizer.path().display()))
-            })?;
-            if Some(eos) != tokenizer.eos_token() {
-                (edits.eos, edits.keep_generation_eos) = (Some((eos.to_owned(), id)), true);
-            }
-        }
         let trained = match self {
             ChatFormat::ChatMl { .. } => QWEN2_5_CHAT_TEMPLATE,
             #[cfg(feature = "code")]
@@ -324,21 +335,27 @@ impl ChatFormat {
         if own.as_deref() != Some(trained) {
             edits.chat_template = Some(trained.to_owned());
         }
-        #[cfg(feature = "code")]
-        if let Some(TemplateChoice::Path(dir)) = choice
-            && dir.is_dir()
-        {
-            let tokenizer_dir = tokenizer.path().parent().unwrap_or(Path::new("."));
-            let template = ChatTemplate::from_path(dir, tokenizer_dir)?;
-            if let Some(eos) = template.special_token("eos_token").filter(|eos| Some(*eos) != tokenizer.eos_token()) {
-                let id = tokenizer.token_id(eos).ok_or_else(|| {
-                    Error::config(dir.join("tokenizer_config.json"), format!(
-                        "eos_token {eos:?} (the template's, which a run trained on it ends turns with) is not in the tokenizer of {}; kiln does not add tokens (TRL's clone_chat_template resizes the embeddings)",
-                        tokenizer.path().display()
-                    ))
-                })?;
-                (edits.eos, edits.keep_generation_eos) = (Some((eos.to_owned(), id)), false);
+        // An EOS the tokenizer lacks is refused, naming the file that named it.
+        let id_of = |eos: &str, file: Option<PathBuf>, message: String| {
+            tokenizer.token_id(eos).ok_or_else(|| match file {
+                Some(file) => Error::config(file, message),
+                None => Error::InvalidInput(message),
+            })
+        };
+        let tokenizer_path = tokenizer.path().display();
+        let differs = |eos: &&str| Some(*eos) != tokenizer.eos_token();
+        if let Some(eos) = eos_token {
+            let id = id_of(eos, None, format!("[data] eos_token {eos:?} is not in the tokenizer of {tokenizer_path} (as TRL refuses it)"))?;
+            if differs(&eos) {
+                (edits.eos, edits.keep_generation_eos) = (Some((eos.to_owned(), id)), true);
             }
+        }
+        // (the template directory's EOS, where it differs, is the one its turns end with)
+        if let (Some(eos), Some(TemplateChoice::Path(dir))) = (dir_eos.filter(differs), choice) {
+            let id = id_of(eos, Some(dir.join("tokenizer_config.json")), format!(
+                "eos_token {eos:?} (the template's, which a run trained on it ends turns with) is not in the tokenizer of {tokenizer_path}; kiln does not add tokens (TRL's clone_chat_template resizes the embeddings)"
+            ))?;
+            (edits.eos, edits.keep_generation_eos) = (Some((eos.to_owned(), id)), false);
         }
         Ok(edits)
     }
@@ -743,7 +760,7 @@ mod tests {
         let im_end = tokenizer.token_id("<|im_end|>").unwrap();
         let instruct = fixtures.join("qwen2_5");
         let edits_for = |tokenizer: &Tokenizer, choice: Option<TemplateChoice>, system: Option<&str>, eos: Option<&str>| {
-            ChatFormat::resolve(choice.as_ref(), system, tokenizer)?.checkpoint_edits(choice.as_ref(), eos, tokenizer)
+            ChatFormat::for_sft(choice.as_ref(), system, eos, tokenizer).map(|(_, edits)| edits)
         };
         let edits = |choice: Option<TemplateChoice>, system: Option<&str>| edits_for(&tokenizer, choice, system, None);
 

@@ -79,8 +79,7 @@ impl ShardStore {
 /// Writes the concatenation of `parts` to `path` (atomically).
 pub fn concatenate(parts: &[PathBuf], path: &Path) -> Result<()> {
     let mut file = AtomicFile::create(path)?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let stage = crate::progress::stage(&format!("joining {name}"), parts.len() as u64, "shards");
+    let stage = crate::progress::file_stage("joining", path, parts.len() as u64, "shards");
     for (done, part) in parts.iter().enumerate() {
         stage.set_position(done as u64);
         let reader = BufReader::new(std::fs::File::open(part).map_err(|e| Error::io(part, e))?);

@@ -25,12 +25,12 @@ pub fn jsonl_records(path: &Path) -> Result<impl Iterator<Item = Result<Record>>
     records(path, |_| {})
 }
 
-/// [`jsonl_records`] reported as a progress stage named `what`, over the file's megabytes (for
-/// files of millions of samples: scoring, metrics).
-pub fn jsonl_records_reported(path: &Path, what: &str) -> Result<impl Iterator<Item = Result<Record>> + use<>> {
+/// [`jsonl_records`] reported as a progress stage named `verb` and the file's name, over its
+/// megabytes (for files of millions of samples: scoring, metrics).
+pub fn jsonl_records_reported(path: &Path, verb: &str) -> Result<impl Iterator<Item = Result<Record>> + use<>> {
     const MB: u64 = 1 << 20;
     let size = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
-    let stage = crate::progress::stage(what, size.div_ceil(MB), "MB");
+    let stage = crate::progress::file_stage(verb, path, size.div_ceil(MB), "MB");
     let (mut read, mut shown) = (0u64, 0u64);
     records(path, move |bytes| {
         read += bytes as u64 + 1;

@@ -76,9 +76,8 @@ pub fn save<B: Backend, OB: Backend>(
 ) -> Result<()> {
     // Weights computed after a device failure are not written.
     kiln_backends::device::check::<B>(&model.device())?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     // (a 1.5B model's weights and AdamW moments are ~18 GB: seconds to minutes)
-    let stage = crate::progress::stage(&format!("saving {name}: weights, optimizer state"), 2, "files");
+    let stage = crate::progress::file_stage("saving weights and optimizer state of", path, 2, "files");
     hf::write_atomically(path, |tmp| {
         // In the weights' own dtype (f32 masters, or bf16-pure's bf16): exact either way.
         hf::write_model_files(model, tmp, model.dtype(), companions)?;

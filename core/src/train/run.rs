@@ -199,7 +199,8 @@ fn prepare<'a, B: AutodiffBackend>(config: &'a RunConfig, replica: &Replica, dev
     let fits = |sample: &Sample| sample_fits(sample, &model);
     let prepare_data = || training_samples(task.as_ref(), &config.data, &tokenizer, seed, cutoff_len, &fits);
     // (Every replica prepares the same data; the first one reports it.)
-    let (samples, heldout_rows, data_report) = if replica.is_main() { prepare_data()? } else { crate::progress::silenced(prepare_data)? };
+    let TrainingData { samples, heldout: heldout_rows, report: data_report, edits } =
+        if replica.is_main() { prepare_data()? } else { crate::progress::silenced(prepare_data)? };
 
     let (micro_batch, grad_accum) = (t.micro_batch, t.grad_accum);
     let samples_per_step = (micro_batch * grad_accum).saturating_mul(replica.world());
@@ -215,13 +216,9 @@ fn prepare<'a, B: AutodiffBackend>(config: &'a RunConfig, replica: &Replica, dev
         recorded_config(config, &data_report, samples.len()),
     )
     .map_err(Error::InvalidInput)?;
-    if let DataSection::Sft(sft) = &config.data {
-        let format = ChatFormat::resolve(sft.chat_template.as_ref(), sft.system_prompt.as_deref(), &tokenizer)?;
-        let edits = format.checkpoint_edits(sft.chat_template.as_ref(), sft.eos_token.as_deref(), &tokenizer)?;
-        // (a file the edits cannot parse is found now, not at the first checkpoint)
-        edits.check(&tokenizer_dir)?;
-        loop_config.companion_edits = edits;
-    }
+    // (a file the edits cannot parse is found now, not at the first checkpoint)
+    edits.check(&tokenizer_dir)?;
+    loop_config.companion_edits = edits;
     loop_config.eval_steps = config.eval.steps.clone();
     loop_config.precision = t.precision;
     loop_config.shard_optimizer = t.shard_optimizer;
@@ -357,9 +354,21 @@ fn sample_fits(sample: &Sample, (model, path): &(Qwen2Config, PathBuf)) -> std::
     Ok(())
 }
 
-/// The training rows (each one sample, or the documents of a neatly packed bin), the rows
-/// held out for the loss (SFT `heldout`) and the data report. A sample that does not `fit` the
-/// model is an error naming its SFT row's file and line (or row), or its packed block.
+/// What a pre-training or SFT run trains on ([`training_samples`]).
+#[derive(Debug)]
+struct TrainingData {
+    /// The training rows: each one sample, or the documents of a neatly packed bin.
+    samples: Vec<Vec<Sample>>,
+    /// The rows held out for the loss (SFT `heldout`).
+    heldout: Vec<Sample>,
+    /// The data report.
+    report: Value,
+    /// What the checkpoints change in the tokenizer's files (SFT: the template and EOS trained with).
+    edits: hf::CompanionEdits,
+}
+
+/// The data a run trains on. A sample that does not `fit` the model is an error naming its SFT
+/// row's file and line (or row), or its packed block.
 fn training_samples(
     task: &dyn Task,
     data: &DataSection,
@@ -367,7 +376,7 @@ fn training_samples(
     seed: u64,
     cutoff_len: usize,
     fits: &dyn Fn(&Sample) -> std::result::Result<(), String>,
-) -> Result<(Vec<Vec<Sample>>, Vec<Sample>, Value)> {
+) -> Result<TrainingData> {
     match data {
         DataSection::Mixture(mixture) => {
             let (preset, budget) = mixture_of(mixture)?;
@@ -378,10 +387,10 @@ fn training_samples(
             for (i, block) in samples.iter().enumerate() {
                 block.iter().try_for_each(fits).map_err(|e| Error::data(&mixture.root, None, format!("packed block {} {e}", i + 1)))?;
             }
-            Ok((samples, Vec::new(), json!({ "mixture": report })))
+            Ok(TrainingData { samples, heldout: Vec::new(), report: json!({ "mixture": report }), edits: hf::CompanionEdits::default() })
         }
         DataSection::Sft(sft) => {
-            let format = ChatFormat::resolve(sft.chat_template.as_ref(), sft.system_prompt.as_deref(), tokenizer)?;
+            let (format, edits) = ChatFormat::for_sft(sft.chat_template.as_ref(), sft.system_prompt.as_deref(), sft.eos_token.as_deref(), tokenizer)?;
             let split = sft.heldout.map(|heldout| SplitRule { key: sft.split_key.clone().unwrap_or_else(|| "id".into()), heldout });
             let rows = read_sft_rows(&SftSource { path: sft.path.clone(), columns: sft.columns.clone(), split })?;
             let (samples, report) = render_examples(&rows.train, tokenizer, &format, sft.max_length)?;
@@ -402,7 +411,7 @@ fn training_samples(
                 false => samples.into_iter().map(|s| vec![s]).collect(),
             };
             let report = json!({ "sft": report, "source": rows.report, "bins": samples.len() });
-            Ok((samples, heldout, report))
+            Ok(TrainingData { samples, heldout, report, edits })
         }
         DataSection::Prompts(_) => Err(Error::InvalidInput("[data] kind = \"prompts\" is for `kiln rl` and `kiln opd`".into())),
     }
@@ -474,7 +483,7 @@ dir = "out"
         let corpus = (0..100).map(|i| format!("def f{i}(x):\n    return x * {i}\nthink about the problem {i}"));
         let tokenizer = Tokenizer::train_byte_level_bpe(corpus, 300, &["<|endoftext|>", "<|im_start|>", "<|im_end|>"]).unwrap();
         let task = config.task.build().unwrap();
-        let (train, heldout, report) = training_samples(task.as_ref(), &config.data, &tokenizer, 0, 4096, &|_| Ok(())).unwrap();
+        let TrainingData { samples: train, heldout, report, .. } = training_samples(task.as_ref(), &config.data, &tokenizer, 0, 4096, &|_| Ok(())).unwrap();
         assert_eq!((train.len(), heldout.len()), (3, 2));
         assert_eq!((report["source"]["train"].as_u64(), report["source"]["heldout"].as_u64()), (Some(3), Some(2)));
         assert_eq!((report["sft"]["rows"].as_u64(), report["sft"]["max_length"].as_u64()), (Some(3), Some(4096)));
@@ -509,7 +518,7 @@ dir = "out"
         let config = |extra: &str| RunConfig::from_toml(&fixtures().join("run.toml"), &PARQUET_SFT.replace("heldout = 2\n", &format!("heldout = 2\n{extra}\n")));
         let rendered = |extra: &str| {
             let config = config(extra).unwrap();
-            let (train, _, report) = training_samples(config.task.build().unwrap().as_ref(), &config.data, &tokenizer, 0, 4096, &|_| Ok(())).unwrap();
+            let TrainingData { samples: train, report, .. } = training_samples(config.task.build().unwrap().as_ref(), &config.data, &tokenizer, 0, 4096, &|_| Ok(())).unwrap();
             (report["sft"]["chat_template"].as_str().unwrap().to_owned(), tokenizer.decode(&train[0][0].ids, false).unwrap())
         };
         let (name, text) = rendered("");

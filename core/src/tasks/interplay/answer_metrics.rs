@@ -42,8 +42,7 @@ pub struct Sample {
 /// naming file and line.
 pub fn read_samples(path: &Path) -> Result<Vec<Sample>> {
     let mut samples = Vec::new();
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    for record in jsonl_records_reported(path, &format!("reading {name}"))? {
+    for record in jsonl_records_reported(path, "reading")? {
         let record = record?;
         samples.push(Sample {
             op: record

@@ -82,8 +82,7 @@ pub fn score_file(
     let mut blocks: HashMap<String, Block> = HashMap::new();
     let mut used = HashSet::new();
 
-    let name = generations.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    for record in jsonl_records_reported(generations, &format!("scoring {name}"))? {
+    for record in jsonl_records_reported(generations, "scoring")? {
         let record = record?;
         let fields = &record.fields;
         report.counters.add("total", 1);
