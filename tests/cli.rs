@@ -146,6 +146,57 @@ fn init_then_generate_text_with_stop_string() {
     assert_eq!(std::fs::read(copy.join("tokenizer.json")).unwrap(), std::fs::read(model.join("tokenizer.json")).unwrap());
 }
 
+/// What stopped a sample, as vLLM's `check_stop` and detokenizer report and cut it: the
+/// tokenizer's EOS has `stop_reason` null (an explicit stop id its id); `--min-tokens` keeps the
+/// EOS from being sampled until then; `--include-stop-str-in-output` keeps the stop's text.
+#[test]
+fn stop_reasons_min_tokens_and_included_stops_as_in_vllm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = write_tiny_config(tmp.path());
+    // (weights large enough for the greedy tokens to vary)
+    let text = std::fs::read_to_string(&config).unwrap().replace("\"vocab_size\": 2200", "\"vocab_size\": 2240, \"initializer_range\": 0.5");
+    std::fs::write(&config, text).unwrap();
+    let model = tmp.path().join("model");
+    let out = kiln(&["init", "--config", config.to_str().unwrap(), "--out", model.to_str().unwrap(), "--seed", "1", "--tokenizer-from", fixture("bos_tokenizer").to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let m = model.to_str().unwrap();
+    let greedy = |extra: &[&str]| {
+        let args: Vec<&str> = ["generate", "--model", m, "--prompt", "hello world", "--max-new-tokens", "12", "--temperature", "0", "--json"].iter().chain(extra).copied().collect();
+        stdout_json_lines(&kiln(&args)).remove(0)
+    };
+    let free = greedy(&["--ignore-eos"]);
+    let ids: Vec<u64> = free["token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    // The tokenizer's EOS made the first token of the free run not seen before it.
+    let at = (1..ids.len()).find(|&i| !ids[..i].contains(&ids[i])).unwrap();
+    let tokenizer: Value = serde_json::from_str(&std::fs::read_to_string(model.join("tokenizer.json")).unwrap()).unwrap();
+    let (eos, _) = tokenizer["model"]["vocab"].as_object().unwrap().iter().find(|(_, id)| id.as_u64() == Some(ids[at])).unwrap();
+    let config_path = model.join("tokenizer_config.json");
+    let mut tokenizer_config: Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    tokenizer_config["eos_token"] = eos.as_str().into();
+    std::fs::write(&config_path, tokenizer_config.to_string()).unwrap();
+
+    let stopped = greedy(&[]);
+    assert_eq!(stopped["token_ids"], serde_json::json!(ids[..=at]), "stopped at the EOS");
+    assert_eq!((&stopped["finish_reason"], &stopped["stop_reason"]), (&"stop".into(), &Value::Null), "{stopped}");
+    let as_stop_id = greedy(&["--ignore-eos", "--stop-token-ids", &ids[at].to_string()]);
+    assert_eq!((&as_stop_id["token_ids"], &as_stop_id["stop_reason"]), (&stopped["token_ids"], &ids[at].into()), "{as_stop_id}");
+    // The EOS's text is left out, or kept on request.
+    let kept = greedy(&["--include-stop-str-in-output"]);
+    let (without, with) = (stopped["text"].as_str().unwrap(), kept["text"].as_str().unwrap());
+    assert!(with.len() > without.len() && with.starts_with(without), "{without:?} {with:?}");
+    // min_tokens: no EOS among the first tokens, whatever the model prefers.
+    let min = (at + 3).to_string();
+    let late = greedy(&["--min-tokens", &min]);
+    let late_ids: Vec<u64> = late["token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert!(late_ids.len() > at + 3 && !late_ids[..at + 3].contains(&ids[at]), "{late}");
+    assert_eq!(late_ids[..at], ids[..at]);
+    let over = kiln(&["generate", "--model", m, "--prompt", "hello world", "--max-new-tokens", "2", "--min-tokens", "3"]);
+    assert!(one_line_error(&over).contains("min_tokens (3) must be at most max_new_tokens (2)"));
+    // Text output names the finish reason as the JSON does.
+    let out = kiln(&["generate", "--model", m, "--prompt", "hello world", "--max-new-tokens", "2", "--n", "2", "--seed", "1", "--ignore-eos"]);
+    assert!(String::from_utf8(out.stdout).unwrap().starts_with("--- prompt 0 sample 0 (length)"));
+}
+
 /// Text given to `kiln logprobs --text` and `kiln generate --prompt` gets the special tokens the
 /// tokenizer adds to a text (transformers' `tokenizer(text)`, vLLM's `LLM.generate(text)`): a BOS
 /// for a DeepSeek-R1-Distill-style tokenizer (`make_bos_tokenizer.py`'s cases); none with

@@ -47,7 +47,7 @@ fn stop_strings_cut_the_text_like_vllm() {
     // The first prefix of tokens whose text contains the stop string.
     let k = (1..=40).find(|&k| tokenizer.decode(&free.token_ids[..k], false).unwrap().contains(&stop)).unwrap();
 
-    let stopped = run(&model, &tokenizer, &prompts, &greedy(40, StopCriteria { token_ids: vec![], strings: vec![stop.clone()] }))
+    let stopped = run(&model, &tokenizer, &prompts, &greedy(40, StopCriteria { token_ids: vec![], strings: vec![stop.clone()], ..StopCriteria::default() }))
         .remove(0)
         .remove(0);
     assert_eq!(stopped.text, full_text[..cut]);
@@ -65,7 +65,7 @@ fn stop_tokens_end_the_sequence_and_leave_the_text() {
     let eos = free.token_ids[7];
     let first = free.token_ids.iter().position(|&t| t == eos).unwrap();
 
-    let out = run(&model, &tokenizer, &prompts, &greedy(40, StopCriteria { token_ids: vec![eos], strings: vec![] }))
+    let out = run(&model, &tokenizer, &prompts, &greedy(40, StopCriteria { token_ids: vec![eos], strings: vec![], ..StopCriteria::default() }))
         .remove(0)
         .remove(0);
     assert_eq!(out.token_ids, free.token_ids[..=first], "the stop token is kept in the ids");
@@ -161,7 +161,7 @@ fn generation_stops_at_the_models_eos_by_default() {
     let ignoring = SamplingParams { ignore_eos: true, ..greedy(40, StopCriteria::default()) };
     let out = engine.generate(&prompts, &ignoring, |_| {}).unwrap();
     assert_eq!(out[0][0].token_ids, free.token_ids, "ignore_eos runs to the length limit");
-    let stop_late = SamplingParams { ignore_eos: true, ..greedy(40, StopCriteria { token_ids: vec![late], strings: vec![] }) };
+    let stop_late = SamplingParams { ignore_eos: true, ..greedy(40, StopCriteria { token_ids: vec![late], strings: vec![], ..StopCriteria::default() }) };
     let out = engine.generate(&prompts, &stop_late, |_| {}).unwrap();
     assert_eq!(out[0][0].token_ids, free.token_ids[..=first(late)], "explicit stop ids still apply");
 }

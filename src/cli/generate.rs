@@ -43,7 +43,8 @@ pub struct GenerateArgs {
     /// Samples per prompt.
     #[arg(long, default_value_t = 1)]
     n: usize,
-    /// Sampling temperature; 0 (anything under 1e-5, as in vLLM) is greedy.
+    /// Sampling temperature; 0 (anything under 1e-5) is greedy (vLLM raises one in (0, 0.01) to
+    /// 0.01 and samples).
     #[arg(long, default_value_t = 1.0)]
     temperature: f32,
     /// Nucleus sampling mass (1 disables).
@@ -57,9 +58,17 @@ pub struct GenerateArgs {
     min_p: f32,
     #[arg(long, default_value_t = 256)]
     max_new_tokens: usize,
+    /// No sample stops before this many tokens: until then its EOS and stop tokens are not
+    /// sampled and stop strings do not count (vLLM's `min_tokens`).
+    #[arg(long, default_value_t = 0)]
+    min_tokens: usize,
     /// Stop string (repeatable); excluded from the returned text.
     #[arg(long)]
     stop: Vec<String>,
+    /// The returned text keeps the stop string, or the stop token's text (vLLM's
+    /// `include_stop_str_in_output`).
+    #[arg(long)]
+    include_stop_str_in_output: bool,
     /// Extra stop token ids, e.g. 9,3.
     #[arg(long)]
     stop_token_ids: Option<String>,
@@ -192,7 +201,7 @@ impl Job for GenerateJob {
             n: args.n,
             sampler: Sampler { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, min_p: args.min_p },
             max_new_tokens: args.max_new_tokens,
-            stop: StopCriteria { token_ids, strings: args.stop.clone() },
+            stop: StopCriteria { token_ids, strings: args.stop.clone(), include_in_output: args.include_stop_str_in_output, min_tokens: args.min_tokens },
             ignore_eos: args.ignore_eos,
             seed,
             skip_special_tokens: args.skip_special_tokens,
@@ -234,7 +243,8 @@ impl Job for GenerateJob {
                     writeln!(out, "{line}")?;
                 } else {
                     if results.len() > 1 || args.n > 1 {
-                        writeln!(out, "--- prompt {prompt_index} sample {} ({:?})", sample.sample_index, sample.finish_reason)?;
+                        let finish = serde_json::to_value(sample.finish_reason)?;
+                        writeln!(out, "--- prompt {prompt_index} sample {} ({})", sample.sample_index, finish.as_str().unwrap_or_default())?;
                     }
                     writeln!(out, "{}", sample.text)?;
                 }

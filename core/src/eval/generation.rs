@@ -49,7 +49,7 @@ impl ShardWork<'_> {
             n: settings.samples,
             sampler: settings.sampler,
             max_new_tokens: settings.max_new_tokens,
-            stop: StopCriteria { token_ids: Vec::new(), strings: settings.stop.clone() },
+            stop: StopCriteria { token_ids: Vec::new(), strings: settings.stop.clone(), ..StopCriteria::default() },
             ignore_eos: false, // the model's EOS ids stop too
             seed: shard_seed(settings.seed, shard.part, shard.index),
             skip_special_tokens: self.evaluation.skip_special_tokens(),

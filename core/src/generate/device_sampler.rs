@@ -28,13 +28,19 @@ pub const BLOCK: usize = 256;
 
 /// Samples one token per row of `logits` `[rows, V]` with the uniforms `u` (one per row, see
 /// [`super::sampler::uniform`]); returns `[rows, 3]` f32: the token id, its log-prob under the
-/// distribution sampled from (0 for greedy) and under the model's own softmax.
-pub fn sample<B: Backend>(logits: Tensor<B, 2>, sampler: &Sampler, u: &[f32]) -> Tensor<B, 2> {
+/// distribution sampled from (0 for greedy) and under the model's own softmax. `excluded`: token
+/// ids and, per row, whether that row may not draw them ([`Sampler::sample_excluding`]).
+pub fn sample<B: Backend>(logits: Tensor<B, 2>, sampler: &Sampler, u: &[f32], excluded: Option<(&[u32], &[bool])>) -> Tensor<B, 2> {
     let logits = logits.cast(DType::F32);
     let [rows, vocab] = logits.dims();
     assert_eq!(u.len(), rows, "one uniform per row");
     let device = logits.device();
     let raw = log_softmax(logits.clone(), 1);
+    let banned = excluded.map(|(ids, rows_banned)| banned_mask::<B>(ids, rows_banned, vocab, &device));
+    let logits = match &banned {
+        Some(banned) => logits.mask_fill(banned.clone(), f32::NEG_INFINITY),
+        None => logits,
+    };
     if sampler.is_greedy() {
         let token = logits.argmax(1);
         let raw_lp = raw.gather(1, token.clone());
@@ -42,7 +48,11 @@ pub fn sample<B: Backend>(logits: Tensor<B, 2>, sampler: &Sampler, u: &[f32]) ->
     }
     let scaled = logits.div_scalar(sampler.temperature);
     let max = scaled.clone().max_dim(1); // [rows, 1]
-    let floor = scaled.clone().min_dim(1);
+    // (the lowest logit a row may draw: a banned token's −∞ would leave the bisections nothing to halve)
+    let floor = match banned {
+        Some(banned) => scaled.clone().mask_fill(banned, f32::INFINITY).min_dim(1),
+        None => scaled.clone().min_dim(1),
+    };
     let at_or_above = |cut: &Tensor<B, 2>| scaled.clone().greater_equal(cut.clone().expand([rows, vocab]));
 
     let mut cut = floor.clone();
@@ -65,6 +75,17 @@ pub fn sample<B: Backend>(logits: Tensor<B, 2>, sampler: &Sampler, u: &[f32]) ->
     let logprob = scaled.gather(1, token.clone()) - max - total.log();
     let raw_lp = raw.gather(1, token.clone());
     Tensor::cat(vec![token.cast(FloatDType::F32), logprob, raw_lp], 1)
+}
+
+/// `[rows, V]`: true at the `ids` of the rows `rows_banned` marks.
+fn banned_mask<B: Backend>(ids: &[u32], rows_banned: &[bool], vocab: usize, device: &B::Device) -> Tensor<B, 2, Bool> {
+    let mut columns = vec![false; vocab];
+    for &id in ids.iter().filter(|&&id| (id as usize) < vocab) {
+        columns[id as usize] = true;
+    }
+    let columns = Tensor::<B, 2, Bool>::from_data(TensorData::new(columns, [1, vocab]), device);
+    let rows = Tensor::<B, 2, Bool>::from_data(TensorData::new(rows_banned.to_vec(), [rows_banned.len(), 1]), device);
+    columns.expand([rows_banned.len(), vocab]).bool_and(rows.expand([rows_banned.len(), vocab]))
 }
 
 /// Reads back what [`sample`] returned.
@@ -155,14 +176,25 @@ mod tests {
         (0..rows * vocab).map(|_| rng.random::<f32>().powi(6) * 14.0 - 3.0).collect()
     }
 
-    /// The device rule gives the host's tokens and log-probs, row by row.
+    /// The device rule gives the host's tokens and log-probs, row by row; with the most likely
+    /// tokens of the first rows banned from every other row (min_tokens) too.
     fn agree(sampler: Sampler, rows: usize, vocab: usize, seed: u64) {
         let host = logits(rows, vocab, seed);
+        let banned: Vec<u32> = (0..3.min(rows)).map(|r| super::super::sampler::argmax(&host[r * vocab..(r + 1) * vocab]) as u32).collect();
+        let banned_rows: Vec<bool> = (0..rows).map(|r| r % 2 == 0).collect();
+        for excluded in [None, Some((banned.as_slice(), banned_rows.as_slice()))] {
+            agree_rows(sampler, &host, rows, vocab, seed, excluded);
+        }
+    }
+
+    fn agree_rows(sampler: Sampler, host: &[f32], rows: usize, vocab: usize, seed: u64, excluded: Option<(&[u32], &[bool])>) {
         let u: Vec<f32> = (0..rows).map(|r| uniform(seed, r, 0, 0)).collect();
-        let device = Tensor::<Flex, 2>::from_data(TensorData::new(host.clone(), [rows, vocab]), &Default::default());
-        let picked = read(sample(device, &sampler, &u));
+        let device = Tensor::<Flex, 2>::from_data(TensorData::new(host.to_vec(), [rows, vocab]), &Default::default());
+        let picked = read(sample(device, &sampler, &u, excluded));
         for (r, got) in picked.iter().enumerate() {
-            let want = sampler.sample(&host[r * vocab..(r + 1) * vocab], u[r]);
+            let banned = excluded.filter(|(_, rows)| rows[r]).map_or(&[][..], |(ids, _)| ids);
+            let want = sampler.sample_excluding(&host[r * vocab..(r + 1) * vocab], u[r], banned);
+            assert!(!banned.contains(&got.token), "{sampler:?} row {r}: drew a banned token");
             assert_eq!(got.token, want.token, "{sampler:?}, vocab {vocab}, row {r}");
             // f32 sums over the vocabulary against the host's f64.
             let close = |a: f32, b: f32| (a - b).abs() <= 1e-5 + 2e-5 * b.abs();
@@ -197,7 +229,7 @@ mod tests {
         let vocab = 600;
         let device = Tensor::<Flex, 2>::zeros([vocab, vocab], &Default::default());
         let u: Vec<f32> = (0..vocab).map(|i| (i as f32 + 0.5) / vocab as f32).collect();
-        let picked = read(sample(device, &Sampler::default(), &u));
+        let picked = read(sample(device, &Sampler::default(), &u, None));
         let tokens: Vec<u32> = picked.iter().map(|s| s.token).collect();
         assert_eq!(tokens, (0..vocab as u32).collect::<Vec<_>>());
         assert!(picked.iter().all(|s| (s.logprob + (vocab as f32).ln()).abs() < 1e-4));

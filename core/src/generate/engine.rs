@@ -337,6 +337,8 @@ impl<'a, B: Backend> Engine<'a, B> {
         let device = model.device();
         let vocab = model.config().vocab_size;
         let n = params.n;
+        // The tokenizer's EOS stops with no stop reason (vLLM's), unless ignored.
+        let eos = self.tokenizer.and_then(Tokenizer::eos_id).filter(|_| !params.ignore_eos);
         let mut capacity = self.max_batch_size.max(1);
         let mut pages = if self.paged { model.new_paged_kv() } else { None };
         // A KV memory bound: in blocks where they are paged (one sample of the longest prompt
@@ -438,7 +440,7 @@ impl<'a, B: Backend> Engine<'a, B> {
                 seq.raw_logprobs.push(sampled.raw_logprob);
                 state.tokens += 1;
                 if let Some(reason) = params.stop.check(&seq.tokens, self.tokenizer, params.skip_special_tokens)? {
-                    seq.finished = Some((FinishReason::Stop, Some(reason)));
+                    seq.finished = Some((FinishReason::Stop, Some(reason.naming_eos(eos))));
                 } else if seq.tokens.len() >= seq.limit {
                     seq.finished = Some((FinishReason::Length, None));
                 }
@@ -504,8 +506,12 @@ impl<'a, B: Backend> Engine<'a, B> {
                 uniform(params.seed, seq.prompt_index, seq.sample_index, seq.tokens.len())
             })
             .collect();
+        // Rows short of min_tokens may not draw a stop id or an EOS.
+        let banned = params.stop.banned_before_min_tokens(&self.eos_ids);
+        let short: Vec<bool> = slots.iter().map(|&s| !banned.is_empty() && sequences[s].tokens.len() < params.stop.min_tokens).collect();
         if !crate::model::kernels::kernels::<B>().host_memory {
-            let picked = device_sampler::sample(logits.clone(), &params.sampler, &u);
+            let excluded = short.contains(&true).then_some((banned.as_slice(), short.as_slice()));
+            let picked = device_sampler::sample(logits.clone(), &params.sampler, &u, excluded);
             let start = std::time::Instant::now();
             let picked = device_sampler::read(picked);
             return (picked, start.elapsed().as_secs_f64());
@@ -514,8 +520,8 @@ impl<'a, B: Backend> Engine<'a, B> {
         let host: Vec<f32> = logits.clone().into_data().convert::<f32>().into_vec().expect("f32 logits");
         // Rows sample independently (f64 softmax over the vocabulary, the step's one serial
         // part): on every core, in row order.
-        let rows: Vec<(&[f32], f32)> = host.chunks_exact(vocab).zip(u).collect();
-        (crate::par::map_in_order(&rows, |&(row, u)| params.sampler.sample(row, u)), 0.0)
+        let rows: Vec<(&[f32], f32, &[u32])> = host.chunks_exact(vocab).zip(u).zip(short).map(|((row, u), short)| (row, u, if short { banned.as_slice() } else { &[] })).collect();
+        (crate::par::map_in_order(&rows, |&(row, u, banned)| params.sampler.sample_excluding(row, u, banned)), 0.0)
     }
 
     /// Takes up to `free` waiting samples (whole prompts' worth where possible) and, on a
@@ -678,6 +684,13 @@ pub fn check_prompt<B: Backend>(model: &Qwen2<B>, prompt: &[u32]) -> std::result
 /// them.
 pub(crate) fn check_params(params: &SamplingParams, has_tokenizer: bool) -> Result<()> {
     params.sampler.check()?;
+    if params.stop.min_tokens > params.max_new_tokens {
+        // (vLLM's refusal)
+        return Err(Error::InvalidInput(format!(
+            "min_tokens ({}) must be at most max_new_tokens ({})",
+            params.stop.min_tokens, params.max_new_tokens
+        )));
+    }
     if !params.stop.strings.is_empty() && !has_tokenizer {
         return Err(Error::InvalidInput("stop strings need a tokenizer".into()));
     }
@@ -839,13 +852,14 @@ mod tests {
     /// The peak bytes of the paged cache's blocks.
     fn paged_matches_batch_shaped<B: Backend>(model: &Qwen2<B>, tolerance: f32, max_prefill_tokens: usize) -> u64 {
         // Prompts across block edges (64 positions), 3 samples each, stop tokens that end
-        // samples at different steps, and more samples than the batch holds at once.
+        // samples at different steps (none before the third token: min_tokens, masked in the
+        // sampler), and more samples than the batch holds at once.
         let prompts: Vec<Vec<u32>> = [1usize, 63, 64, 65, 130].iter().map(|&len| (0..len).map(|i| (i * 7 % 49 + 1) as u32).collect()).collect();
         let params = SamplingParams {
             n: 3,
             max_new_tokens: 80,
             sampler: Sampler { temperature: 1.0, top_p: 0.9, ..Sampler::default() },
-            stop: StopCriteria { token_ids: vec![3, 17], strings: vec![] },
+            stop: StopCriteria { token_ids: vec![3, 17], min_tokens: 3, ..StopCriteria::default() },
             seed: 11,
             ..SamplingParams::default()
         };
@@ -860,6 +874,7 @@ mod tests {
         let ((paged, peak), (dense, _)) = (run(true), run(false));
         assert!(peak > 0, "the paged cache was used");
         let lengths: Vec<usize> = paged.iter().flatten().map(|c| c.token_ids.len()).collect();
+        assert!(paged.iter().flatten().all(|c| c.token_ids[..3].iter().all(|t| ![3, 17].contains(t))), "no stop id within min_tokens");
         assert!(lengths.iter().any(|&l| l < 80) && lengths.iter().any(|&l| l > 64), "samples end at several steps: {lengths:?}");
         for (p, d) in paged.iter().flatten().zip(dense.iter().flatten()) {
             assert_eq!(p.token_ids, d.token_ids, "prompt {} sample {}", p.prompt_index, p.sample_index);

@@ -131,6 +131,20 @@ impl Sampler {
         Sampled { token: token as u32, logprob: probs[chosen].ln() as f32, raw_logprob: log_softmax_at(logits, token) }
     }
 
+    /// [`Sampler::sample`] with the tokens `banned` not drawn (their logits −∞, as vLLM's
+    /// `min_tokens` masks the stop ids); the raw log-prob stays the model's own.
+    pub fn sample_excluding(&self, logits: &[f32], u: f32, banned: &[u32]) -> Sampled {
+        if banned.is_empty() {
+            return self.sample(logits, u);
+        }
+        let mut masked = logits.to_vec();
+        for &id in banned.iter().filter(|&&id| (id as usize) < logits.len()) {
+            masked[id as usize] = f32::NEG_INFINITY;
+        }
+        let sampled = self.sample(&masked, u);
+        Sampled { raw_logprob: log_softmax_at(logits, sampled.token as usize), ..sampled }
+    }
+
     /// Temperature-scaled logits `logits / temperature`, in f32 as the device computes them.
     fn scaled(&self, logits: &[f32]) -> Vec<f32> {
         logits.iter().map(|&l| l / self.temperature).collect()
@@ -168,7 +182,8 @@ impl Sampler {
         if self.min_p > 0.0 {
             cut = cut.max(max + self.min_p.ln());
         }
-        let tokens: Vec<usize> = (0..vocab).filter(|&i| scaled[i] >= cut).collect();
+        // (a −∞ logit, a banned token's, is never kept)
+        let tokens: Vec<usize> = (0..vocab).filter(|&i| scaled[i] >= cut && scaled[i] > f32::NEG_INFINITY).collect();
         let weights: Vec<f64> = tokens.iter().map(|&i| ((scaled[i] - max) as f64).exp()).collect();
         let sum: f64 = weights.iter().sum();
         (tokens, weights.into_iter().map(|w| w / sum).collect())

@@ -1,6 +1,7 @@
 //! When a sequence stops: a stop token (EOS unless ignored, or user stop ids), a stop string
-//! appearing in the decoded text, or the length limit. Stop strings are matched like vLLM: the
-//! returned text ends just before the first occurrence; the token ids keep every sampled token.
+//! appearing in the decoded text, or the length limit; not before `min_tokens` tokens. Stop
+//! strings are matched like vLLM: the returned text ends just before the occurrence (or after it,
+//! with `include_in_output`); the token ids keep every sampled token.
 
 use serde::Serialize;
 
@@ -21,18 +22,42 @@ pub enum FinishReason {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum StopReason {
+    /// The tokenizer's EOS (vLLM's `eos_token_id`, checked before the stop ids): serialized as
+    /// `null`, vLLM's `stop_reason` for it. The model's other EOS ids (`generation_config.json`'s)
+    /// are stop ids, reported as [`StopReason::Token`], as vLLM reports them.
+    Eos,
+    /// A stop token id.
     Token(u32),
+    /// A stop string.
     String(String),
+}
+
+impl StopReason {
+    /// The reason `reason` is reported as when `eos` is the tokenizer's EOS: [`StopReason::Eos`]
+    /// for that id (vLLM checks it first, unless `ignore_eos`).
+    pub fn naming_eos(self, eos: Option<u32>) -> Self {
+        match self {
+            StopReason::Token(id) if Some(id) == eos => StopReason::Eos,
+            other => other,
+        }
+    }
 }
 
 /// Stop conditions of one request.
 #[derive(Debug, Clone, Default)]
 pub struct StopCriteria {
     /// Token ids that end a sequence (EOS ids plus user stop ids); the token is kept in the ids
-    /// and its text left out of the returned text.
+    /// and its text left out of the returned text (unless `include_in_output`).
     pub token_ids: Vec<u32>,
-    /// Strings that end a sequence; excluded from the returned text.
+    /// Strings that end a sequence; excluded from the returned text (unless `include_in_output`).
     pub strings: Vec<String>,
+    /// The returned text keeps the stop string, up to its end, or the stop token's text (vLLM's
+    /// `include_stop_str_in_output`; special tokens still go with `skip_special_tokens`).
+    pub include_in_output: bool,
+    /// No sequence stops before this many tokens (vLLM's `min_tokens`): until then the stop ids
+    /// and every EOS id (even with `ignore_eos`) are not sampled, and a stop string counts only
+    /// where it ends in the text of a later token.
+    pub min_tokens: usize,
 }
 
 impl StopCriteria {
@@ -42,10 +67,25 @@ impl StopCriteria {
         strings.iter().filter(|s| !s.is_empty()).cloned().collect()
     }
 
+    /// The ids a sample may not draw while it has fewer than `min_tokens` tokens: the stop ids
+    /// and `eos_ids` (vLLM's `_all_stop_token_ids`), sorted; empty without `min_tokens`.
+    pub fn banned_before_min_tokens(&self, eos_ids: &[u32]) -> Vec<u32> {
+        if self.min_tokens == 0 {
+            return Vec::new();
+        }
+        let mut ids: Vec<u32> = self.token_ids.iter().chain(eos_ids).copied().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
     /// Checks the newest token of `generated`. Stop strings are searched in the text of the last
     /// few tokens only, which suffices because the check runs after every token.
     pub fn check(&self, generated: &[u32], tokenizer: Option<&Tokenizer>, skip_special: bool) -> Result<Option<StopReason>> {
         let Some(&last) = generated.last() else { return Ok(None) };
+        if generated.len() <= self.min_tokens {
+            return Ok(None);
+        }
         if self.token_ids.contains(&last) {
             return Ok(Some(StopReason::Token(last)));
         }
@@ -60,7 +100,13 @@ impl StopCriteria {
                 counted += !(skip_special && tokenizer.is_special(generated[start])) as usize;
             }
             let tail = tokenizer.decode(&generated[start..], skip_special)?;
-            if let Some(s) = self.strings.iter().find(|s| tail.contains(s.as_str())) {
+            // With min_tokens, an occurrence within the first tokens' text does not count: the
+            // one found must end in the newest token's (vLLM's `stop_check_offset`).
+            let new_from = match self.min_tokens {
+                0 => 0,
+                _ => settled_len(&tokenizer.decode(&generated[start..generated.len() - 1], skip_special)?, &tail),
+            };
+            if let Some(s) = self.strings.iter().find(|s| occurrence_ending_after(&tail, s, new_from).is_some()) {
                 return Ok(Some(StopReason::String(s.clone())));
             }
         }
@@ -68,7 +114,9 @@ impl StopCriteria {
     }
 
     /// The text returned for `generated`: without a final stop token's text, cut before the
-    /// first occurrence of a matched stop string, and without a trailing incomplete character.
+    /// occurrence of a matched stop string (the first after the first `min_tokens` tokens'
+    /// text), and without a trailing incomplete character; with `include_in_output`, the stop
+    /// token's text kept and the cut after the stop string.
     pub fn final_text(
         &self,
         generated: &[u32],
@@ -77,14 +125,18 @@ impl StopCriteria {
         skip_special: bool,
     ) -> Result<String> {
         let ids = match reason {
-            Some(StopReason::Token(_)) => &generated[..generated.len() - 1],
+            Some(StopReason::Token(_) | StopReason::Eos) if !self.include_in_output => &generated[..generated.len() - 1],
             _ => generated,
         };
         let mut text = tokenizer.decode(ids, skip_special)?;
         match reason {
             Some(StopReason::String(s)) => {
-                if let Some(at) = text.find(s.as_str()) {
-                    text.truncate(at);
+                let new_from = match self.min_tokens {
+                    0 => 0,
+                    n => settled_len(&tokenizer.decode(&generated[..n.min(generated.len())], skip_special)?, &text),
+                };
+                if let Some(at) = occurrence_ending_after(&text, s, new_from) {
+                    text.truncate(if self.include_in_output { at + s.len() } else { at });
                 }
             }
             // A character whose bytes the last tokens did not complete decodes to U+FFFD: left
@@ -94,6 +146,22 @@ impl StopCriteria {
         }
         Ok(text)
     }
+}
+
+/// The length of the part of `before` (the text of fewer tokens) that `after` (the text with
+/// the next ones) keeps: their common prefix, up to a character `before` had not completed.
+fn settled_len(before: &str, after: &str) -> usize {
+    before.char_indices().zip(after.chars()).find(|((_, a), b)| a != b).map_or(before.len().min(after.len()), |((i, _), _)| i)
+}
+
+/// Where the first occurrence of `pattern` (not empty) in `text` that ends after byte `from`
+/// begins (vLLM's `output_text.find(stop_str, 1 - new_char_count - len(stop_str))`).
+fn occurrence_ending_after(text: &str, pattern: &str, from: usize) -> Option<usize> {
+    let mut start = (from + 1).saturating_sub(pattern.len()).min(text.len());
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    text[start..].find(pattern).map(|at| start + at)
 }
 
 /// The end-of-sequence ids of a model directory: `config.json`'s and `generation_config.json`'s
@@ -128,7 +196,7 @@ mod tests {
         let (nl, s1, s2) = (t.encode("\n").unwrap(), t.token_id("<s1>").unwrap(), t.token_id("<s2>").unwrap());
         assert_eq!(nl.len(), 1);
         let generated = [t.encode("word").unwrap(), nl.clone(), vec![s1, s2], nl].concat();
-        let stop = StopCriteria { token_ids: vec![], strings: vec!["\n\n".into()] };
+        let stop = StopCriteria { token_ids: vec![], strings: vec!["\n\n".into()], ..StopCriteria::default() };
         assert_eq!(stop.check(&generated, Some(&t), true).unwrap(), Some(StopReason::String("\n\n".into())));
         assert_eq!(stop.check(&generated, Some(&t), false).unwrap(), None, "kept, the special tokens separate the newlines");
         assert_eq!(stop.final_text(&generated, Some(&StopReason::String("\n\n".into())), &t, true).unwrap(), "word");
@@ -137,12 +205,60 @@ mod tests {
         let word = t.encode("word").unwrap();
         assert_eq!(word.len(), 1);
         let longer = [t.encode("line\n").unwrap(), vec![s1, s2], t.encode("\n").unwrap(), word].concat();
-        let stop_w = StopCriteria { token_ids: vec![], strings: vec!["\n\nw".into()] };
+        let stop_w = StopCriteria { token_ids: vec![], strings: vec!["\n\nw".into()], ..StopCriteria::default() };
         assert_eq!(stop_w.check(&longer, Some(&t), true).unwrap(), Some(StopReason::String("\n\nw".into())), "{longer:?}");
         let euro = t.encode("€").unwrap();
         let split = [euro.clone(), vec![s1, s2], t.encode("b").unwrap()].concat();
-        let stop_euro = StopCriteria { token_ids: vec![], strings: vec!["€b".into()] };
+        let stop_euro = StopCriteria { token_ids: vec![], strings: vec!["€b".into()], ..StopCriteria::default() };
         assert_eq!(stop_euro.check(&split, Some(&t), true).unwrap(), Some(StopReason::String("€b".into())));
+    }
+
+    /// min_tokens (vLLM's): no stop within the first tokens, and an occurrence of a stop string
+    /// in their text does not count later; the cut is at the occurrence that stopped the
+    /// sample. include_in_output keeps the stop string or the stop token's text.
+    #[test]
+    fn min_tokens_and_included_stops_follow_vllm() {
+        let t = tokenizer();
+        let word = |w: &str| t.encode(w).unwrap();
+        let (line, nl) = (word("line"), word("\n"));
+        assert_eq!((line.len(), nl.len()), (1, 1));
+        // "line\nline\nline": stop "line" first occurs in token 1.
+        let generated = [line.clone(), nl.clone(), line.clone(), nl.clone(), line.clone()].concat();
+        let at = |n: usize, stop: &StopCriteria| (1..=n).find_map(|k| stop.check(&generated[..k], Some(&t), false).unwrap().map(|r| (k, r)));
+        let plain = StopCriteria { strings: vec!["line".into()], ..StopCriteria::default() };
+        assert_eq!(at(5, &plain), Some((1, StopReason::String("line".into()))));
+        let later = StopCriteria { min_tokens: 2, ..plain.clone() };
+        assert_eq!(at(5, &later), Some((3, StopReason::String("line".into()))), "the first occurrence lies within the first 2 tokens");
+        let reason = Some(StopReason::String("line".into()));
+        assert_eq!(later.final_text(&generated[..3], reason.as_ref(), &t, false).unwrap(), "line\n");
+        let kept = StopCriteria { include_in_output: true, ..later.clone() };
+        assert_eq!(kept.final_text(&generated[..3], reason.as_ref(), &t, false).unwrap(), "line\nline");
+        // A stop string that begins in the first tokens' text and ends after it counts.
+        let across = StopCriteria { strings: vec!["line\nl".into()], min_tokens: 2, ..StopCriteria::default() };
+        assert_eq!(at(5, &across), Some((3, StopReason::String("line\nl".into()))));
+        assert_eq!(across.final_text(&generated[..3], Some(&StopReason::String("line\nl".into())), &t, false).unwrap(), "");
+        // Stop tokens: none before min_tokens; the token's text kept with include_in_output.
+        let token = StopCriteria { token_ids: nl.clone(), min_tokens: 2, ..StopCriteria::default() };
+        assert_eq!(at(5, &token), Some((4, StopReason::Token(nl[0]))));
+        assert_eq!(token.final_text(&generated[..4], Some(&StopReason::Token(nl[0])), &t, false).unwrap(), "line\nline");
+        let token_kept = StopCriteria { include_in_output: true, ..token };
+        assert_eq!(token_kept.final_text(&generated[..4], Some(&StopReason::Eos), &t, false).unwrap(), "line\nline\n");
+        assert_eq!(token_kept.banned_before_min_tokens(&[7, nl[0]]), {
+            let mut ids = vec![7, nl[0]];
+            ids.sort_unstable();
+            ids
+        });
+        assert!(StopCriteria::default().banned_before_min_tokens(&[7]).is_empty(), "nothing banned without min_tokens");
+    }
+
+    /// The tokenizer's EOS is reported as vLLM reports it: `stop_reason` null.
+    #[test]
+    fn the_tokenizer_s_eos_has_no_stop_reason() {
+        assert_eq!(StopReason::Token(5).naming_eos(Some(5)), StopReason::Eos);
+        assert_eq!(StopReason::Token(6).naming_eos(Some(5)), StopReason::Token(6));
+        assert_eq!(StopReason::Token(5).naming_eos(None), StopReason::Token(5));
+        let json = |r: Option<StopReason>| serde_json::to_string(&r).unwrap();
+        assert_eq!([json(Some(StopReason::Eos)), json(Some(StopReason::Token(6))), json(Some(StopReason::String("x".into())))], ["null", "6", "\"x\""]);
     }
 
     /// A length-capped sample that ends inside a character: its replacement is left out.

@@ -31,6 +31,8 @@ pub struct Stream<'a, B: Backend> {
     logprobs: Vec<f32>,
     raw_logprobs: Vec<f32>,
     finished: Option<(FinishReason, Option<StopReason>)>,
+    /// The model's and the tokenizer's EOS ids (not sampled before `min_tokens`).
+    eos_ids: Vec<u32>,
 }
 
 impl<'a, B: Backend> Stream<'a, B> {
@@ -42,10 +44,10 @@ impl<'a, B: Backend> Stream<'a, B> {
         super::engine::check_prompt(model, prompt).map_err(|e| Error::InvalidInput(format!("prompt 0 {e}")))?;
         let (context, vocab) = (model.context_len(), model.config().vocab_size);
         let mut params = params.clone();
+        let mut eos_ids = model.eos_token_ids().to_vec();
+        eos_ids.extend(tokenizer.and_then(Tokenizer::eos_id));
         if !params.ignore_eos {
-            let mut eos = model.eos_token_ids().to_vec();
-            eos.extend(tokenizer.and_then(Tokenizer::eos_id));
-            params.stop.token_ids.extend(eos);
+            params.stop.token_ids.extend(&eos_ids);
         }
         let mut stream = Self {
             model,
@@ -59,6 +61,7 @@ impl<'a, B: Backend> Stream<'a, B> {
             raw_logprobs: Vec::new(),
             finished: (params.max_new_tokens == 0).then_some((FinishReason::Length, None)),
             params,
+            eos_ids,
         };
         if stream.finished.is_none() {
             let pad_id = tokenizer.and_then(Tokenizer::pad_id).unwrap_or(0);
@@ -88,7 +91,11 @@ impl<'a, B: Backend> Stream<'a, B> {
             return Err(Error::InvalidInput(format!("{} logits for a vocabulary of {vocab}", logits.len())));
         }
         // The engine's uniforms of prompt 0, sample 0.
-        let sampled = self.params.sampler.sample(logits, uniform(self.params.seed, 0, 0, self.tokens.len()));
+        let banned = match self.tokens.len() < self.params.stop.min_tokens {
+            true => self.params.stop.banned_before_min_tokens(&self.eos_ids),
+            false => Vec::new(),
+        };
+        let sampled = self.params.sampler.sample_excluding(logits, uniform(self.params.seed, 0, 0, self.tokens.len()), &banned);
         if sampled.raw_logprob.is_nan() {
             return Err(super::engine::nan_logits(self.tokens.len() + 1, 0, 0));
         }
@@ -97,7 +104,8 @@ impl<'a, B: Backend> Stream<'a, B> {
         self.logprobs.push(sampled.logprob);
         self.raw_logprobs.push(sampled.raw_logprob);
         if let Some(reason) = self.params.stop.check(&self.tokens, self.tokenizer, self.params.skip_special_tokens)? {
-            self.finished = Some((FinishReason::Stop, Some(reason)));
+            let eos = self.tokenizer.and_then(Tokenizer::eos_id).filter(|_| !self.params.ignore_eos);
+            self.finished = Some((FinishReason::Stop, Some(reason.naming_eos(eos))));
         } else if self.tokens.len() >= self.limit {
             self.finished = Some((FinishReason::Length, None));
         } else {
@@ -182,7 +190,7 @@ mod tests {
             SamplingParams { sampler: Sampler::greedy(), max_new_tokens: 12, ..SamplingParams::default() },
             SamplingParams { sampler: sampled, max_new_tokens: 12, seed: 4, ..SamplingParams::default() },
             // Runs into the context (24) and stops at a user stop id, or EOS if it comes first.
-            SamplingParams { sampler: sampled, max_new_tokens: 50, seed: 9, stop: StopCriteria { token_ids: vec![11], strings: vec![] }, ..SamplingParams::default() },
+            SamplingParams { sampler: sampled, max_new_tokens: 50, seed: 9, stop: StopCriteria { token_ids: vec![11], strings: vec![], ..StopCriteria::default() }, ..SamplingParams::default() },
             SamplingParams { sampler: sampled, max_new_tokens: 50, seed: 2, ignore_eos: true, ..SamplingParams::default() },
             SamplingParams { max_new_tokens: 0, ..SamplingParams::default() },
         ];

@@ -67,7 +67,7 @@ pub fn rollout<B: Backend>(
         n: settings.n,
         sampler: settings.sampler,
         max_new_tokens: settings.max_response_length,
-        stop: StopCriteria { token_ids: eos_ids.to_vec(), strings: Vec::new() },
+        stop: StopCriteria { token_ids: eos_ids.to_vec(), strings: Vec::new(), ..StopCriteria::default() },
         ignore_eos: true, // `eos_ids` are the run's EOS ids
         seed,
         skip_special_tokens: false,

@@ -89,7 +89,7 @@ impl HeldOut {
             let params = SamplingParams {
                 sampler: Sampler::greedy(),
                 max_new_tokens: self.max_new_tokens,
-                stop: StopCriteria { token_ids: self.tokenizer.eos_id().into_iter().collect(), strings: self.task.stop_strings() },
+                stop: StopCriteria { token_ids: self.tokenizer.eos_id().into_iter().collect(), strings: self.task.stop_strings(), ..StopCriteria::default() },
                 ignore_eos: true, // the training texts' EOS (above), not the config's
                 ..Default::default()
             };

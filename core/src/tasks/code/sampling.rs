@@ -41,7 +41,7 @@ impl CodeSampling {
             n: self.n,
             sampler: Sampler { temperature: self.temperature, top_k: self.top_k, top_p: self.top_p, min_p: 0.0 },
             max_new_tokens: self.max_new_tokens,
-            stop: StopCriteria { token_ids: eos_ids, strings: self.stop.clone() },
+            stop: StopCriteria { token_ids: eos_ids, strings: self.stop.clone(), ..StopCriteria::default() },
             ignore_eos: false,
             seed: self.seed,
             skip_special_tokens: true,
