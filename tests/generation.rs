@@ -5,7 +5,7 @@ mod common;
 
 use common::fixture;
 use kiln::backends::Cpu;
-use kiln::generate::{Completion, Engine, FinishReason, Sampler, SamplingParams, StopCriteria, StopReason};
+use kiln::generate::{Completion, Engine, FinishReason, Penalties, Sampler, SamplingParams, StopCriteria, StopReason};
 use kiln::model::{Qwen2, Qwen2Config};
 use kiln::tokenizer::Tokenizer;
 
@@ -250,4 +250,19 @@ fn same_seed_same_samples_on_the_cpu_and_wgpu() {
             assert!((a - b).abs() < 1e-3, "log-probs {:?} vs {:?}", c.logprobs, g.logprobs);
         }
     }
+
+    // vLLM's penalties, and min_tokens keeping the most sampled token (made a stop id) out of
+    // the first 6: edited on the device as on the host.
+    let mut counts = std::collections::HashMap::new();
+    ids(&cpu).iter().flatten().for_each(|&t| *counts.entry(t).or_insert(0) += 1);
+    let frequent = counts.into_iter().max_by_key(|&(t, c)| (c, t)).unwrap().0;
+    let edited = SamplingParams {
+        penalties: Penalties { repetition: 1.3, presence: 0.5, frequency: 0.4 },
+        stop: StopCriteria { token_ids: vec![frequent], min_tokens: 6, ..StopCriteria::default() },
+        ..params.clone()
+    };
+    let (cpu_edited, gpu_edited) = (run(&cpu_model, &tokenizer, &prompts, &edited), engine.generate(&prompts, &edited, |_| {}).unwrap());
+    assert_eq!(ids(&cpu_edited), ids(&gpu_edited), "the CPU's and wgpu's samples, edited");
+    assert_ne!(ids(&cpu_edited), ids(&cpu), "the edits changed the samples");
+    assert!(ids(&cpu_edited).iter().all(|s| s.len() > 6 && !s[..6].contains(&frequent)), "{:?}", ids(&cpu_edited));
 }

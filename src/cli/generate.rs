@@ -7,7 +7,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use burn::tensor::backend::Backend;
 use clap::Args;
 use kiln::backends::{DeviceSpec, Job};
-use kiln::generate::{Engine, Sampler, SamplingParams, StopCriteria};
+use kiln::generate::{Engine, Penalties, Sampler, SamplingParams, StopCriteria};
 use kiln::model::logprobs::sequence_logprobs;
 use kiln::model::{Dtype, hf};
 use kiln::tokenizer::Tokenizer;
@@ -56,6 +56,16 @@ pub struct GenerateArgs {
     /// Keep only tokens at least this fraction as likely as the most likely one (0 disables).
     #[arg(long, default_value_t = 0.0)]
     min_p: f32,
+    /// vLLM's: a token in the prompt or the output has a positive logit divided by this, a
+    /// negative one multiplied (1 disables).
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    /// vLLM's: subtracted from the logit of every token the output holds, in [-2, 2].
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    presence_penalty: f32,
+    /// vLLM's: subtracted once per time the output holds a token, in [-2, 2].
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    frequency_penalty: f32,
     #[arg(long, default_value_t = 256)]
     max_new_tokens: usize,
     /// No sample stops before this many tokens: until then its EOS and stop tokens are not
@@ -205,6 +215,7 @@ impl Job for GenerateJob {
             ignore_eos: args.ignore_eos,
             seed,
             skip_special_tokens: args.skip_special_tokens,
+            penalties: Penalties { repetition: args.repetition_penalty, presence: args.presence_penalty, frequency: args.frequency_penalty },
         };
         let mut engine = Engine::new(&model, tokenizer.as_ref());
         engine.max_batch_size = args.batch_size.max(1);

@@ -53,6 +53,7 @@ impl ShardWork<'_> {
             ignore_eos: false, // the model's EOS ids stop too
             seed: shard_seed(settings.seed, shard.part, shard.index),
             skip_special_tokens: self.evaluation.skip_special_tokens(),
+            penalties: Default::default(),
         };
         let results = engine.generate(self.prompts(shard), &params, |p| progress(p.finished, p.tokens))?;
         let completions: Vec<Vec<Completion>> = results

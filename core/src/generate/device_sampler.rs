@@ -18,6 +18,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, DType, FloatDType, Int, Tensor, TensorData};
 
+use super::processors::{self, RowEdits};
 use super::sampler::{Sampled, Sampler};
 
 /// Halvings of the logits' range in a bisection.
@@ -28,17 +29,18 @@ pub const BLOCK: usize = 256;
 
 /// Samples one token per row of `logits` `[rows, V]` with the uniforms `u` (one per row, see
 /// [`super::sampler::uniform`]); returns `[rows, 3]` f32: the token id, its log-prob under the
-/// distribution sampled from (0 for greedy) and under the model's own softmax. `excluded`: token
-/// ids and, per row, whether that row may not draw them ([`Sampler::sample_excluding`]).
-pub fn sample<B: Backend>(logits: Tensor<B, 2>, sampler: &Sampler, u: &[f32], excluded: Option<(&[u32], &[bool])>) -> Tensor<B, 2> {
+/// distribution sampled from (0 for greedy) and under the model's own softmax. `edits`: one per
+/// row, what changes its logits first ([`Sampler::sample_edited`]).
+pub fn sample<B: Backend>(logits: Tensor<B, 2>, sampler: &Sampler, u: &[f32], edits: Option<&[RowEdits]>) -> Tensor<B, 2> {
     let logits = logits.cast(DType::F32);
     let [rows, vocab] = logits.dims();
     assert_eq!(u.len(), rows, "one uniform per row");
     let device = logits.device();
     let raw = log_softmax(logits.clone(), 1);
-    let banned = excluded.map(|(ids, rows_banned)| banned_mask::<B>(ids, rows_banned, vocab, &device));
-    let logits = match &banned {
-        Some(banned) => logits.mask_fill(banned.clone(), f32::NEG_INFINITY),
+    let edits = edits.filter(|rows| rows.iter().any(|r| !r.is_identity()));
+    let banned = edits.is_some_and(|rows| rows.iter().any(|r| !r.banned.is_empty()));
+    let logits = match edits {
+        Some(rows) => processors::apply_on_device(logits, rows),
         None => logits,
     };
     if sampler.is_greedy() {
@@ -50,8 +52,8 @@ pub fn sample<B: Backend>(logits: Tensor<B, 2>, sampler: &Sampler, u: &[f32], ex
     let max = scaled.clone().max_dim(1); // [rows, 1]
     // (the lowest logit a row may draw: a banned token's −∞ would leave the bisections nothing to halve)
     let floor = match banned {
-        Some(banned) => scaled.clone().mask_fill(banned, f32::INFINITY).min_dim(1),
-        None => scaled.clone().min_dim(1),
+        true => scaled.clone().mask_fill(scaled.clone().equal_elem(f32::NEG_INFINITY), f32::INFINITY).min_dim(1),
+        false => scaled.clone().min_dim(1),
     };
     let at_or_above = |cut: &Tensor<B, 2>| scaled.clone().greater_equal(cut.clone().expand([rows, vocab]));
 
@@ -75,17 +77,6 @@ pub fn sample<B: Backend>(logits: Tensor<B, 2>, sampler: &Sampler, u: &[f32], ex
     let logprob = scaled.gather(1, token.clone()) - max - total.log();
     let raw_lp = raw.gather(1, token.clone());
     Tensor::cat(vec![token.cast(FloatDType::F32), logprob, raw_lp], 1)
-}
-
-/// `[rows, V]`: true at the `ids` of the rows `rows_banned` marks.
-fn banned_mask<B: Backend>(ids: &[u32], rows_banned: &[bool], vocab: usize, device: &B::Device) -> Tensor<B, 2, Bool> {
-    let mut columns = vec![false; vocab];
-    for &id in ids.iter().filter(|&&id| (id as usize) < vocab) {
-        columns[id as usize] = true;
-    }
-    let columns = Tensor::<B, 2, Bool>::from_data(TensorData::new(columns, [1, vocab]), device);
-    let rows = Tensor::<B, 2, Bool>::from_data(TensorData::new(rows_banned.to_vec(), [rows_banned.len(), 1]), device);
-    columns.expand([rows_banned.len(), vocab]).bool_and(rows.expand([rows_banned.len(), vocab]))
 }
 
 /// Reads back what [`sample`] returned.
@@ -165,6 +156,7 @@ fn count_below<B: Backend>(cumulative: Tensor<B, 2>, target: &Tensor<B, 2>) -> T
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::generate::processors::Penalties;
     use crate::generate::sampler::uniform;
     use burn::backend::Flex;
     use rand::{Rng, SeedableRng};
@@ -176,25 +168,32 @@ mod tests {
         (0..rows * vocab).map(|_| rng.random::<f32>().powi(6) * 14.0 - 3.0).collect()
     }
 
-    /// The device rule gives the host's tokens and log-probs, row by row; with the most likely
-    /// tokens of the first rows banned from every other row (min_tokens) too.
+    /// The device rule gives the host's tokens and log-probs, row by row; also with the most
+    /// likely tokens of the first rows banned from every other row (min_tokens) and penalties
+    /// over tokens seen.
     fn agree(sampler: Sampler, rows: usize, vocab: usize, seed: u64) {
         let host = logits(rows, vocab, seed);
         let banned: Vec<u32> = (0..3.min(rows)).map(|r| super::super::sampler::argmax(&host[r * vocab..(r + 1) * vocab]) as u32).collect();
-        let banned_rows: Vec<bool> = (0..rows).map(|r| r % 2 == 0).collect();
-        for excluded in [None, Some((banned.as_slice(), banned_rows.as_slice()))] {
-            agree_rows(sampler, &host, rows, vocab, seed, excluded);
+        let seen: Vec<u32> = (0..rows).map(|r| super::super::sampler::argmax(&host[r * vocab..(r + 1) * vocab]) as u32).chain([1, 2, 2]).collect();
+        let penalties = Penalties { repetition: 1.2, presence: 0.3, frequency: 0.4 };
+        let edits: Vec<RowEdits> = (0..rows)
+            .map(|r| RowEdits { banned: if r % 2 == 0 { &banned } else { &[] }, penalties, prompt: &seen[..rows / 2], output: &seen[rows / 2..] })
+            .collect();
+        let off: Vec<RowEdits> = edits.iter().map(|e| RowEdits { penalties: Penalties::default(), ..*e }).collect();
+        for edits in [None, Some(off.as_slice()), Some(edits.as_slice())] {
+            agree_rows(sampler, &host, rows, vocab, seed, edits);
         }
     }
 
-    fn agree_rows(sampler: Sampler, host: &[f32], rows: usize, vocab: usize, seed: u64, excluded: Option<(&[u32], &[bool])>) {
+    fn agree_rows(sampler: Sampler, host: &[f32], rows: usize, vocab: usize, seed: u64, edits: Option<&[RowEdits]>) {
         let u: Vec<f32> = (0..rows).map(|r| uniform(seed, r, 0, 0)).collect();
         let device = Tensor::<Flex, 2>::from_data(TensorData::new(host.to_vec(), [rows, vocab]), &Default::default());
-        let picked = read(sample(device, &sampler, &u, excluded));
+        let picked = read(sample(device, &sampler, &u, edits));
         for (r, got) in picked.iter().enumerate() {
-            let banned = excluded.filter(|(_, rows)| rows[r]).map_or(&[][..], |(ids, _)| ids);
-            let want = sampler.sample_excluding(&host[r * vocab..(r + 1) * vocab], u[r], banned);
-            assert!(!banned.contains(&got.token), "{sampler:?} row {r}: drew a banned token");
+            let none = RowEdits { banned: &[], penalties: Penalties::default(), prompt: &[], output: &[] };
+            let row_edits = edits.map_or(none, |e| e[r]);
+            let want = sampler.sample_edited(&host[r * vocab..(r + 1) * vocab], u[r], &row_edits);
+            assert!(!row_edits.banned.contains(&got.token), "{sampler:?} row {r}: drew a banned token");
             assert_eq!(got.token, want.token, "{sampler:?}, vocab {vocab}, row {r}");
             // f32 sums over the vocabulary against the host's f64.
             let close = |a: f32, b: f32| (a - b).abs() <= 1e-5 + 2e-5 * b.abs();

@@ -17,6 +17,7 @@ use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 use serde::Serialize;
 
 use super::device_sampler;
+use super::processors::{Penalties, RowEdits};
 use super::sampler::{Sampled, Sampler, uniform};
 use super::stop::{FinishReason, StopCriteria, StopReason};
 use crate::error::{Error, Result};
@@ -39,6 +40,8 @@ pub struct SamplingParams {
     /// Drop special tokens from the returned text (vLLM's default is true; the paper's
     /// evaluation uses false because its tags are special tokens).
     pub skip_special_tokens: bool,
+    /// vLLM's repetition, presence and frequency penalties (off by default).
+    pub penalties: Penalties,
 }
 
 impl Default for SamplingParams {
@@ -51,6 +54,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             seed: 0,
             skip_special_tokens: false,
+            penalties: Penalties::default(),
         }
     }
 }
@@ -418,7 +422,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             }
             let Some(running) = batch.as_mut() else { break };
 
-            let (picked, waited) = self.sample(&running.logits, &running.slots, sequences, params);
+            let (picked, waited) = self.sample(&running.logits, &running.slots, sequences, prompts, params);
             times.wait_s += waited;
             // Samples read back after a device failure are not used.
             if let Some(err) = kiln_backends::device::fault() {
@@ -498,7 +502,7 @@ impl<'a, B: Backend> Engine<'a, B> {
     /// sampled from the host's copy on the CPU backend (its tensors are host memory), on the
     /// device elsewhere.
     /// Also returns the seconds spent waiting for the device's answer.
-    fn sample(&self, logits: &Tensor<B, 2>, slots: &[usize], sequences: &[Sequence], params: &SamplingParams) -> (Vec<Sampled>, f64) {
+    fn sample(&self, logits: &Tensor<B, 2>, slots: &[usize], sequences: &[Sequence], prompts: &[Vec<u32>], params: &SamplingParams) -> (Vec<Sampled>, f64) {
         let u: Vec<f32> = slots
             .iter()
             .map(|&s| {
@@ -506,12 +510,19 @@ impl<'a, B: Backend> Engine<'a, B> {
                 uniform(params.seed, seq.prompt_index, seq.sample_index, seq.tokens.len())
             })
             .collect();
-        // Rows short of min_tokens may not draw a stop id or an EOS.
+        // Rows short of min_tokens may not draw a stop id or an EOS; the penalties see each
+        // row's prompt and output.
         let banned = params.stop.banned_before_min_tokens(&self.eos_ids);
-        let short: Vec<bool> = slots.iter().map(|&s| !banned.is_empty() && sequences[s].tokens.len() < params.stop.min_tokens).collect();
+        let edits: Vec<RowEdits> = slots
+            .iter()
+            .map(|&s| {
+                let seq = &sequences[s];
+                let short = seq.tokens.len() < params.stop.min_tokens;
+                RowEdits { banned: if short { &banned } else { &[] }, penalties: params.penalties, prompt: &prompts[seq.prompt_index], output: &seq.tokens }
+            })
+            .collect();
         if !crate::model::kernels::kernels::<B>().host_memory {
-            let excluded = short.contains(&true).then_some((banned.as_slice(), short.as_slice()));
-            let picked = device_sampler::sample(logits.clone(), &params.sampler, &u, excluded);
+            let picked = device_sampler::sample(logits.clone(), &params.sampler, &u, Some(&edits));
             let start = std::time::Instant::now();
             let picked = device_sampler::read(picked);
             return (picked, start.elapsed().as_secs_f64());
@@ -520,8 +531,8 @@ impl<'a, B: Backend> Engine<'a, B> {
         let host: Vec<f32> = logits.clone().into_data().convert::<f32>().into_vec().expect("f32 logits");
         // Rows sample independently (f64 softmax over the vocabulary, the step's one serial
         // part): on every core, in row order.
-        let rows: Vec<(&[f32], f32, &[u32])> = host.chunks_exact(vocab).zip(u).zip(short).map(|((row, u), short)| (row, u, if short { banned.as_slice() } else { &[] })).collect();
-        (crate::par::map_in_order(&rows, |&(row, u, banned)| params.sampler.sample_excluding(row, u, banned)), 0.0)
+        let rows: Vec<(&[f32], f32, RowEdits)> = host.chunks_exact(vocab).zip(u).zip(edits).map(|((row, u), edits)| (row, u, edits)).collect();
+        (crate::par::map_in_order(&rows, |(row, u, edits)| params.sampler.sample_edited(row, *u, edits)), 0.0)
     }
 
     /// Takes up to `free` waiting samples (whole prompts' worth where possible) and, on a
@@ -684,6 +695,7 @@ pub fn check_prompt<B: Backend>(model: &Qwen2<B>, prompt: &[u32]) -> std::result
 /// them.
 pub(crate) fn check_params(params: &SamplingParams, has_tokenizer: bool) -> Result<()> {
     params.sampler.check()?;
+    params.penalties.check()?;
     if params.stop.min_tokens > params.max_new_tokens {
         // (vLLM's refusal)
         return Err(Error::InvalidInput(format!(

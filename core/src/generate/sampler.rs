@@ -12,6 +12,8 @@
 //! backend, and the two places agree wherever their logits do (up to rounding at a cut).
 
 use rand::{RngCore, SeedableRng};
+
+use super::processors::RowEdits;
 use rand_chacha::ChaCha8Rng;
 
 /// Sampling knobs for one sequence.
@@ -131,17 +133,15 @@ impl Sampler {
         Sampled { token: token as u32, logprob: probs[chosen].ln() as f32, raw_logprob: log_softmax_at(logits, token) }
     }
 
-    /// [`Sampler::sample`] with the tokens `banned` not drawn (their logits −∞, as vLLM's
-    /// `min_tokens` masks the stop ids); the raw log-prob stays the model's own.
-    pub fn sample_excluding(&self, logits: &[f32], u: f32, banned: &[u32]) -> Sampled {
-        if banned.is_empty() {
+    /// [`Sampler::sample`] from the logits as `edits` leave them (vLLM's logits processors:
+    /// min_tokens' bans, the penalties); the raw log-prob stays the model's own.
+    pub fn sample_edited(&self, logits: &[f32], u: f32, edits: &RowEdits) -> Sampled {
+        if edits.is_identity() {
             return self.sample(logits, u);
         }
-        let mut masked = logits.to_vec();
-        for &id in banned.iter().filter(|&&id| (id as usize) < logits.len()) {
-            masked[id as usize] = f32::NEG_INFINITY;
-        }
-        let sampled = self.sample(&masked, u);
+        let mut edited = logits.to_vec();
+        edits.apply(&mut edited);
+        let sampled = self.sample(&edited, u);
         Sampled { raw_logprob: log_softmax_at(logits, sampled.token as usize), ..sampled }
     }
 

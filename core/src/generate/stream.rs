@@ -11,6 +11,7 @@
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 
 use super::engine::{Completion, SamplingParams};
+use super::processors::RowEdits;
 use super::sampler::uniform;
 use super::stop::{FinishReason, StopReason};
 use crate::error::{Error, Result};
@@ -23,7 +24,6 @@ pub struct Stream<'a, B: Backend> {
     tokenizer: Option<&'a Tokenizer>,
     params: SamplingParams,
     cache: KvCache<B>,
-    prompt_len: usize,
     limit: usize,
     /// The next token's logits `[vocab]`, while the sample is not finished.
     next: Option<Tensor<B, 1>>,
@@ -33,6 +33,8 @@ pub struct Stream<'a, B: Backend> {
     finished: Option<(FinishReason, Option<StopReason>)>,
     /// The model's and the tokenizer's EOS ids (not sampled before `min_tokens`).
     eos_ids: Vec<u32>,
+    /// The prompt's ids (the repetition penalty's).
+    prompt: Vec<u32>,
 }
 
 impl<'a, B: Backend> Stream<'a, B> {
@@ -53,7 +55,6 @@ impl<'a, B: Backend> Stream<'a, B> {
             model,
             tokenizer,
             cache: model.new_cache(),
-            prompt_len: prompt.len(),
             limit: params.max_new_tokens.min(context - prompt.len()),
             next: None,
             tokens: Vec::new(),
@@ -62,6 +63,7 @@ impl<'a, B: Backend> Stream<'a, B> {
             finished: (params.max_new_tokens == 0).then_some((FinishReason::Length, None)),
             params,
             eos_ids,
+            prompt: prompt.to_vec(),
         };
         if stream.finished.is_none() {
             let pad_id = tokenizer.and_then(Tokenizer::pad_id).unwrap_or(0);
@@ -95,7 +97,8 @@ impl<'a, B: Backend> Stream<'a, B> {
             true => self.params.stop.banned_before_min_tokens(&self.eos_ids),
             false => Vec::new(),
         };
-        let sampled = self.params.sampler.sample_excluding(logits, uniform(self.params.seed, 0, 0, self.tokens.len()), &banned);
+        let edits = RowEdits { banned: &banned, penalties: self.params.penalties, prompt: &self.prompt, output: &self.tokens };
+        let sampled = self.params.sampler.sample_edited(logits, uniform(self.params.seed, 0, 0, self.tokens.len()), &edits);
         if sampled.raw_logprob.is_nan() {
             return Err(super::engine::nan_logits(self.tokens.len() + 1, 0, 0));
         }
@@ -110,7 +113,7 @@ impl<'a, B: Backend> Stream<'a, B> {
             self.finished = Some((FinishReason::Length, None));
         } else {
             let device = self.model.device();
-            let position = (self.prompt_len + self.tokens.len() - 1) as i64;
+            let position = (self.prompt.len() + self.tokens.len() - 1) as i64;
             let step = Inputs {
                 ids: Tensor::from_data(TensorData::new(vec![sampled.token as i64], [1, 1]), &device),
                 positions: Tensor::from_data(TensorData::new(vec![position], [1, 1]), &device),

@@ -71,6 +71,7 @@ pub fn rollout<B: Backend>(
         ignore_eos: true, // `eos_ids` are the run's EOS ids
         seed,
         skip_special_tokens: false,
+        penalties: Default::default(),
     };
     let ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
     let completions = engine.generate(&ids, &params, progress)?;

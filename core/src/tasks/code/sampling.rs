@@ -45,6 +45,7 @@ impl CodeSampling {
             ignore_eos: false,
             seed: self.seed,
             skip_special_tokens: true,
+            penalties: Default::default(),
         }
     }
 }
