@@ -146,19 +146,26 @@ fn init_then_generate_text_with_stop_string() {
     assert_eq!(std::fs::read(copy.join("tokenizer.json")).unwrap(), std::fs::read(model.join("tokenizer.json")).unwrap());
 }
 
+/// `kiln init` of the tiny model (`config_extra`: more keys) with the `bos_tokenizer` fixture and
+/// room for its BOS and EOS (2,201 and 2,202), into `dir/model`.
+fn init_with_bos_tokenizer(dir: &Path, config_extra: &str, seed: &str) -> std::path::PathBuf {
+    let config = write_tiny_config(dir);
+    let text = std::fs::read_to_string(&config).unwrap().replace("\"vocab_size\": 2200", &format!("\"vocab_size\": 2240{config_extra}"));
+    std::fs::write(&config, text).unwrap();
+    let model = dir.join("model");
+    let out = kiln(&["init", "--config", config.to_str().unwrap(), "--out", model.to_str().unwrap(), "--seed", seed, "--tokenizer-from", fixture("bos_tokenizer").to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    model
+}
+
 /// What stopped a sample, as vLLM's `check_stop` and detokenizer report and cut it: the
 /// tokenizer's EOS has `stop_reason` null (an explicit stop id its id); `--min-tokens` keeps the
 /// EOS from being sampled until then; `--include-stop-str-in-output` keeps the stop's text.
 #[test]
 fn stop_reasons_min_tokens_and_included_stops_as_in_vllm() {
     let tmp = tempfile::tempdir().unwrap();
-    let config = write_tiny_config(tmp.path());
     // (weights large enough for the greedy tokens to vary)
-    let text = std::fs::read_to_string(&config).unwrap().replace("\"vocab_size\": 2200", "\"vocab_size\": 2240, \"initializer_range\": 0.5");
-    std::fs::write(&config, text).unwrap();
-    let model = tmp.path().join("model");
-    let out = kiln(&["init", "--config", config.to_str().unwrap(), "--out", model.to_str().unwrap(), "--seed", "1", "--tokenizer-from", fixture("bos_tokenizer").to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let model = init_with_bos_tokenizer(tmp.path(), ", \"initializer_range\": 0.5", "1");
     let m = model.to_str().unwrap();
     let greedy = |extra: &[&str]| {
         let args: Vec<&str> = ["generate", "--model", m, "--prompt", "hello world", "--max-new-tokens", "12", "--temperature", "0", "--json"].iter().chain(extra).copied().collect();
@@ -204,14 +211,8 @@ fn stop_reasons_min_tokens_and_included_stops_as_in_vllm() {
 #[test]
 fn text_inputs_get_the_tokenizer_s_special_tokens_as_in_transformers() {
     let tmp = tempfile::tempdir().unwrap();
-    // The tiny model with room for the tokenizer's BOS and EOS (2,201 and 2,202).
-    let config = write_tiny_config(tmp.path());
-    let text = std::fs::read_to_string(&config).unwrap().replace("\"vocab_size\": 2200", "\"vocab_size\": 2240");
-    std::fs::write(&config, text).unwrap();
-    let model = tmp.path().join("model");
+    let model = init_with_bos_tokenizer(tmp.path(), "", "3");
     let tokenizer = fixture("bos_tokenizer");
-    let out = kiln(&["init", "--config", config.to_str().unwrap(), "--out", model.to_str().unwrap(), "--seed", "3", "--tokenizer-from", tokenizer.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 
     let cases: Value = serde_json::from_str(&std::fs::read_to_string(tokenizer.join("cases.json")).unwrap()).unwrap();
     let case = &cases["cases"][0];
