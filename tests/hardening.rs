@@ -391,6 +391,23 @@ fn a_fresh_start_keeps_the_earlier_metrics() {
     assert!(stderr.contains(&format!("note: --resume: no checkpoint in {}; starting from step 0", out.display())), "{stderr}");
 }
 
+/// A checkpoint directory without its trainer state is a damaged checkpoint, not no checkpoint:
+/// a resume sets it aside and continues from the previous one (it retrained from the start, then
+/// failed when saving that step into the directory), and a fresh run is refused.
+#[test]
+fn a_checkpoint_without_its_trainer_state_is_a_damaged_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = two_step_sft_run(tmp.path(), 1);
+    let out = tmp.path().join("out");
+    std::fs::remove_file(out.join("checkpoint-2/trainer_state.json")).unwrap();
+    fails_with(&["sft", "--config", s(&run)], &["already holds checkpoints"]);
+    std::fs::write(&run, sft_toml("max_length = 32", "steps = 3", "dir = \"out\"\nsave_steps = 1")).unwrap();
+    let resumed = ok(&["sft", "--config", s(&run), "--resume"]);
+    let stderr = String::from_utf8_lossy(&resumed.stderr);
+    assert!(stderr.contains("trainer_state.json") && stderr.contains(&format!("resuming from {} instead", s(&out.join("checkpoint-1")))), "{stderr}");
+    assert_eq!(listing(&out), [".kiln.lock", "checkpoint-1", "checkpoint-2", "checkpoint-2.corrupt", "checkpoint-3", "metrics.jsonl"]);
+}
+
 /// A latest checkpoint that cannot be loaded is kept aside (renamed, not deleted) and the run
 /// resumes from the previous one with a warning naming both, then saves that step again.
 #[test]

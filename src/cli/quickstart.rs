@@ -87,7 +87,8 @@ impl TrainJob for QuickstartJob {
         eprintln!("[1/4] data: Interplay problems, op 2-4, in {}", out.join("data").display());
         let data = out.join("data");
         for (split, per_op) in [(Split::Train, 2000), (Split::Val, 40), (Split::Test, 30)] {
-            if !data.join(split.name()).is_dir() {
+            // (a split an interrupted run left without all its files is written again)
+            if ![2, 3, 4].iter().all(|&op| split.path(&data, op, per_op).is_file()) {
                 let bar = progress::with_eta((3 * per_op) as u64, "rows");
                 let report = write_split(&data, split, &[2, 3, 4], per_op, 1, false, || bar.inc(1))?;
                 bar.finish_and_clear();

@@ -1,8 +1,9 @@
 //! Output files and directories that appear whole or not at all: written to a temporary
 //! sibling, synced to disk and renamed on commit (the parent directory synced too, so the rename
-//! itself survives a power loss), removed if dropped uncommitted. Temporary directories that a
-//! killed process left behind are swept by the next run ([`sweep_partials`]). And removals where
-//! "already gone" is fine.
+//! itself survives a power loss), removed if dropped uncommitted. The temporary files and
+//! directories a killed process left behind are swept by the next writer of the same name, and
+//! those in a run's directory by the next run ([`sweep_partials`]). And removals where "already
+//! gone" is fine.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -30,7 +31,9 @@ impl AtomicFile {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let tmp = parent.join(format!(".{name}.tmp{}", std::process::id()));
+        // (a killed writer's temporary file of this name goes)
+        sweep_leftovers(parent, &format!(".{name}{TMP}"), false)?;
+        let tmp = parent.join(format!(".{name}{TMP}{}", std::process::id()));
         let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
         Ok(Self {
             path: path.to_path_buf(),
@@ -97,6 +100,35 @@ pub fn write_atomic(path: &Path, contents: &str) -> Result<()> {
 /// `.<name>.partial-<pid>`.
 const PARTIAL: &str = ".partial-";
 
+/// The marker in the name of a file being written by [`AtomicFile`]: `.<name>.tmp<pid>`.
+const TMP: &str = ".tmp";
+
+/// Whether no running process has id `pid` (work left under it is nobody's): gone from
+/// `/proc`, or this process's own (its earlier work is the caller's to redo). Without `/proc`,
+/// only this process's own.
+pub fn pid_is_gone(pid: u32) -> bool {
+    pid == std::process::id() || (Path::new("/proc/self").exists() && !Path::new("/proc").join(pid.to_string()).exists())
+}
+
+/// Removes the entries of `parent` named `<prefix><pid>` (directories if `dirs`, else files)
+/// whose process is gone; returns them.
+fn sweep_leftovers(parent: &Path, prefix: &str, dirs: bool) -> Result<Vec<PathBuf>> {
+    let mut removed = Vec::new();
+    for entry in std::fs::read_dir(parent).map_err(|e| Error::io(parent, e))? {
+        let path = entry.map_err(|e| Error::io(parent, e))?.path();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let Some(pid) = name.strip_prefix(prefix).and_then(|pid| pid.parse::<u32>().ok()) else { continue };
+        if path.is_dir() == dirs && pid_is_gone(pid) {
+            match dirs {
+                true => remove_dir(&path)?,
+                false => remove_file(&path)?,
+            }
+            removed.push(path);
+        }
+    }
+    Ok(removed)
+}
+
 fn parent_of(path: &Path) -> &Path {
     path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
 }
@@ -141,10 +173,9 @@ pub fn write_dir_atomically(dir: &Path, write: impl FnOnce(&Path) -> Result<()>)
     let parent = parent_of(dir);
     std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
+    // (a killed writer's temporary directory of this name goes, this process's own included)
+    sweep_leftovers(parent, &format!(".{name}{PARTIAL}"), true)?;
     let tmp = parent.join(format!(".{name}{PARTIAL}{}", std::process::id()));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    }
     std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
     let result = write(&tmp).and_then(|()| sync_tree(&tmp)).and_then(|()| {
         if dir.exists() {
@@ -160,14 +191,12 @@ pub fn write_dir_atomically(dir: &Path, write: impl FnOnce(&Path) -> Result<()>)
 }
 
 /// Removes the temporary directories of [`write_dir_atomically`] in `parent` that no running
-/// process is writing: left by a crash (kill -9, out of memory, a panic). Where running
-/// processes cannot be listed (no `/proc`), only this process's own are removed. Returns the
-/// removed directories.
+/// process is writing ([`pid_is_gone`]): left by a crash (kill -9, out of memory, a panic).
+/// Returns the removed directories. (Writing a directory or file sweeps its own name's.)
 pub fn sweep_partials(parent: &Path) -> Result<Vec<PathBuf>> {
     if !parent.is_dir() {
         return Ok(Vec::new());
     }
-    let procfs = Path::new("/proc/self").exists();
     let mut removed = Vec::new();
     for entry in std::fs::read_dir(parent).map_err(|e| Error::io(parent, e))? {
         let path = entry.map_err(|e| Error::io(parent, e))?.path();
@@ -176,9 +205,7 @@ pub fn sweep_partials(parent: &Path) -> Result<Vec<PathBuf>> {
             .strip_prefix('.')
             .and_then(|n| n.rsplit_once(PARTIAL))
             .and_then(|(_, pid)| pid.parse::<u32>().ok());
-        let Some(pid) = pid.filter(|_| path.is_dir()) else { continue };
-        let dead = pid == std::process::id() || (procfs && !Path::new("/proc").join(pid.to_string()).exists());
-        if dead {
+        if pid.is_some_and(|pid| path.is_dir() && pid_is_gone(pid)) {
             remove_dir(&path)?;
             removed.push(path);
         }
@@ -236,6 +263,29 @@ mod tests {
         }
         assert_eq!(removed, expected);
         assert!(live.exists() && other.exists() && dir.join("a.txt").exists());
+    }
+
+    /// A rerun writing the same directory or file removes what a killed writer of that name
+    /// left; a live writer's and other names' stay.
+    #[test]
+    fn a_rerun_sweeps_its_own_name_s_leftovers() {
+        if !Path::new("/proc/self").exists() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let (dead_dir, live_dir, other_dir) = (tmp.path().join(".model.partial-0"), tmp.path().join(".model.partial-1"), tmp.path().join(".other.partial-0"));
+        let (dead_file, other_file) = (tmp.path().join(".rows.jsonl.tmp0"), tmp.path().join(".more.jsonl.tmp0"));
+        for d in [&dead_dir, &live_dir, &other_dir] {
+            std::fs::create_dir_all(d.join("sub")).unwrap();
+        }
+        for f in [&dead_file, &other_file] {
+            std::fs::write(f, "x").unwrap();
+        }
+        write_dir_atomically(&tmp.path().join("model"), |_| Ok(())).unwrap();
+        assert!(!dead_dir.exists() && live_dir.exists() && other_dir.exists());
+        let file = AtomicFile::create(&tmp.path().join("rows.jsonl")).unwrap();
+        drop(file);
+        assert!(!dead_file.exists() && other_file.exists());
     }
 
     #[test]

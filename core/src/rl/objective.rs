@@ -516,8 +516,8 @@ impl<B: AutodiffBackend> Objective<B> for PolicyGradient<B> {
     fn restore(&mut self, state: &Value) -> Result<()> {
         if state["prompts"].as_u64() != Some(self.prompts.len() as u64) || state["seed"].as_u64() != Some(self.settings.seed) {
             return Err(Error::InvalidInput(format!(
-                "the checkpoint was trained on other prompts (prompts {}, seed {}); resume with the same data and seed",
-                state["prompts"], state["seed"]
+                "the checkpoint was trained on other prompts ({} prompts in the order of seed {}; now {} prompts, seed {}): the prompts' order follows them and the seed, so not even --allow-config-change continues it; resume with the same data and seed, or start a new run",
+                state["prompts"], state["seed"], self.prompts.len(), self.settings.seed
             )));
         }
         Ok(())

@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::generate::model_eos_ids;
 use crate::model::{Dtype, Qwen2, Qwen2Config, hf};
 use crate::tokenizer::Tokenizer;
+use crate::train::checkpoint::{RunRecord, data_fingerprint};
 use crate::train::launch::{self, Prepared};
 use crate::train::run::{Sections, loop_config};
 use crate::train::trainer::{Record, RunSummary};
@@ -146,7 +147,7 @@ fn prepare<'a, B: AutodiffBackend>(
         total_steps,
         eval_every,
         Some(tokenizer_dir.clone()),
-        json!({ "config": config, "prompts": prompts.report }),
+        json!({ "config": config, "prompts": prompts.report, RunRecord::DATA: prompts_fingerprint(&prompts) }),
     )
     .map_err(Error::InvalidInput)?;
     loop_config.eval_steps = config.eval.as_ref().map(|e| e.steps.clone()).unwrap_or_default();
@@ -231,4 +232,13 @@ pub fn check_same_tokenizer(student: &Path, teacher: &Path) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// [`data_fingerprint`] of the prompts a run trains on: their ids and what judges their
+/// responses (each item's gold).
+fn prompts_fingerprint(prompts: &PromptSet) -> String {
+    data_fingerprint(prompts.iter().map(|p| {
+        let gold = p.item.gold.to_string().into_bytes();
+        p.ids.iter().map(|&id| u64::from(id)).chain(gold.into_iter().map(u64::from))
+    }))
 }

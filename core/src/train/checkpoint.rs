@@ -105,10 +105,12 @@ pub fn latest(dir: &Path) -> Result<Option<(u64, PathBuf)>> {
 
 /// [`latest`] among the checkpoints named for `run` (see [`checkpoint_name`]).
 pub fn latest_named(dir: &Path, run: Option<&str>) -> Result<Option<(u64, PathBuf)>> {
-    Ok(all_named(dir, run)?.into_iter().next())
+    Ok(all_named(dir, run)?.into_iter().find(|(_, path)| path.join(STATE_FILE).is_file()))
 }
 
-/// The checkpoints of `dir` named for `run` that have a trainer state, newest first.
+/// The checkpoint directories of `dir` named for `run`, newest first. One without a trainer
+/// state is a damaged checkpoint (kiln writes them whole): a resume sets it aside, a fresh run
+/// is refused, as for any other checkpoint that does not load.
 pub fn all_named(dir: &Path, run: Option<&str>) -> Result<Vec<(u64, PathBuf)>> {
     let prefix = name_prefix(run);
     if !dir.is_dir() {
@@ -123,7 +125,7 @@ pub fn all_named(dir: &Path, run: Option<&str>) -> Result<Vec<(u64, PathBuf)>> {
             .and_then(|n| n.strip_prefix(prefix.as_str()))
             .filter(|s| s.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|s| s.parse::<u64>().ok());
-        if let Some(step) = step.filter(|_| path.join(STATE_FILE).is_file()) {
+        if let Some(step) = step.filter(|_| path.is_dir()) {
             found.push((step, path));
         }
     }
@@ -257,8 +259,11 @@ impl<B: Backend> ModuleVisitor<B> for Sizes {
 
 /// Settings a resumed run may change without `--allow-config-change`: where and how often it
 /// saves and evaluates, how long it runs (`steps`/`epochs`: the new total is warned about),
-/// recomputation, optimizer sharding (memory only) and the all-reduce's overlap (speed only) and the sandbox layers code rewards run under (how the machine
-/// contains programs, not what they score; recorded in `environment.json`).
+/// recomputation, optimizer sharding (memory only), the all-reduce's overlap (speed only), the
+/// devices (the number of replicas, which sets a pre-training or SFT step's samples, is compared
+/// on its own: [`RunRecord::replicas`]), the rollout engine's memory and batching (a sample
+/// depends on neither) and the sandbox layers code rewards run under (how the machine contains
+/// programs, not what they score; recorded in `environment.json`).
 const RESUMABLE: &[&str] = &[
     "output",
     "eval",
@@ -267,9 +272,43 @@ const RESUMABLE: &[&str] = &[
     "train.recompute",
     "train.shard_optimizer",
     "train.overlap_grad_reduce",
+    "train.devices",
+    "rollout.batch_size",
+    "rollout.max_prefill_tokens",
+    "rollout.kv_memory",
     "task.sandbox_without",
     "task.sandbox_landlock_abi",
 ];
+
+/// What a checkpoint records of its run besides the config, compared on resume where both the
+/// checkpoint and the run have it (checkpoints from before a key was recorded lack it).
+pub struct RunRecord;
+
+impl RunRecord {
+    /// The number of data-parallel replicas (a pre-training or SFT step takes `micro_batch ×
+    /// grad_accum` samples on each).
+    pub const REPLICAS: &'static str = "replicas";
+    /// [`data_fingerprint`] of the data the run trains on.
+    pub const DATA: &'static str = "data_fingerprint";
+}
+
+/// A short hash of the data a run trains on (each part's length and words: the samples' token
+/// ids and targets, the prompts' ids and gold), recorded in its checkpoints so that a resume on
+/// data changed in place (the same number of rows) is a changed setting. FNV-1a over 64-bit
+/// words: stable across builds and machines.
+pub fn data_fingerprint<I: IntoIterator<Item = u64>>(parts: impl IntoIterator<Item = I>) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut mix = |word: u64| hash = (hash ^ word).wrapping_mul(0x0000_0100_0000_01b3);
+    for part in parts {
+        let mut len = 0u64;
+        for word in part {
+            mix(word);
+            len += 1;
+        }
+        mix(len);
+    }
+    format!("{hash:016x}")
+}
 
 /// The settings of the run config `current` that differ from `saved` (both a run's
 /// `{"config": …}` record, as stored in `trainer_state.json`), as `name old → new`, in name
@@ -288,12 +327,21 @@ pub fn config_changes(saved: &Value, current: &Value) -> Vec<String> {
     let family = if new.get("rollout").is_some() { Family::PolicyGradient } else { Family::NextToken };
     let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
     let shown = |v: Option<&Value>| v.map_or_else(|| "(unset)".to_string(), Value::to_string);
-    keys.into_iter()
+    let mut changes: Vec<String> = keys
+        .into_iter()
         .filter(|k| !RESUMABLE.iter().any(|p| k.as_str() == *p || k.starts_with(&format!("{p}."))))
         .filter(|k| !same_setting(a.get(*k), b.get(*k)))
         .filter(|k| !(a.get(*k).is_none() && b.get(*k).is_some_and(|v| is_the_default(family, k, v))))
         .map(|k| format!("{k} {} → {}", shown(a.get(k)), shown(b.get(k))))
-        .collect()
+        .collect();
+    let recorded = |key: &str| saved.get(key).zip(current.get(key)).filter(|(old, new)| old != new);
+    if let Some((old, new)) = recorded(RunRecord::REPLICAS) {
+        changes.push(format!("replicas {old} → {new} (a step's samples are micro_batch × grad_accum × replicas)"));
+    }
+    if let Some((old, new)) = recorded(RunRecord::DATA) {
+        changes.push(format!("the data's contents (fingerprint {} → {})", old.as_str().unwrap_or_default(), new.as_str().unwrap_or_default()));
+    }
+    changes
 }
 
 /// Whether `value` is what a config of `family` takes for the setting `name` when the file
@@ -399,6 +447,25 @@ mod config_change_tests {
             ]
         );
         assert!(config_changes(&json!(null), &current).is_empty(), "a checkpoint without a recorded config");
+    }
+
+    /// The devices and the rollout engine's memory may change; the number of replicas (a
+    /// step's samples) and the data's contents are compared where both sides record them.
+    #[test]
+    fn replicas_and_data_contents_are_compared_devices_and_engine_memory_are_not() {
+        let saved = json!({"config": {"train": {"devices": ["cpu", "cpu"]}, "rollout": {"batch_size": 64, "max_prefill_tokens": 8192}},
+            "replicas": 2, "data_fingerprint": "aa"});
+        let mut current = json!({"config": {"train": {"devices": ["cpu"]}, "rollout": {"batch_size": 1, "max_prefill_tokens": 64, "kv_memory": 0.5}},
+            "replicas": 2, "data_fingerprint": "aa"});
+        assert!(config_changes(&saved, &current).is_empty(), "{:?}", config_changes(&saved, &current));
+        current["replicas"] = json!(1);
+        current["data_fingerprint"] = json!("bb");
+        assert_eq!(
+            config_changes(&saved, &current),
+            ["replicas 2 → 1 (a step's samples are micro_batch × grad_accum × replicas)", "the data's contents (fingerprint aa → bb)"]
+        );
+        assert!(config_changes(&json!({"config": {}}), &current).is_empty(), "a checkpoint from before they were recorded");
+        assert_ne!(super::data_fingerprint([vec![1u64, 2], vec![3]]), super::data_fingerprint([vec![1u64], vec![2, 3]]), "parts are separated");
     }
 
     /// A checkpoint written before the defaults were recorded in its config: the defaults the

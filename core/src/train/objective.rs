@@ -202,8 +202,8 @@ impl<B: AutodiffBackend> Objective<B> for NextTokenLoss {
         let cursor = state["cursor"].as_u64().ok_or_else(|| Error::InvalidInput("checkpoint has no data cursor".into()))?;
         if state["samples"].as_u64() != Some(self.samples.len() as u64) || state["seed"].as_u64() != Some(self.seed) {
             return Err(Error::InvalidInput(format!(
-                "the checkpoint was trained on other data (samples {}, seed {}); resume with the same data and seed",
-                state["samples"], state["seed"]
+                "the checkpoint was trained on other data ({} samples in the order of seed {}; now {} samples, seed {}): the data's order follows its rows and seed, so not even --allow-config-change continues it; resume with the same data and seed, or start a new run",
+                state["samples"], state["seed"], self.samples.len(), self.seed
             )));
         }
         self.cursor = cursor;

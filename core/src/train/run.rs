@@ -16,6 +16,7 @@ use super::config::{
 };
 use super::heldout::HeldOut;
 use super::objective::NextTokenLoss;
+use super::checkpoint::{RunRecord, data_fingerprint};
 use super::launch::{self, Prepared};
 use super::trainer::{LoopConfig, Record, RunSummary};
 use crate::data::Sample;
@@ -213,7 +214,7 @@ fn prepare<'a, B: AutodiffBackend>(config: &'a RunConfig, replica: &Replica, dev
         total_steps,
         config.eval.every,
         Some(tokenizer_dir.clone()),
-        recorded_config(config, &data_report, samples.len()),
+        recorded_config(config, &data_report, &samples, replica.world()),
     )
     .map_err(Error::InvalidInput)?;
     // (a file the edits cannot parse is found now, not at the first checkpoint)
@@ -242,11 +243,19 @@ fn prepare<'a, B: AutodiffBackend>(config: &'a RunConfig, replica: &Replica, dev
     })
 }
 
-/// What a checkpoint records of the run: its config, the data report and the sample count. An
-/// SFT config records the chat template its rows were rendered with, as resolved (the
-/// tokenizer's own by default), so that resuming under another is a changed setting.
-fn recorded_config(config: &RunConfig, data_report: &Value, samples: usize) -> Value {
-    let mut recorded = json!({ "config": config, "data": data_report, "samples": samples });
+/// What a checkpoint records of the run: its config, the data report, the sample count, the
+/// number of replicas and the data's fingerprint ([`RunRecord`]). An SFT config records the
+/// chat template its rows were rendered with, as resolved (the tokenizer's own by default), so
+/// that resuming under another is a changed setting.
+fn recorded_config(config: &RunConfig, data_report: &Value, samples: &[Vec<Sample>], replicas: usize) -> Value {
+    let words = samples.iter().flatten().map(|s| s.ids.iter().map(|&id| u64::from(id)).chain(s.targets.iter().map(|&t| u64::from(t))));
+    let mut recorded = json!({
+        "config": config,
+        "data": data_report,
+        "samples": samples.len(),
+        RunRecord::REPLICAS: replicas,
+        RunRecord::DATA: data_fingerprint(words),
+    });
     if let Some(template) = data_report.pointer("/sft/chat_template") {
         recorded["config"]["data"]["chat_template"] = template.clone();
     }
