@@ -5,7 +5,7 @@ mod common;
 
 use common::fixture;
 use kiln::backends::Cpu;
-use kiln::generate::{Completion, Engine, FinishReason, Penalties, Sampler, SamplingParams, StopCriteria, StopReason};
+use kiln::generate::{Completion, Engine, FinishReason, Sampler, SamplingParams, StopCriteria, StopReason};
 use kiln::model::{Qwen2, Qwen2Config};
 use kiln::tokenizer::Tokenizer;
 
@@ -257,7 +257,7 @@ fn same_seed_same_samples_on_the_cpu_and_wgpu() {
     ids(&cpu).iter().flatten().for_each(|&t| *counts.entry(t).or_insert(0) += 1);
     let frequent = counts.into_iter().max_by_key(|&(t, c)| (c, t)).unwrap().0;
     let edited = SamplingParams {
-        penalties: Penalties { repetition: 1.3, presence: 0.5, frequency: 0.4 },
+        penalties: kiln::generate::Penalties { repetition: 1.3, presence: 0.5, frequency: 0.4 },
         stop: StopCriteria { token_ids: vec![frequent], min_tokens: 6, ..StopCriteria::default() },
         ..params.clone()
     };
