@@ -144,12 +144,12 @@ impl TrainJob for StepJob {
 
 /// A fresh directory for the loop's own files (metrics, lock), removed after the step.
 fn tempfile_dir() -> Result<PathBuf> {
-    // (those of killed steps go)
+    // (this user's of killed steps go, as far as they can)
     for entry in std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let pid = name.strip_prefix("kiln-step-").and_then(|rest| rest.split_once('-')).and_then(|(pid, _)| pid.parse::<u32>().ok());
-        if pid.is_some_and(kiln::io::pid_is_gone) {
-            kiln::io::remove_dir(&entry.path())?;
+        if pid.is_some_and(kiln::io::pid_is_gone) && kiln::io::owned_by_this_user(&entry.path()) {
+            let _ = std::fs::remove_dir_all(entry.path());
         }
     }
     let dir = std::env::temp_dir().join(format!("kiln-step-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())));

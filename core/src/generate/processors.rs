@@ -6,7 +6,8 @@
 //! `frequency × count` and `presence × (count > 0)` subtracted over the output's tokens only.
 //!
 //! The same rule on the host ([`RowEdits::apply`]) and in burn ops on the device
-//! ([`apply_on_device`]): the same f32 operations in the same order.
+//! ([`apply_on_device`]): the same f32 operations in the same order (bit-equal on the CPU's burn
+//! ops; a GPU compiler may fuse a multiply and a subtraction, which rounds once less).
 
 use std::collections::{HashMap, HashSet};
 
@@ -45,8 +46,9 @@ impl Penalties {
                 return Err(Error::InvalidInput(format!("{name} must be in [-2, 2] (got {value})")));
             }
         }
-        if !(self.repetition.is_finite() && self.repetition > 0.0) {
-            return Err(Error::InvalidInput(format!("repetition_penalty must be a finite number above 0 (got {})", self.repetition)));
+        // (vLLM asks only > 0; a penalty whose inverse overflows f32 would make logits NaN)
+        if !(self.repetition.is_finite() && self.repetition > 0.0 && self.repetition.recip().is_finite()) {
+            return Err(Error::InvalidInput(format!("repetition_penalty must be a finite number above 0 whose inverse is finite (got {})", self.repetition)));
         }
         Ok(())
     }
@@ -187,6 +189,7 @@ mod tests {
         }
         assert!(Penalties { presence: 2.5, ..Penalties::default() }.check().is_err());
         assert!(Penalties { repetition: 0.0, ..Penalties::default() }.check().is_err());
+        assert!(Penalties { repetition: 1e-45, ..Penalties::default() }.check().is_err(), "1/r overflows");
         assert!(Penalties { frequency: -2.0, repetition: 0.5, ..Penalties::default() }.check().is_ok());
     }
 }

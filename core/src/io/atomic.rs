@@ -32,7 +32,7 @@ impl AtomicFile {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         // (a killed writer's temporary file of this name goes)
-        sweep_leftovers(parent, &format!(".{name}{TMP}"), false)?;
+        sweep_leftovers(parent, &format!(".{name}{TMP}"), false);
         let tmp = parent.join(format!(".{name}{TMP}{}", std::process::id()));
         let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
         Ok(Self {
@@ -110,23 +110,34 @@ pub fn pid_is_gone(pid: u32) -> bool {
     pid == std::process::id() || (Path::new("/proc/self").exists() && !Path::new("/proc").join(pid.to_string()).exists())
 }
 
-/// Removes the entries of `parent` named `<prefix><pid>` (directories if `dirs`, else files)
-/// whose process is gone; returns them.
-fn sweep_leftovers(parent: &Path, prefix: &str, dirs: bool) -> Result<Vec<PathBuf>> {
-    let mut removed = Vec::new();
-    for entry in std::fs::read_dir(parent).map_err(|e| Error::io(parent, e))? {
-        let path = entry.map_err(|e| Error::io(parent, e))?.path();
+/// Whether `path` belongs to the user this process runs as (a leftover of another user's, or
+/// of another container's with its own process ids, is not this process's to judge).
+pub fn owned_by_this_user(path: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let uid = |p: &Path| std::fs::symlink_metadata(p).ok().map(|m| m.uid());
+        uid(path).is_some_and(|owner| Some(owner) == uid(Path::new("/proc/self")))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        false
+    }
+}
+
+/// Removes, as far as it can (a leftover it cannot remove is left), the entries of `parent`
+/// named `<prefix><pid>` (directories if `dirs`, else files) that this user owns and whose
+/// process is gone.
+fn sweep_leftovers(parent: &Path, prefix: &str, dirs: bool) {
+    for entry in std::fs::read_dir(parent).into_iter().flatten().flatten() {
+        let path = entry.path();
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let Some(pid) = name.strip_prefix(prefix).and_then(|pid| pid.parse::<u32>().ok()) else { continue };
-        if path.is_dir() == dirs && pid_is_gone(pid) {
-            match dirs {
-                true => remove_dir(&path)?,
-                false => remove_file(&path)?,
-            }
-            removed.push(path);
+        if path.is_dir() == dirs && pid_is_gone(pid) && owned_by_this_user(&path) {
+            let _ = if dirs { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
         }
     }
-    Ok(removed)
 }
 
 fn parent_of(path: &Path) -> &Path {
@@ -174,7 +185,7 @@ pub fn write_dir_atomically(dir: &Path, write: impl FnOnce(&Path) -> Result<()>)
     std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
     // (a killed writer's temporary directory of this name goes, this process's own included)
-    sweep_leftovers(parent, &format!(".{name}{PARTIAL}"), true)?;
+    sweep_leftovers(parent, &format!(".{name}{PARTIAL}"), true);
     let tmp = parent.join(format!(".{name}{PARTIAL}{}", std::process::id()));
     std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
     let result = write(&tmp).and_then(|()| sync_tree(&tmp)).and_then(|()| {

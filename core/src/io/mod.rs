@@ -11,7 +11,7 @@ pub mod parquet;
 pub mod pyjson;
 pub mod python;
 
-pub use atomic::{AtomicFile, pid_is_gone, refuse_non_empty_dir, remove_dir, remove_file, sweep_partials, write_atomic, write_dir_atomically};
+pub use atomic::{AtomicFile, owned_by_this_user, pid_is_gone, refuse_non_empty_dir, remove_dir, remove_file, sweep_partials, write_atomic, write_dir_atomically};
 pub use lock::{DirLock, lock_dir};
 pub use jsonl::{Record, jsonl_files, jsonl_records, jsonl_records_reported, read_jsonl};
 pub use pyjson::{Json, Style};

@@ -335,7 +335,9 @@ pub fn config_changes(saved: &Value, current: &Value) -> Vec<String> {
         .map(|k| format!("{k} {} → {}", shown(a.get(k)), shown(b.get(k))))
         .collect();
     let recorded = |key: &str| saved.get(key).zip(current.get(key)).filter(|(old, new)| old != new);
-    if let Some((old, new)) = recorded(RunRecord::REPLICAS) {
+    // (a checkpoint from before the replicas were recorded ran on its config's devices, if it names them)
+    let saved_replicas = saved.get(RunRecord::REPLICAS).cloned().or_else(|| a.get("train.devices").and(old.pointer("/train/devices")).and_then(Value::as_array).map(|d| Value::from(d.len())));
+    if let Some((old, new)) = saved_replicas.zip(current.get(RunRecord::REPLICAS)).filter(|(old, new)| old != *new) {
         changes.push(format!("replicas {old} → {new} (a step's samples are micro_batch × grad_accum × replicas)"));
     }
     if let Some((old, new)) = recorded(RunRecord::DATA) {
@@ -465,6 +467,11 @@ mod config_change_tests {
             ["replicas 2 → 1 (a step's samples are micro_batch × grad_accum × replicas)", "the data's contents (fingerprint aa → bb)"]
         );
         assert!(config_changes(&json!({"config": {}}), &current).is_empty(), "a checkpoint from before they were recorded");
+        // One from before, with its devices named: their number is its replicas.
+        let older = json!({"config": {"train": {"devices": ["cpu", "cpu"]}}});
+        assert_eq!(config_changes(&older, &current), ["replicas 2 → 1 (a step's samples are micro_batch × grad_accum × replicas)"]);
+        current["replicas"] = json!(2);
+        assert!(config_changes(&older, &current).is_empty());
         assert_ne!(super::data_fingerprint([vec![1u64, 2], vec![3]]), super::data_fingerprint([vec![1u64], vec![2, 3]]), "parts are separated");
     }
 
